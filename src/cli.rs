@@ -1,0 +1,182 @@
+//! Command line: parses arguments, runs one view of the pipeline, prints,
+//! and maps the result to an exit status.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::error::exit;
+use crate::host::Host;
+use crate::spec::{self, Spec, SpecLoadError};
+use crate::state::{self, LockError, State};
+use crate::{down, execute, observe, plan, report, status};
+
+#[derive(Parser)]
+#[command(
+    name = "tmpfsctl",
+    version,
+    about = "Put application cache directories into size-limited tmpfs, declaratively and safely"
+)]
+struct Cli {
+    /// State directory: lock, side paths to the on-disk directories, records.
+    #[arg(long, global = true, env = "TMPFSCTL_STATE_DIR", default_value = state::DEFAULT_DIR)]
+    state_dir: PathBuf,
+    /// Seconds to wait for another tmpfsctl holding the lock.
+    #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
+    wait: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a spec; change nothing.
+    Validate { spec: PathBuf },
+    /// Show the steps `apply` would take.
+    Plan {
+        spec: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Bring the host to the spec (idempotent).
+    Apply {
+        spec: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Show managed mounts: state, size, usage, inodes, and host memory.
+    Status {
+        spec: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Unmount managed tmpfs safely; the application is back on its disk directory.
+    Down {
+        spec: PathBuf,
+        /// Mount names (default: all mounts of the spec).
+        names: Vec<String>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+}
+
+/// Runs the command line and returns the exit status.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(SpecLoadError::Invalid(se)) = e.downcast_ref::<SpecLoadError>() {
+                eprint!("{se}");
+                return exit::BAD_INPUT;
+            }
+            if let Some(SpecLoadError::Read { .. }) = e.downcast_ref::<SpecLoadError>() {
+                eprintln!("error: {e}");
+                return exit::BAD_INPUT;
+            }
+            if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
+                eprintln!("error: {e}");
+                return exit::BUSY;
+            }
+            eprintln!("error: {e:#}");
+            exit::FAILED
+        }
+    }
+}
+
+fn load(path: &Path, host: &Host) -> Result<Spec> {
+    let mem = host.meminfo()?;
+    Ok(spec::load(path, mem.mem_total)?)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).expect("reports serialise to JSON")
+    );
+}
+
+fn need_root(what: &str) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("`tmpfsctl {what}` mounts and unmounts filesystems and must run as root");
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    let host = Host::from_env();
+    let state = State::new(&cli.state_dir);
+    let wait = Duration::from_secs(cli.wait);
+    match cli.command {
+        Command::Validate { spec } => {
+            let s = load(&spec, &host)?;
+            println!("{}: valid, {} mounts", spec.display(), s.mounts.len());
+            Ok(exit::OK)
+        }
+        Command::Plan { spec, format } => {
+            let s = load(&spec, &host)?;
+            let world = observe::observe(&s, &host, &state)?;
+            let p = plan::plan(&s, &world, &state);
+            match format {
+                Format::Human => print!("{}", report::plan(&p)),
+                Format::Json => print_json(&serde_json::json!({ "changed": p.changes(), "plan": p })),
+            }
+            Ok(exit::OK)
+        }
+        Command::Apply { spec, format } => {
+            let s = load(&spec, &host)?;
+            need_root("apply")?;
+            let _lock = state.lock(wait)?;
+            let world = observe::observe(&s, &host, &state)?;
+            let p = plan::plan(&s, &world, &state);
+            let r = execute::apply(
+                &s,
+                &p,
+                &state,
+                &execute::Options {
+                    progress: format == Format::Human,
+                },
+            )?;
+            match format {
+                Format::Human => print!("{}", report::apply(&r)),
+                Format::Json => print_json(&r),
+            }
+            Ok(r.exit_code())
+        }
+        Command::Status { spec, format } => {
+            let s = spec.as_deref().map(|p| load(p, &host)).transpose()?;
+            let r = status::status(s.as_ref(), &host, &state)?;
+            match format {
+                Format::Human => print!("{}", report::status(&r)),
+                Format::Json => print_json(&r),
+            }
+            Ok(exit::OK)
+        }
+        Command::Down { spec, names, format } => {
+            let s = load(&spec, &host)?;
+            need_root("down")?;
+            let _lock = state.lock(wait)?;
+            let r = down::down(&s, &names, &host, &state)?;
+            match format {
+                Format::Human => print!("{}", report::down(&r)),
+                Format::Json => print_json(&r),
+            }
+            let refused = r.iter().any(|d| d.result == down::DownOutcome::Refused);
+            Ok(if refused { exit::FAILED } else { exit::OK })
+        }
+    }
+}

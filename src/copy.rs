@@ -1,0 +1,1288 @@
+//! Tree copier that seeds a fresh tmpfs from the on-disk directory it is about to hide.
+//!
+//! It runs as root over directories that unprivileged applications can write to, so
+//! every lookup below the two roots is a single name relative to an open directory
+//! descriptor and never follows a symlink. A symlink planted in the source or in the
+//! destination, at any depth and at any moment, therefore cannot redirect a read or a
+//! write outside the trees: at worst the copy fails.
+//!
+//! The result is meant to be indistinguishable from `cp -ax` / `rsync -aHAX`: types,
+//! permission bits, owners, nanosecond times, symlink targets, hard links, extended
+//! attributes and ACLs, device numbers and holes are kept, and other filesystems
+//! mounted below the source are not entered.
+//!
+//! The walk is sequential and depth-first with an explicit stack (deep trees cannot
+//! overflow the thread's stack). It keeps two descriptors open per level being walked
+//! and nothing per finished directory. Per-entry work (`Copier::copy_entry`) only
+//! needs the parent's two descriptors, so directories could later be handed to worker
+//! threads; the hard-link table and the "directory metadata after its contents" rule
+//! are the two places that would then need coordination.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, OsString};
+use std::fs::File;
+use std::io::{self, Write as _};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::dir::{Dir, Entry, OwningIter, Type};
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags, OFlag};
+use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{self, Gid, Uid, Whence};
+
+/// Size of a tree as a tmpfs would have to hold it.
+///
+/// Hard-linked inodes are counted once, because the copy keeps them linked.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TreeSize {
+    /// Sum of `st_blocks * 512`: what the data really occupies, holes excluded.
+    pub allocated: u64,
+    /// Sum of `st_size`.
+    pub apparent: u64,
+    pub inodes: u64,
+}
+
+/// Running totals of a copy. A hard link is counted in `hardlinks` only, not as a
+/// second file; `bytes` counts data actually copied, so holes are not included.
+#[derive(Debug, Default, Clone)]
+pub struct CopyStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub specials: u64,
+    pub hardlinks: u64,
+    pub bytes: u64,
+}
+
+/// A failed copy or measurement. The path is relative to the root being walked
+/// (`.` is the root itself), so the same message fits the on-disk directory and the
+/// tmpfs. The cause is kept as the error's `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// Reading the on-disk tree failed.
+    #[error("cannot {op} `{}` in the source tree", .path.display())]
+    Source {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Creating or updating the copy failed.
+    #[error("cannot {op} `{}` in the copy", .path.display())]
+    Destination {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl CopyError {
+    /// The tmpfs (or a quota) is too small for the tree: the caller can report a
+    /// sizing problem instead of a generic I/O failure.
+    pub fn is_no_space(&self) -> bool {
+        let (CopyError::Source { source, .. } | CopyError::Destination { source, .. }) = self;
+        matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
+}
+
+/// Measures `dir` without following symlinks or entering other filesystems, so the
+/// result matches what [`copy_tree`] would put into the tmpfs. The root itself is not
+/// counted, as the tmpfs brings its own root.
+pub fn measure(dir: &Path) -> Result<TreeSize, CopyError> {
+    let mut rel = RelPath::default();
+    let root = open_root(dir)
+        .map_err(src_err("open directory"))
+        .map_err(|f| f.at(rel.path(None)))?;
+    let root_dev = stat::fstat(&root)
+        .map_err(src_err("stat"))
+        .map_err(|f| f.at(rel.path(None)))?
+        .st_dev;
+    let mut stack = vec![(Listing::new(root).map_err(|f| f.at(rel.path(None)))?, 0)];
+    let mut linked = HashSet::new();
+    let mut size = TreeSize::default();
+    while let Some((listing, _)) = stack.last_mut() {
+        let Some(next) = listing.next() else {
+            stack.pop();
+            if let Some(&(_, rel_len)) = stack.last() {
+                rel.truncate(rel_len);
+            }
+            continue;
+        };
+        let entry = next.map_err(|f| f.at(rel.path(None)))?;
+        let name = entry.file_name();
+        let st = stat::fstatat(listing.fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(src_err("stat"))
+            .map_err(|f| f.at(rel.path(Some(name))))?;
+        let is_dir = file_type(&st) == libc::S_IFDIR;
+        if is_dir || st.st_nlink <= 1 || linked.insert((st.st_dev, st.st_ino)) {
+            size.allocated += allocated_bytes(&st);
+            size.apparent += u64::try_from(st.st_size).unwrap_or(0);
+            size.inodes += 1;
+        }
+        if is_dir && st.st_dev == root_dev {
+            let child = open_src(listing.fd(), name, OFlag::O_DIRECTORY)
+                .map_err(src_err("open directory"))
+                .and_then(Listing::new)
+                .map_err(|f| f.at(rel.path(Some(name))))?;
+            rel.push(name);
+            stack.push((child, rel.len()));
+        }
+    }
+    Ok(size)
+}
+
+/// Copies the contents of `src` into the existing, empty directory `dst`, leaving the
+/// metadata of `dst` itself to the caller.
+///
+/// Any error aborts the copy and leaves a partial tree behind; the caller discards it
+/// with the tmpfs. `dst` must not lie inside `src` on the same filesystem. Owners can
+/// only be preserved with `CAP_CHOWN`, i.e. as root.
+///
+/// `progress` gets the running totals every 1000 entries or 100 ms, whichever comes
+/// first (also during a long file), and once more at the end.
+pub fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    progress: Option<&mut dyn FnMut(&CopyStats)>,
+) -> Result<CopyStats, CopyError> {
+    let root = RelPath::default();
+    let src_fd = open_root(src)
+        .map_err(src_err("open directory"))
+        .map_err(|f| f.at(root.path(None)))?;
+    let root_dev = stat::fstat(&src_fd)
+        .map_err(src_err("stat"))
+        .map_err(|f| f.at(root.path(None)))?
+        .st_dev;
+    let dst_fd = fcntl::open(
+        dst,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(dst_err("open directory"))
+    .map_err(|f| f.at(root.path(None)))?;
+    let mut copier = Copier::new(root_dev, progress);
+    copier.run(src_fd, dst_fd)?;
+    copier.report();
+    Ok(copier.stats)
+}
+
+/// Read/write fallback buffer: large enough to amortise syscalls on big files, small
+/// enough to stay in cache.
+const COPY_BUF: usize = 256 * 1024;
+/// Upper bound for one `copy_file_range` call, so progress is reported during big files.
+const COPY_CHUNK: usize = 8 * 1024 * 1024;
+const REPORT_EVERY_ENTRIES: u32 = 1000;
+const REPORT_EVERY: Duration = Duration::from_millis(100);
+
+/// The copy of the first name seen for a multiply-linked inode, for later names to
+/// link to.
+struct FirstCopy {
+    /// Relative path of that copy, `/`-separated.
+    path: Box<[u8]>,
+    /// Names still expected; the record is dropped at zero to bound memory.
+    remaining: libc::nlink_t,
+}
+
+/// One directory being copied: the source listing and the copy being filled.
+struct Frame {
+    src: Listing,
+    dst: OwnedFd,
+    /// Applied to `dst` once its contents are in place, so that creating them cannot
+    /// bump the copied mtime and a read-only mode cannot get in the way. `None` for
+    /// the root, whose metadata belongs to the caller.
+    meta: Option<FileStat>,
+    /// Length of the walk's relative path while this directory is current.
+    rel_len: usize,
+}
+
+struct Copier<'p> {
+    stats: CopyStats,
+    progress: Option<&'p mut dyn FnMut(&CopyStats)>,
+    last_report: Instant,
+    unreported: u32,
+    /// Directories with another `st_dev` are mount points and are left empty.
+    root_dev: u64,
+    rel: RelPath,
+    links: HashMap<(u64, u64), FirstCopy>,
+    /// `copy_file_range` keeps failing the same way between the same two filesystems
+    /// (e.g. EXDEV from ext4 to tmpfs), so it is given up on after the first refusal.
+    try_copy_file_range: bool,
+    buf: Vec<u8>,
+    xattr_bufs: XattrBufs,
+    src_proc_path: Vec<u8>,
+    dst_proc_path: Vec<u8>,
+}
+
+impl<'p> Copier<'p> {
+    fn new(root_dev: u64, progress: Option<&'p mut dyn FnMut(&CopyStats)>) -> Self {
+        Copier {
+            stats: CopyStats::default(),
+            progress,
+            last_report: Instant::now(),
+            unreported: 0,
+            root_dev,
+            rel: RelPath::default(),
+            links: HashMap::new(),
+            try_copy_file_range: true,
+            buf: Vec::new(),
+            xattr_bufs: XattrBufs::default(),
+            src_proc_path: Vec::new(),
+            dst_proc_path: Vec::new(),
+        }
+    }
+
+    fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
+        let root = Listing::new(src).map_err(|f| f.at(self.rel.path(None)))?;
+        let mut stack = vec![Frame {
+            src: root,
+            dst,
+            meta: None,
+            rel_len: 0,
+        }];
+        while let Some(top) = stack.last_mut() {
+            let Some(next) = top.src.next() else {
+                let done = stack.pop().expect("the loop runs only while a frame is stacked");
+                if let Some(st) = &done.meta {
+                    self.set_metadata(done.src.fd(), done.dst.as_fd(), st)
+                        .map_err(|f| f.at(self.rel.path(None)))?;
+                }
+                if let Some(parent) = stack.last() {
+                    self.rel.truncate(parent.rel_len);
+                }
+                continue;
+            };
+            let entry = next.map_err(|f| f.at(self.rel.path(None)))?;
+            let name = entry.file_name();
+            let child = self
+                .copy_entry(&stack, name, entry.file_type())
+                .map_err(|f| f.at(self.rel.path(Some(name))))?;
+            if let Some(child) = child {
+                stack.push(child);
+            }
+            self.entry_done();
+        }
+        Ok(())
+    }
+
+    /// Copies one entry of the directory on top of `stack`; returns the frame to walk
+    /// next when the entry is a directory to descend into.
+    fn copy_entry(
+        &mut self,
+        stack: &[Frame],
+        name: &CStr,
+        dtype: Option<Type>,
+    ) -> Result<Option<Frame>, Failed> {
+        let parent = stack.last().expect("the root frame stays until the walk ends");
+        let (src_dir, dst_dir) = (parent.src.fd(), parent.dst.as_fd());
+        let (st, opened) = stat_entry(src_dir, name, dtype)?;
+        let kind = file_type(&st);
+        if kind == libc::S_IFDIR {
+            let fd = opened.expect("stat_entry opens every directory");
+            return self.enter_dir(dst_dir, name, fd, st);
+        }
+        let key = (st.st_dev, st.st_ino);
+        if st.st_nlink > 1 && self.link_to_first_copy(stack, key, name)? {
+            self.stats.hardlinks += 1;
+            return Ok(None);
+        }
+        match kind {
+            libc::S_IFREG => {
+                let fd = opened.expect("stat_entry opens every regular file");
+                self.copy_file(dst_dir, name, fd, &st)?;
+            }
+            libc::S_IFLNK => self.copy_symlink(src_dir, dst_dir, name, &st)?,
+            _ => self.copy_node(src_dir, dst_dir, name, &st)?,
+        }
+        if st.st_nlink > 1 {
+            let first = FirstCopy {
+                path: self.rel.joined(name).into_boxed_slice(),
+                remaining: st.st_nlink - 1,
+            };
+            self.links.insert(key, first);
+        }
+        Ok(None)
+    }
+
+    fn enter_dir(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        src: OwnedFd,
+        st: FileStat,
+    ) -> Result<Option<Frame>, Failed> {
+        // Owner-only until its metadata is applied: nobody else can look into or
+        // plant anything in a half-copied directory.
+        stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
+        let dst = fcntl::openat(
+            dst_dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(dst_err("open directory"))?;
+        self.stats.dirs += 1;
+        if st.st_dev != self.root_dev {
+            self.set_metadata(src.as_fd(), dst.as_fd(), &st)?;
+            return Ok(None);
+        }
+        let src = Listing::new(src)?;
+        self.rel.push(name);
+        Ok(Some(Frame {
+            src,
+            dst,
+            meta: Some(st),
+            rel_len: self.rel.len(),
+        }))
+    }
+
+    /// Links `name` to the copy of an inode already seen under another name; false if
+    /// this is the first name seen.
+    fn link_to_first_copy(&mut self, stack: &[Frame], key: (u64, u64), name: &CStr) -> Result<bool, Failed> {
+        let Some(first) = self.links.get_mut(&key) else {
+            return Ok(false);
+        };
+        let (dir, leaf) = split_parent(&first.path);
+        // Frame i holds the copy of the first i components of the current path, so the
+        // shared prefix is already open and only the rest has to be walked.
+        let shared = shared_components(dir, self.rel.as_bytes());
+        let mut walked: Option<OwnedFd> = None;
+        for component in components(dir).skip(shared) {
+            let base = walked.as_ref().map_or(stack[shared].dst.as_fd(), AsFd::as_fd);
+            let next = fcntl::openat(
+                base,
+                component,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(dst_err("open the first copy's directory for hard link"))?;
+            walked = Some(next);
+        }
+        let old_dir = walked.as_ref().map_or(stack[shared].dst.as_fd(), AsFd::as_fd);
+        let new_dir = stack
+            .last()
+            .expect("the root frame stays until the walk ends")
+            .dst
+            .as_fd();
+        unistd::linkat(old_dir, leaf, new_dir, name, AtFlags::empty())
+            .map_err(dst_err("create hard link"))?;
+        first.remaining -= 1;
+        if first.remaining == 0 {
+            self.links.remove(&key);
+        }
+        Ok(true)
+    }
+
+    fn copy_file(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        src: OwnedFd,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        // O_EXCL: an entry planted under this name, symlink or not, fails the copy
+        // instead of being written through.
+        let dst = fcntl::openat(
+            dst_dir,
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(dst_err("create file"))?;
+        let (src, dst) = (File::from(src), File::from(dst));
+        self.copy_data(&src, &dst, st)?;
+        self.set_metadata(src.as_fd(), dst.as_fd(), st)?;
+        self.stats.files += 1;
+        Ok(())
+    }
+
+    fn copy_symlink(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        let target = fcntl::readlinkat(src_dir, name).map_err(src_err("read symlink"))?;
+        unistd::symlinkat(target.as_os_str(), dst_dir, name).map_err(dst_err("create symlink"))?;
+        self.set_metadata_at(src_dir, dst_dir, name, st)?;
+        self.stats.symlinks += 1;
+        Ok(())
+    }
+
+    /// FIFOs, sockets and device nodes: only the inode is copied, never opened.
+    fn copy_node(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        let kind = SFlag::from_bits_truncate(file_type(st));
+        stat::mknodat(dst_dir, name, kind, Mode::S_IRUSR | Mode::S_IWUSR, st.st_rdev)
+            .map_err(dst_err("create node"))?;
+        self.set_metadata_at(src_dir, dst_dir, name, st)?;
+        self.stats.specials += 1;
+        Ok(())
+    }
+
+    /// Owner before mode, because chown clears setuid/setgid (and file capabilities,
+    /// hence xattrs after it too); times last, because every other step may touch them.
+    fn set_metadata(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        unistd::fchown(
+            dst,
+            Some(Uid::from_raw(st.st_uid)),
+            Some(Gid::from_raw(st.st_gid)),
+        )
+        .map_err(dst_err("set owner of"))?;
+        copy_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)?;
+        stat::fchmod(dst, permissions(st)).map_err(dst_err("set mode of"))?;
+        stat::futimens(dst, &atime(st), &mtime(st)).map_err(dst_err("set times of"))
+    }
+
+    /// [`Self::set_metadata`] for symlinks and nodes, which cannot be opened for it.
+    fn set_metadata_at(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        let (uid, gid) = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
+        unistd::fchownat(dst_dir, name, Some(uid), Some(gid), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(dst_err("set owner of"))?;
+        let src = proc_path(&mut self.src_proc_path, src_dir, name);
+        let dst = proc_path(&mut self.dst_proc_path, dst_dir, name);
+        copy_xattrs(
+            XattrTarget::NoFollow(src),
+            XattrTarget::NoFollow(dst),
+            &mut self.xattr_bufs,
+        )?;
+        // Symlink permissions are fixed at 0777 on Linux and cannot be changed.
+        if file_type(st) != libc::S_IFLNK {
+            stat::fchmodat(dst_dir, name, permissions(st), FchmodatFlags::NoFollowSymlink)
+                .map_err(dst_err("set mode of"))?;
+        }
+        stat::utimensat(
+            dst_dir,
+            name,
+            &atime(st),
+            &mtime(st),
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(dst_err("set times of"))
+    }
+
+    /// Copies only the data ranges of a file that may have holes, so a sparse file
+    /// stays sparse on the tmpfs instead of filling it with zeros.
+    fn copy_data(&mut self, src: &File, dst: &File, st: &FileStat) -> Result<(), Failed> {
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        // Fully allocated files have no holes; skipping the SEEK_DATA probe saves two
+        // syscalls per file in the common case.
+        if allocated_bytes(st) >= size {
+            return self.copy_range(src, dst, 0, size);
+        }
+        let mut pos = 0;
+        while pos < size {
+            let start = match seek(src, pos, Whence::SeekData) {
+                Ok(start) => start,
+                Err(Errno::ENXIO) => break,
+                Err(Errno::EINVAL | Errno::EOPNOTSUPP) if pos == 0 => {
+                    return self.copy_range(src, dst, 0, size);
+                }
+                Err(e) => return Err(src_err("find data in")(e)),
+            };
+            if start >= size {
+                break;
+            }
+            let end = seek(src, start, Whence::SeekHole).map_err(src_err("find holes in"))?;
+            let end = end.min(size);
+            self.copy_range(src, dst, start, end)?;
+            pos = end;
+        }
+        let len = i64::try_from(size).expect("the size came from an off_t");
+        unistd::ftruncate(dst, len).map_err(dst_err("set size of"))
+    }
+
+    /// Copies `[start, end)` to the same offsets. A source that shrank since it was
+    /// stated ends the copy early rather than failing it.
+    fn copy_range(&mut self, src: &File, dst: &File, start: u64, end: u64) -> Result<(), Failed> {
+        let mut pos = start;
+        let mut use_copy_file_range = self.try_copy_file_range;
+        while pos < end {
+            let remaining = usize::try_from(end - pos).unwrap_or(usize::MAX);
+            let copied = if use_copy_file_range {
+                match copy_file_range(src, dst, pos, remaining.min(COPY_CHUNK)) {
+                    // Some filesystems report 0 for data they cannot copy this way;
+                    // read() tells whether the source really ended.
+                    Ok(0) => {
+                        use_copy_file_range = false;
+                        continue;
+                    }
+                    Ok(n) => n,
+                    Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+                        self.try_copy_file_range = false;
+                        use_copy_file_range = false;
+                        continue;
+                    }
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(dst_err("copy data into")(e)),
+                }
+            } else {
+                if self.buf.is_empty() {
+                    self.buf = vec![0; COPY_BUF];
+                }
+                let buf = &mut self.buf[..remaining.min(COPY_BUF)];
+                let n = match src.read_at(buf, pos) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(src_err("read")(e)),
+                };
+                dst.write_all_at(&buf[..n], pos).map_err(dst_err("write"))?;
+                n
+            };
+            if copied == 0 {
+                break;
+            }
+            pos += copied as u64;
+            self.stats.bytes += copied as u64;
+            self.report_if_due();
+        }
+        Ok(())
+    }
+
+    fn entry_done(&mut self) {
+        self.unreported += 1;
+        if self.unreported >= REPORT_EVERY_ENTRIES {
+            self.report();
+        } else {
+            self.report_if_due();
+        }
+    }
+
+    fn report_if_due(&mut self) {
+        if self.progress.is_some() && self.last_report.elapsed() >= REPORT_EVERY {
+            self.report();
+        }
+    }
+
+    fn report(&mut self) {
+        if let Some(progress) = self.progress.as_mut() {
+            progress(&self.stats);
+            self.last_report = Instant::now();
+        }
+        self.unreported = 0;
+    }
+}
+
+/// An error whose path is attached by the walk, which is the part that knows it.
+#[derive(Debug)]
+struct Failed {
+    on_source: bool,
+    op: &'static str,
+    err: io::Error,
+}
+
+impl Failed {
+    fn at(self, path: PathBuf) -> CopyError {
+        let (op, source) = (self.op, self.err);
+        if self.on_source {
+            CopyError::Source { op, path, source }
+        } else {
+            CopyError::Destination { op, path, source }
+        }
+    }
+}
+
+fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    move |err| Failed {
+        on_source: true,
+        op,
+        err: err.into(),
+    }
+}
+
+fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    move |err| Failed {
+        on_source: false,
+        op,
+        err: err.into(),
+    }
+}
+
+/// The walk's position relative to the roots, as raw bytes: names need not be UTF-8,
+/// and a `PathBuf` is only built for an error.
+#[derive(Default)]
+struct RelPath(Vec<u8>);
+
+impl RelPath {
+    fn push(&mut self, name: &CStr) {
+        if !self.0.is_empty() {
+            self.0.push(b'/');
+        }
+        self.0.extend_from_slice(name.to_bytes());
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn joined(&self, name: &CStr) -> Vec<u8> {
+        let mut path = Vec::with_capacity(self.0.len() + 1 + name.count_bytes());
+        path.extend_from_slice(&self.0);
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name.to_bytes());
+        path
+    }
+
+    fn path(&self, name: Option<&CStr>) -> PathBuf {
+        let bytes = match name {
+            Some(name) => self.joined(name),
+            None => self.0.clone(),
+        };
+        if bytes.is_empty() {
+            PathBuf::from(".")
+        } else {
+            PathBuf::from(OsString::from_vec(bytes))
+        }
+    }
+}
+
+/// A source directory being read. It owns the descriptor its entries are looked up
+/// from, so nothing below it is reached through a path string.
+struct Listing(OwningIter);
+
+impl Listing {
+    fn new(fd: OwnedFd) -> Result<Self, Failed> {
+        let dir = Dir::from_fd(fd).map_err(src_err("read directory"))?;
+        Ok(Listing(dir.into_iter()))
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor is owned by the iterator and stays open as long as
+        // `self`, which the returned borrow cannot outlive.
+        unsafe { BorrowedFd::borrow_raw(self.0.as_raw_fd()) }
+    }
+
+    fn next(&mut self) -> Option<Result<Entry, Failed>> {
+        loop {
+            match self.0.next()? {
+                Ok(entry) if matches!(entry.file_name().to_bytes(), b"." | b"..") => {}
+                next => return Some(next.map_err(src_err("read directory"))),
+            }
+        }
+    }
+}
+
+/// The caller chose these paths, so a symlink at the root itself is honoured.
+fn open_root(path: &Path) -> nix::Result<OwnedFd> {
+    fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Opens a source entry without following a symlink in its place. O_NONBLOCK keeps a
+/// FIFO swapped in after readdir from blocking the copy. O_NOATIME keeps the copy from
+/// dirtying every source inode, but is refused with EPERM for files the caller does not
+/// own without CAP_FOWNER.
+fn open_src(dir: BorrowedFd<'_>, name: &CStr, extra: OFlag) -> nix::Result<OwnedFd> {
+    let flags =
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | extra;
+    match fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(Errno::EPERM) => fcntl::openat(dir, name, flags, Mode::empty()),
+        opened => opened,
+    }
+}
+
+/// Stats an entry, opening it when it is a regular file or a directory. Those are
+/// stated through the opened descriptor, so what is copied is exactly what was stated
+/// even if the entry is replaced concurrently; readdir's d_type saves a separate
+/// stat for them.
+fn stat_entry(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    dtype: Option<Type>,
+) -> Result<(FileStat, Option<OwnedFd>), Failed> {
+    let kind = match dtype {
+        Some(Type::File) => libc::S_IFREG,
+        Some(Type::Directory) => libc::S_IFDIR,
+        _ => {
+            let st = stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(src_err("stat"))?;
+            let kind = file_type(&st);
+            if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+                return Ok((st, None));
+            }
+            kind
+        }
+    };
+    let fd = if kind == libc::S_IFDIR {
+        open_src(dir, name, OFlag::O_DIRECTORY).map_err(src_err("open directory"))?
+    } else {
+        open_src(dir, name, OFlag::empty()).map_err(src_err("open file"))?
+    };
+    let st = stat::fstat(&fd).map_err(src_err("stat"))?;
+    Ok((st, Some(fd)))
+}
+
+fn file_type(st: &FileStat) -> libc::mode_t {
+    st.st_mode & libc::S_IFMT
+}
+
+fn permissions(st: &FileStat) -> Mode {
+    Mode::from_bits_truncate(st.st_mode & 0o7777)
+}
+
+fn atime(st: &FileStat) -> TimeSpec {
+    TimeSpec::new(st.st_atime, st.st_atime_nsec)
+}
+
+fn mtime(st: &FileStat) -> TimeSpec {
+    TimeSpec::new(st.st_mtime, st.st_mtime_nsec)
+}
+
+fn allocated_bytes(st: &FileStat) -> u64 {
+    u64::try_from(st.st_blocks).unwrap_or(0) * 512
+}
+
+fn seek(file: &File, pos: u64, whence: Whence) -> nix::Result<u64> {
+    let pos = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
+    let found = unistd::lseek(file, pos, whence)?;
+    Ok(u64::try_from(found).expect("lseek succeeded, so the offset is not negative"))
+}
+
+/// nix only offers `copy_file_range` behind a feature this crate does not enable.
+fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
+    let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
+    let mut off_out = off_in;
+    // SAFETY: both descriptors are open for the duration of the call and the offset
+    // pointers refer to live locals.
+    let copied = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    };
+    Errno::result(copied).map(|n| usize::try_from(n).expect("checked for -1 above"))
+}
+
+/// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
+fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(slash) => (&path[..slash], &path[slash + 1..]),
+        None => (&[], path),
+    }
+}
+
+fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.split(|&b| b == b'/').filter(|c| !c.is_empty())
+}
+
+/// Number of leading components two relative paths have in common.
+fn shared_components(a: &[u8], b: &[u8]) -> usize {
+    components(a)
+        .zip(components(b))
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
+/// on and then only looks up `name`, which the l*xattr calls do not follow.
+fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
+    buf.clear();
+    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
+    buf.extend_from_slice(name.to_bytes_with_nul());
+    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
+}
+
+/// Where extended attributes are read or written. Symlinks and nodes cannot be opened
+/// for that, so they are reached with the l*xattr calls on a [`proc_path`].
+#[derive(Clone, Copy)]
+enum XattrTarget<'a> {
+    Fd(BorrowedFd<'a>),
+    NoFollow(&'a CStr),
+}
+
+/// Reused across entries so the common case (no attributes) allocates nothing and
+/// costs one syscall.
+#[derive(Default)]
+struct XattrBufs {
+    names: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl XattrTarget<'_> {
+    fn list(self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        fill(buf, |ptr, len| match self {
+            // SAFETY: `ptr`/`len` describe writable memory (or are null/0 to query the
+            // size), and the descriptor or path is valid for the call.
+            XattrTarget::Fd(fd) => unsafe { libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len) },
+            XattrTarget::NoFollow(path) => unsafe { libc::llistxattr(path.as_ptr(), ptr.cast(), len) },
+        })
+    }
+
+    fn get(self, name: &CStr, buf: &mut Vec<u8>) -> io::Result<usize> {
+        fill(buf, |ptr, len| match self {
+            // SAFETY: as in `list`; `name` is NUL-terminated.
+            XattrTarget::Fd(fd) => unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr.cast(), len) },
+            XattrTarget::NoFollow(path) => unsafe {
+                libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
+            },
+        })
+    }
+
+    fn set(self, name: &CStr, value: &[u8]) -> io::Result<()> {
+        let (ptr, len) = (value.as_ptr().cast(), value.len());
+        let done = match self {
+            // SAFETY: `value` is readable for `len` bytes; `name` is NUL-terminated.
+            XattrTarget::Fd(fd) => unsafe { libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, len, 0) },
+            XattrTarget::NoFollow(path) => unsafe {
+                libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0)
+            },
+        };
+        if done == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+/// Runs a size-returning xattr call into `buf`, growing it when the value does not fit
+/// (ERANGE), even if it grows again between the size query and the retry.
+fn fill(buf: &mut Vec<u8>, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<usize> {
+    if buf.is_empty() {
+        buf.resize(4096, 0);
+    }
+    loop {
+        if let Ok(len) = usize::try_from(call(buf.as_mut_ptr(), buf.len())) {
+            return Ok(len);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ERANGE) {
+            return Err(err);
+        }
+        let needed =
+            usize::try_from(call(std::ptr::null_mut(), 0)).map_err(|_| io::Error::last_os_error())?;
+        let grown = needed.max(buf.len() * 2);
+        buf.resize(grown, 0);
+    }
+}
+
+/// Which errors of an attribute namespace are tolerated; `None` means the attribute is
+/// not copied at all.
+///
+/// `user.*` is the application's own data and must arrive. `security.*` and
+/// `trusted.*` depend on privileges and on the LSM of the destination, so refusals are
+/// tolerated like `cp -a` does. ACLs are skipped only where the tmpfs lacks ACL support.
+/// Other namespaces (`system.*` besides ACLs, filesystem-specific ones such as
+/// `btrfs.*`) describe the source filesystem, not the file, and are left behind, as
+/// `rsync -X` does.
+fn tolerated_errors(name: &[u8]) -> Option<&'static [i32]> {
+    if name.starts_with(b"user.") {
+        Some(&[])
+    } else if name.starts_with(b"security.") || name.starts_with(b"trusted.") {
+        Some(&[libc::EPERM, libc::EOPNOTSUPP])
+    } else if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
+        Some(&[libc::EOPNOTSUPP])
+    } else {
+        None
+    }
+}
+
+fn copy_xattrs(src: XattrTarget<'_>, dst: XattrTarget<'_>, bufs: &mut XattrBufs) -> Result<(), Failed> {
+    let len = match src.list(&mut bufs.names) {
+        Ok(len) => len,
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(()),
+        Err(e) => return Err(src_err("list extended attributes of")(e)),
+    };
+    for entry in bufs.names[..len].split_inclusive(|&b| b == 0) {
+        let name = CStr::from_bytes_with_nul(entry).expect("the kernel NUL-terminates every attribute name");
+        let Some(tolerated) = tolerated_errors(name.to_bytes()) else {
+            continue;
+        };
+        let value_len = match src.get(name, &mut bufs.value) {
+            Ok(len) => len,
+            // Removed since the listing: nothing to copy.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
+            Err(e) if tolerated.contains(&e.raw_os_error().unwrap_or(0)) => continue,
+            Err(e) => return Err(src_err("read extended attributes of")(e)),
+        };
+        match dst.set(name, &bufs.value[..value_len]) {
+            Ok(()) => {}
+            Err(e) if tolerated.contains(&e.raw_os_error().unwrap_or(0)) => {}
+            Err(e) => return Err(dst_err("set extended attributes of")(e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn cstr(s: &str) -> std::ffi::CString {
+        std::ffi::CString::new(s).expect("test names have no NUL")
+    }
+
+    fn open_file(path: &Path) -> File {
+        File::open(path).expect("open test file")
+    }
+
+    fn create_file(path: &Path) -> File {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .expect("create test file")
+    }
+
+    fn sparse_fixture(dir: &Path) -> (PathBuf, Vec<(u64, Vec<u8>)>, u64) {
+        let path = dir.join("sparse");
+        let file = create_file(&path);
+        let size = 64 * 1024 * 1024 + 100;
+        let chunks = vec![
+            (0, vec![b'a'; 4096]),
+            (8 * 1024 * 1024, vec![b'b'; 10_000]),
+            (size - 100, vec![b'c'; 100]),
+        ];
+        for (offset, data) in &chunks {
+            file.write_all_at(data, *offset).expect("write sparse chunk");
+        }
+        file.set_len(size).expect("extend sparse file");
+        (path, chunks, size)
+    }
+
+    fn copy_one(src: &Path, dst: &Path, try_copy_file_range: bool) -> CopyStats {
+        let (src_file, dst_file) = (open_file(src), create_file(dst));
+        let st = stat::fstat(&src_file).expect("stat source");
+        let mut copier = Copier::new(st.st_dev, None);
+        copier.try_copy_file_range = try_copy_file_range;
+        copier
+            .copy_data(&src_file, &dst_file, &st)
+            .map_err(|f| f.at(PathBuf::from("sparse")))
+            .expect("copy data");
+        copier.stats
+    }
+
+    fn assert_sparse_copy(try_copy_file_range: bool) {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let (src, chunks, size) = sparse_fixture(dir.path());
+        let dst = dir.path().join("copy");
+        let stats = copy_one(&src, &dst, try_copy_file_range);
+        let data_len: usize = chunks.iter().map(|(_, d)| d.len()).sum();
+        assert_eq!(fs::metadata(&dst).expect("stat copy").len(), size);
+        let copied = open_file(&dst);
+        for (offset, data) in &chunks {
+            let mut back = vec![0; data.len()];
+            copied.read_exact_at(&mut back, *offset).expect("read back chunk");
+            assert_eq!(&back, data, "chunk at {offset}");
+        }
+        let mut hole = vec![1; 4096];
+        copied
+            .read_exact_at(&mut hole, 4 * 1024 * 1024)
+            .expect("read hole");
+        assert!(hole.iter().all(|&b| b == 0));
+        // Only the data ranges (rounded to the filesystem's blocks) were copied.
+        assert!(
+            stats.bytes >= data_len as u64 && stats.bytes < 1024 * 1024,
+            "{stats:?}"
+        );
+        let allocated = fs::metadata(&dst).expect("stat copy").blocks() * 512;
+        assert!(allocated < 1024 * 1024, "copy allocates {allocated} bytes");
+        let hole_at = seek(&copied, 4096 * 2, Whence::SeekHole).expect("SEEK_HOLE");
+        assert!(hole_at < 8 * 1024 * 1024, "first hole at {hole_at}");
+    }
+
+    #[test]
+    fn copy_sparse_file_with_copy_file_range_keeps_holes() {
+        assert_sparse_copy(true);
+    }
+
+    #[test]
+    fn copy_sparse_file_with_read_write_keeps_holes() {
+        assert_sparse_copy(false);
+    }
+
+    #[test]
+    fn copy_dense_file_both_ways_is_exact() {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let src = dir.path().join("dense");
+        // Not a multiple of the buffer, to cover the short final chunk.
+        let data: Vec<u8> = (0..COPY_BUF * 3 + 12_345).map(|i| (i * 31 % 251) as u8).collect();
+        fs::write(&src, &data).expect("write dense file");
+        for (i, try_cfr) in [true, false].into_iter().enumerate() {
+            let dst = dir.path().join(format!("copy{i}"));
+            let stats = copy_one(&src, &dst, try_cfr);
+            assert_eq!(fs::read(&dst).expect("read copy"), data);
+            assert_eq!(stats.bytes, data.len() as u64);
+        }
+    }
+
+    /// ext4 (/tmp) to tmpfs (/dev/shm) is refused with EXDEV; the copy must fall back
+    /// and stop trying, while a real error (EBADF for an append-only destination) is
+    /// reported against the copy.
+    #[test]
+    fn refused_copy_file_range_falls_back_and_real_errors_abort() {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let shm = tempfile::tempdir_in("/dev/shm").expect("tempdir on tmpfs");
+        let src = dir.path().join("src");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        fs::write(&src, &data).expect("write");
+        let src_dev = fs::metadata(&src).expect("stat").dev();
+        assert_ne!(
+            src_dev,
+            fs::metadata(shm.path()).expect("stat").dev(),
+            "needs two filesystems"
+        );
+        let dst = shm.path().join("dst");
+        let stats = copy_one(&src, &dst, true);
+        assert_eq!(fs::read(&dst).expect("read copy"), data);
+        assert_eq!(stats.bytes, data.len() as u64);
+
+        let appending = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.path().join("appending"))
+            .expect("open");
+        let mut copier = Copier::new(src_dev, None);
+        let err = copier
+            .copy_range(&open_file(&src), &appending, 0, 5)
+            .map_err(|f| f.at(PathBuf::from("appending")))
+            .expect_err("append-only destination is an error");
+        assert!(
+            matches!(
+                err,
+                CopyError::Destination {
+                    op: "copy data into",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            copier.try_copy_file_range,
+            "a real error must not disable copy_file_range"
+        );
+    }
+
+    /// A file shorter than its stat said (it shrank meanwhile): the copy ends at its
+    /// real end, and the short count does not turn copy_file_range off for good.
+    #[test]
+    fn a_source_that_shrank_ends_the_copy_early() {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let src = dir.path().join("src");
+        fs::write(&src, b"only eleven").expect("write");
+        let dst = create_file(&dir.path().join("dst"));
+        let mut copier = Copier::new(0, None);
+        copier
+            .copy_range(&open_file(&src), &dst, 0, 4096)
+            .map_err(|f| f.at(PathBuf::from("src")))
+            .expect("copy");
+        assert_eq!(copier.stats.bytes, 11);
+        assert!(copier.try_copy_file_range);
+        assert_eq!(fs::read(dir.path().join("dst")).expect("read"), b"only eleven");
+    }
+
+    #[test]
+    fn shared_components_counts_whole_components() {
+        assert_eq!(shared_components(b"", b"a/b"), 0);
+        assert_eq!(shared_components(b"a/b", b""), 0);
+        assert_eq!(shared_components(b"a/b/c", b"a/b"), 2);
+        assert_eq!(shared_components(b"a/bc", b"a/b"), 1);
+        assert_eq!(shared_components(b"x", b"a"), 0);
+        assert_eq!(split_parent(b"a/b/leaf"), (&b"a/b"[..], &b"leaf"[..]));
+        assert_eq!(split_parent(b"leaf"), (&b""[..], &b"leaf"[..]));
+    }
+
+    /// Links whose first copy is in the same directory, an ancestor, a finished
+    /// sibling subtree and a deeper directory all resolve, and records are dropped once
+    /// every name was seen.
+    #[test]
+    fn hard_links_resolve_from_any_directory() {
+        let src = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let dst = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let s = src.path();
+        for dir in ["a/deep/er", "b/c", "z"] {
+            fs::create_dir_all(s.join(dir)).expect("mkdir");
+        }
+        fs::write(s.join("a/deep/er/f"), b"one").expect("write");
+        for link in ["a/deep/er/g", "a/h", "b/c/i", "z/j", "k"] {
+            fs::hard_link(s.join("a/deep/er/f"), s.join(link)).expect("link");
+        }
+        fs::write(s.join("b/pair1"), b"two").expect("write");
+        fs::hard_link(s.join("b/pair1"), s.join("b/c/pair2")).expect("link");
+        // One name outside the tree: its record must survive, without harm.
+        fs::write(s.join("z/outside-linked"), b"three").expect("write");
+        let outside = tempfile::tempdir_in("/tmp").expect("tempdir");
+        fs::hard_link(s.join("z/outside-linked"), outside.path().join("o")).expect("link");
+
+        let src_fd = open_root(s).expect("open src");
+        let dst_fd = open_root(dst.path()).expect("open dst");
+        let root_dev = stat::fstat(&src_fd).expect("stat").st_dev;
+        let mut copier = Copier::new(root_dev, None);
+        copier.run(src_fd, dst_fd).expect("copy");
+
+        let d = dst.path();
+        let ino = |p: &str| fs::symlink_metadata(d.join(p)).expect("stat copy").ino();
+        let first = ino("a/deep/er/f");
+        for link in ["a/deep/er/g", "a/h", "b/c/i", "z/j", "k"] {
+            assert_eq!(ino(link), first, "{link}");
+        }
+        assert_eq!(fs::symlink_metadata(d.join("k")).expect("stat").nlink(), 6);
+        assert_eq!(ino("b/pair1"), ino("b/c/pair2"));
+        assert_ne!(ino("b/pair1"), first);
+        assert_eq!(fs::read(d.join("z/j")).expect("read"), b"one");
+        assert_eq!(copier.stats.hardlinks, 6);
+        assert_eq!(copier.stats.files, 3);
+        let left: Vec<_> = copier.links.values().map(|f| f.path.to_vec()).collect();
+        assert_eq!(left, vec![b"z/outside-linked".to_vec()]);
+    }
+
+    #[test]
+    fn xattr_policy_by_namespace() {
+        assert_eq!(tolerated_errors(b"user.mime_type"), Some(&[][..]));
+        assert!(tolerated_errors(b"trusted.overlay.opaque").is_some_and(|t| t.contains(&libc::EPERM)));
+        assert!(tolerated_errors(b"security.capability").is_some_and(|t| t.contains(&libc::EOPNOTSUPP)));
+        assert_eq!(
+            tolerated_errors(b"system.posix_acl_default"),
+            Some(&[libc::EOPNOTSUPP][..])
+        );
+        assert_eq!(tolerated_errors(b"system.nfs4_acl"), None);
+        assert_eq!(tolerated_errors(b"btrfs.compression"), None);
+    }
+
+    #[test]
+    fn xattr_values_larger_than_the_buffer_are_copied() {
+        // ext4 keeps all attributes of an inode in one block; tmpfs has room for
+        // both a name list and a value over the 4 KiB first guess.
+        let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir on tmpfs");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let (fa, fb) = (create_file(&a), create_file(&b));
+        let big: Vec<u8> = (0..3000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let names: Vec<String> = (0..300)
+            .map(|i| format!("user.attribute-number-{i:04}"))
+            .collect();
+        for name in &names {
+            xattr::FileExt::set_xattr(&fa, name, &big[..100]).expect("set small xattr");
+        }
+        xattr::FileExt::set_xattr(&fa, "user.big", &big).expect("set big xattr");
+        let mut bufs = XattrBufs::default();
+        copy_xattrs(
+            XattrTarget::Fd(fa.as_fd()),
+            XattrTarget::Fd(fb.as_fd()),
+            &mut bufs,
+        )
+        .map_err(|f| f.at(PathBuf::from("a")))
+        .expect("copy xattrs");
+        assert_eq!(
+            xattr::FileExt::get_xattr(&fb, "user.big").expect("get"),
+            Some(big.clone())
+        );
+        assert_eq!(
+            xattr::FileExt::list_xattr(&fb).expect("list").count(),
+            names.len() + 1
+        );
+    }
+
+    #[test]
+    fn errors_name_the_relative_path_and_side() {
+        let src = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let dst = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let name = OsString::from_vec(b"d\xff/x y".to_vec());
+        fs::create_dir(src.path().join(OsString::from_vec(b"d\xff".to_vec()))).expect("mkdir");
+        fs::write(src.path().join(&name), b"data").expect("write");
+        fs::create_dir(dst.path().join(OsString::from_vec(b"d\xff".to_vec()))).expect("mkdir");
+        let err = copy_tree(src.path(), dst.path(), None).expect_err("existing directory");
+        let CopyError::Destination { op, path, source } = &err else {
+            panic!("expected a destination error, got {err:?}");
+        };
+        assert_eq!(
+            (*op, source.raw_os_error()),
+            ("create directory", Some(libc::EEXIST))
+        );
+        assert_eq!(path.as_os_str().as_bytes(), b"d\xff");
+        assert_eq!(err.to_string(), "cannot create directory `d\u{fffd}` in the copy");
+        assert!(!err.is_no_space());
+        let missing = copy_tree(&src.path().join("nope"), dst.path(), None).expect_err("missing source");
+        assert!(
+            matches!(&missing, CopyError::Source { op: "open directory", path, .. } if path == Path::new("."))
+        );
+    }
+
+    #[test]
+    fn is_no_space_covers_enospc_and_edquot_only() {
+        let err = |errno| CopyError::Destination {
+            op: "write",
+            path: PathBuf::from("f"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert!(err(libc::ENOSPC).is_no_space());
+        assert!(err(libc::EDQUOT).is_no_space());
+        assert!(!err(libc::EIO).is_no_space());
+    }
+
+    #[test]
+    fn directory_metadata_is_applied_after_contents() {
+        let src = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let dst = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let ro = src.path().join("ro");
+        fs::create_dir(&ro).expect("mkdir");
+        fs::write(ro.join("inside"), b"x").expect("write");
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).expect("chmod");
+        let when = TimeSpec::new(1_234_567_890, 123_456_789);
+        stat::utimensat(
+            fcntl::AT_FDCWD,
+            &ro,
+            &when,
+            &when,
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .expect("utimens");
+        copy_tree(src.path(), dst.path(), None).expect("copy");
+        let meta = fs::metadata(dst.path().join("ro")).expect("stat copy");
+        assert_eq!(meta.mode() & 0o7777, 0o555);
+        assert_eq!((meta.mtime(), meta.mtime_nsec()), (1_234_567_890, 123_456_789));
+        assert_eq!(fs::read(dst.path().join("ro/inside")).expect("read"), b"x");
+    }
+
+    #[test]
+    fn proc_path_reaches_the_entry_without_following_it() {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        std::os::unix::fs::symlink("/nonexistent", dir.path().join("l")).expect("symlink");
+        let fd = open_root(dir.path()).expect("open");
+        let mut buf = Vec::new();
+        let path = proc_path(&mut buf, fd.as_fd(), &cstr("l"));
+        let meta =
+            fs::symlink_metadata(OsString::from_vec(path.to_bytes().to_vec())).expect("lstat via proc");
+        assert!(meta.file_type().is_symlink());
+    }
+}

@@ -1,0 +1,124 @@
+//! Exit statuses and spec diagnostics rendered rustc-style (file:line:col, caret).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Process exit statuses; documented in README.md ("Exit status").
+pub mod exit {
+    /// Converged (apply), valid (validate), or nothing to report.
+    pub const OK: i32 = 0;
+    /// An operation failed: a mount with `on_failure: fail`, an I/O error, a refused `down`.
+    pub const FAILED: i32 = 1;
+    /// Bad input: invalid spec or command line. Nothing on the host was changed.
+    pub const BAD_INPUT: i32 = 2;
+    /// Not fully converged: some mounts are degraded (application on its disk
+    /// directory) or a change was refused; the rest were applied.
+    pub const DEGRADED: i32 = 3;
+    /// Another tmpfsctl held the lock for longer than `--wait`.
+    pub const BUSY: i32 = 4;
+}
+
+/// One problem in a spec, located at a YAML node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnostic {
+    pub line: u64,
+    pub column: u64,
+    /// Characters to underline; at least one.
+    pub width: usize,
+    /// Dotted field path such as `mounts[1].size`.
+    pub field: String,
+    pub message: String,
+    /// What the field accepts, when that helps.
+    pub accepted: Option<String>,
+}
+
+/// An invalid spec: every problem found, with the text needed to show them.
+#[derive(Debug)]
+pub struct SpecError {
+    pub file: PathBuf,
+    pub source_text: String,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl SpecError {
+    pub fn single(file: &Path, source_text: &str, diagnostic: Diagnostic) -> Self {
+        SpecError {
+            file: file.to_path_buf(),
+            source_text: source_text.to_string(),
+            diagnostics: vec![diagnostic],
+        }
+    }
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<&str> = self.source_text.lines().collect();
+        for (i, d) in self.diagnostics.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            writeln!(f, "error: {}", d.message)?;
+            let gutter = d.line.to_string().len();
+            writeln!(
+                f,
+                "{:gutter$}--> {}:{}:{}",
+                "",
+                self.file.display(),
+                d.line,
+                d.column
+            )?;
+            if let Some(text) = d.line.checked_sub(1).and_then(|l| lines.get(l as usize)) {
+                writeln!(f, "{:gutter$} |", "")?;
+                writeln!(f, "{} | {}", d.line, text)?;
+                let pad = d.column.saturating_sub(1) as usize;
+                writeln!(f, "{:gutter$} | {:pad$}{}", "", "", "^".repeat(d.width.max(1)))?;
+            }
+            writeln!(f, "{:gutter$} = field: {}", "", d.field)?;
+            if let Some(acc) = &d.accepted {
+                writeln!(f, "{:gutter$} = accepted: {}", "", acc)?;
+            }
+        }
+        if self.diagnostics.len() > 1 {
+            writeln!(
+                f,
+                "\n{} errors in {}; nothing was changed",
+                self.diagnostics.len(),
+                self.file.display()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_location_snippet_caret_field_and_accepted() {
+        let err = SpecError::single(
+            Path::new("cache.yaml"),
+            "version: 1\nmounts:\n  - size: 12 parsecs\n",
+            Diagnostic {
+                line: 3,
+                column: 11,
+                width: 10,
+                field: "mounts[0].size".into(),
+                message: "invalid size `12 parsecs`: unknown unit `parsecs`".into(),
+                accepted: Some("512MiB".into()),
+            },
+        );
+        let want = "\
+error: invalid size `12 parsecs`: unknown unit `parsecs`
+ --> cache.yaml:3:11
+  |
+3 |   - size: 12 parsecs
+  |           ^^^^^^^^^^
+  = field: mounts[0].size
+  = accepted: 512MiB
+";
+        assert_eq!(err.to_string(), want);
+    }
+}

@@ -1,0 +1,379 @@
+//! Carries out a plan. The only module that changes the host; the syscalls
+//! themselves are in `mount` (mount/umount) and `copy` (the tree copier).
+
+use std::io::IsTerminal;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::copy;
+use crate::mount::{self, RootAttrs};
+use crate::plan::{Blocked, MountPlan, Plan, Step};
+use crate::spec::size::format_bytes;
+use crate::spec::{MountSpec, OnFailure, Persist, Spec};
+use crate::state::{Record, State};
+
+/// Seeding leaves this share of the tmpfs free for the application.
+const SEED_HEADROOM_PCT: u64 = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Already as the spec says.
+    Unchanged,
+    /// Brought to the spec by this run.
+    Changed,
+    /// Not offloaded: the application runs on its disk directory.
+    Degraded,
+    /// Offloaded, but a change in the spec could not be applied online.
+    Refused,
+    /// Failed with `on_failure: fail`; the run stopped here.
+    Failed,
+    /// Not attempted because an earlier mount failed with `on_failure: fail`.
+    Skipped,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MountResult {
+    pub name: String,
+    pub path: PathBuf,
+    pub result: Outcome,
+    pub steps: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeded: Option<Seeded>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Seeded {
+    pub files: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ApplyReport {
+    pub changed: bool,
+    pub mounts: Vec<MountResult>,
+    /// Host-wide steps done: state directory preparation, leftover clean-up.
+    pub host_steps: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub orphans: Vec<(String, PathBuf)>,
+}
+
+impl ApplyReport {
+    pub fn exit_code(&self) -> i32 {
+        use crate::error::exit;
+        let any = |o: Outcome| self.mounts.iter().any(|m| m.result == o);
+        if any(Outcome::Failed) {
+            exit::FAILED
+        } else if any(Outcome::Degraded) || any(Outcome::Refused) {
+            exit::DEGRADED
+        } else {
+            exit::OK
+        }
+    }
+}
+
+pub struct Options {
+    /// Show seeding progress on stderr (a terminal, human output).
+    pub progress: bool,
+}
+
+pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &Options) -> Result<ApplyReport> {
+    if plan.changes() {
+        state.ensure_dirs()?;
+    }
+    let mut cleanup = Vec::new();
+    for step in plan.prepare.iter().chain(&plan.cleanup) {
+        run_step(step, "", opts, &mut Vec::new()).with_context(|| step.describe())?;
+        cleanup.push(step.describe());
+        failpoint(step, "");
+    }
+    let mut results = Vec::new();
+    let mut stop = false;
+    for (m, mp) in spec.mounts.iter().zip(&plan.mounts) {
+        if stop {
+            results.push(result(mp, Outcome::Skipped, Vec::new(), None));
+            continue;
+        }
+        let r = apply_mount(m, mp, state, opts)?;
+        stop = r.result == Outcome::Failed;
+        results.push(r);
+    }
+    Ok(ApplyReport {
+        changed: !cleanup.is_empty() || results.iter().any(|r| !r.steps.is_empty()),
+        mounts: results,
+        host_steps: cleanup,
+        orphans: plan.orphans.clone(),
+    })
+}
+
+fn result(mp: &MountPlan, outcome: Outcome, steps: Vec<String>, reason: Option<String>) -> MountResult {
+    MountResult {
+        name: mp.name.clone(),
+        path: mp.path.clone(),
+        result: outcome,
+        steps,
+        reason,
+        seeded: None,
+    }
+}
+
+fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> Result<MountResult> {
+    let failed = |reason: String| -> Result<MountResult> {
+        let outcome = match m.on_failure {
+            OnFailure::KeepDisk => Outcome::Degraded,
+            OnFailure::Fail => Outcome::Failed,
+        };
+        state.set_degraded(&m.name, &reason)?;
+        Ok(result(mp, outcome, Vec::new(), Some(reason)))
+    };
+    match &mp.blocked {
+        Some(Blocked::CannotOffload { reason }) => return failed(reason.clone()),
+        Some(Blocked::Refused { reason }) => {
+            return Ok(result(mp, Outcome::Refused, Vec::new(), Some(reason.clone())))
+        }
+        None => {}
+    }
+
+    let mut undo = Vec::new();
+    let mut done = Vec::new();
+    let mut seeded = None;
+    for step in &mp.steps {
+        let started = Instant::now();
+        match run_step(step, &m.name, opts, &mut undo) {
+            Ok(stats) => {
+                if let Some(s) = stats {
+                    seeded = Some(Seeded {
+                        files: s.files,
+                        bytes: s.bytes,
+                        seconds: started.elapsed().as_secs_f64(),
+                    });
+                }
+                done.push(step.describe());
+                failpoint(step, &m.name);
+            }
+            Err(e) => {
+                let reason = format!("{}: {e:#}", step.describe());
+                if let Step::Remount { .. } | Step::SetRoot { .. } = step {
+                    // The live tmpfs stays as it was; nothing to roll back.
+                    return Ok(result(mp, Outcome::Refused, done, Some(reason)));
+                }
+                let rollback = roll_back(undo);
+                let reason = match rollback {
+                    Ok(()) => reason,
+                    Err(re) => format!("{reason}; rollback failed: {re:#}"),
+                };
+                return failed(reason);
+            }
+        }
+    }
+
+    if state.record(&m.name).is_none() || !mp.steps.is_empty() {
+        state.write_record(&Record {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            persist: persist_name(m.persist),
+            applied_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        })?;
+    }
+    state.clear_degraded(&m.name)?;
+    let outcome = if done.is_empty() {
+        Outcome::Unchanged
+    } else {
+        Outcome::Changed
+    };
+    let mut r = result(mp, outcome, done, None);
+    r.seeded = seeded;
+    Ok(r)
+}
+
+pub fn persist_name(p: Persist) -> String {
+    match p {
+        Persist::None => "none".into(),
+        Persist::OnStop => "on-stop".into(),
+        Persist::Every(s) => format!("every {s}s"),
+    }
+}
+
+/// What to undo when a later step of the same mount fails.
+enum Undo {
+    Detach(PathBuf),
+}
+
+fn roll_back(undo: Vec<Undo>) -> Result<()> {
+    let mut first_err = None;
+    for u in undo.into_iter().rev() {
+        let Undo::Detach(p) = u;
+        if let Err(e) = mount::detach(&p) {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+fn run_step(
+    step: &Step,
+    name: &str,
+    opts: &Options,
+    undo: &mut Vec<Undo>,
+) -> Result<Option<copy::CopyStats>> {
+    match step {
+        Step::DetachStage { stage } => mount::detach(stage)?,
+        Step::DetachLower { lower } => mount::detach(lower)?,
+        Step::RemoveLeftover { path, mounted } => {
+            if *mounted {
+                mount::detach(path)?;
+            }
+            remove_empty_dir(path)?;
+        }
+        Step::PrivateStateDir { dir } => {
+            mkdir_private(dir)?;
+            mount::bind_private(dir, dir)?;
+        }
+        Step::CreateDir { path, root } => create_dir(path, *root)?,
+        Step::BindLower { path, lower } => {
+            mkdir_private(lower)?;
+            mount::bind_private(path, lower)?;
+            undo.push(Undo::Detach(lower.clone()));
+        }
+        Step::MountStage {
+            source,
+            stage,
+            options,
+        } => {
+            mkdir_private(stage)?;
+            mount::mount_tmpfs(source, stage, options)?;
+            undo.push(Undo::Detach(stage.clone()));
+        }
+        Step::Seed { from, to } => return seed(from, to, name, opts).map(Some),
+        Step::MoveIntoPlace { stage, path } => {
+            mount::move_mount(stage, path)?;
+            // The tmpfs is in place; a later failure must not tear it down.
+            undo.retain(|Undo::Detach(p)| p != stage);
+        }
+        Step::Remount { path, options, .. } => mount::remount_tmpfs(path, options).map_err(|e| {
+            let hint = if e == nix::errno::Errno::EINVAL {
+                " (the kernel refused; for a shrink, usage may have grown past the new size)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("remount failed: {e}{hint}")
+        })?,
+        Step::SetRoot { path, to, .. } => set_root(path, *to)?,
+    }
+    Ok(None)
+}
+
+fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<copy::CopyStats> {
+    let need = copy::measure(from).with_context(|| format!("measuring {}", from.display()))?;
+    let room = crate::host::usage::Usage::of(to)?;
+    let fit_bytes = room.size / 100 * (100 - SEED_HEADROOM_PCT);
+    let fit_inodes = room.inodes / 100 * (100 - SEED_HEADROOM_PCT);
+    if need.allocated > fit_bytes || need.inodes > fit_inodes {
+        bail!(
+            "the on-disk contents ({}, {} files) do not fit into {} / {} inodes with {SEED_HEADROOM_PCT}% headroom; raise `size`/`inodes` or use `seed: empty`",
+            format_bytes(need.allocated),
+            need.inodes,
+            format_bytes(room.size),
+            room.inodes
+        );
+    }
+    let show = opts.progress && std::io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut last = Instant::now();
+    let mut progress = |s: &copy::CopyStats| {
+        if show && last.elapsed().as_millis() >= 200 {
+            last = Instant::now();
+            let rate = s.bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);
+            eprint!(
+                "\rseeding {name}: {}/{} files, {}/{}, {}/s   ",
+                s.files + s.dirs + s.symlinks + s.specials,
+                need.inodes,
+                format_bytes(s.bytes),
+                format_bytes(need.apparent),
+                format_bytes(rate as u64)
+            );
+        }
+    };
+    let stats = copy::copy_tree(from, to, Some(&mut progress)).map_err(|e| {
+        let hint = if e.is_no_space() {
+            " (tmpfs full: raise `size` or use `seed: empty`)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("{e}{hint}")
+    });
+    if show {
+        eprint!("\r\x1b[K");
+    }
+    stats
+}
+
+fn mkdir_private(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+fn create_dir(path: &Path, root: RootAttrs) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(e).with_context(|| format!("creating {}", path.display()))
+        }
+        _ => {}
+    }
+    set_root(path, root)
+}
+
+fn set_root(path: &Path, a: RootAttrs) -> Result<()> {
+    std::os::unix::fs::lchown(path, Some(a.uid), Some(a.gid))
+        .with_context(|| format!("chown {}:{} {}", a.uid, a.gid, path.display()))?;
+    // After chown, which clears setuid/setgid bits.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(a.mode))
+        .with_context(|| format!("chmod {:04o} {}", a.mode, path.display()))
+}
+
+fn remove_empty_dir(path: &Path) -> Result<()> {
+    match std::fs::remove_dir(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Crash-consistency tests set `TMPFSCTL_FAILPOINT=after-<action>[:<name>]`
+/// to SIGKILL this process right after that step (of that mount), as a power
+/// cut or `kill -9` would; see tests/apply.rs.
+fn failpoint(step: &Step, name: &str) {
+    let Some(fp) = std::env::var_os("TMPFSCTL_FAILPOINT") else {
+        return;
+    };
+    let action = serde_json::to_value(step)
+        .ok()
+        .and_then(|v| v.get("action").and_then(|a| a.as_str().map(str::to_string)))
+        .unwrap_or_default();
+    let fp = fp.to_string_lossy();
+    let (point, mount) = fp.split_once(':').unwrap_or((&fp, name));
+    if point == format!("after-{action}") && mount == name {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}

@@ -1,0 +1,70 @@
+//! Usage of a mounted filesystem from statvfs.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use nix::sys::statvfs::statvfs;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub size: u64,
+    pub used: u64,
+    pub inodes: u64,
+    pub inodes_used: u64,
+}
+
+impl Usage {
+    pub fn of(path: &Path) -> Result<Usage> {
+        let s = statvfs(path).with_context(|| format!("statvfs {}", path.display()))?;
+        let bsize = s.fragment_size() as u64;
+        let blocks = s.blocks() as u64;
+        Ok(Usage {
+            size: blocks * bsize,
+            used: blocks.saturating_sub(s.blocks_free() as u64) * bsize,
+            inodes: s.files() as u64,
+            inodes_used: (s.files() as u64).saturating_sub(s.files_free() as u64),
+        })
+    }
+
+    /// Percentage used; 0 for an unlimited (size 0) filesystem.
+    pub fn used_pct(&self) -> f64 {
+        pct(self.used, self.size)
+    }
+
+    pub fn inodes_pct(&self) -> f64 {
+        pct(self.inodes_used, self.inodes)
+    }
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentages_never_divide_by_zero() {
+        let u = Usage {
+            size: 0,
+            used: 0,
+            inodes: 0,
+            inodes_used: 0,
+        };
+        assert_eq!(u.used_pct(), 0.0);
+        let u = Usage {
+            size: 200,
+            used: 50,
+            inodes: 10,
+            inodes_used: 10,
+        };
+        assert_eq!(u.used_pct(), 25.0);
+        assert_eq!(u.inodes_pct(), 100.0);
+    }
+}

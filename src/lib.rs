@@ -1,0 +1,22 @@
+//! tmpfsctl: puts application cache directories into size-limited tmpfs,
+//! declaratively and safely.
+//!
+//! Every command is a view of one pipeline:
+//! `spec` (desired) + `observe` (the host, read through `host`) → `plan`
+//! (ordered steps, pure) → `execute` (the only code that changes the host:
+//! mounts in `mount`, the tree copy in `copy`) → `report`.
+//! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
+
+pub mod cli;
+pub mod copy;
+pub mod down;
+pub mod error;
+pub mod execute;
+pub mod host;
+pub mod mount;
+pub mod observe;
+pub mod plan;
+pub mod report;
+pub mod spec;
+pub mod state;
+pub mod status;

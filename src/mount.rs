@@ -1,0 +1,204 @@
+//! The only place that calls mount(2) and umount2(2).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use serde::Serialize;
+
+use crate::spec::{Atime, Flags, Huge};
+
+/// Everything a tmpfs is mounted with. Remounts repeat all of it, because a
+/// bare MS_REMOUNT resets nosuid/nodev/noexec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TmpfsOptions {
+    pub size: u64,
+    pub nr_inodes: Option<u64>,
+    pub huge: Huge,
+    pub noswap: bool,
+    pub flags: Flags,
+    pub root: RootAttrs,
+}
+
+/// Owner, group and mode of a directory (the tmpfs root, the on-disk dir).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RootAttrs {
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+}
+
+impl RootAttrs {
+    pub fn of(path: &Path) -> Result<RootAttrs> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(path).with_context(|| format!("stat {}", path.display()))?;
+        Ok(RootAttrs {
+            uid: md.uid(),
+            gid: md.gid(),
+            mode: md.mode() & 0o7777,
+        })
+    }
+}
+
+impl TmpfsOptions {
+    fn ms_flags(&self) -> MsFlags {
+        let f = self.flags;
+        let mut ms = MsFlags::empty();
+        ms.set(MsFlags::MS_NOSUID, f.nosuid);
+        ms.set(MsFlags::MS_NODEV, f.nodev);
+        ms.set(MsFlags::MS_NOEXEC, f.noexec);
+        match f.atime {
+            Some(Atime::Relatime) => ms |= MsFlags::MS_RELATIME,
+            Some(Atime::Noatime) => ms |= MsFlags::MS_NOATIME,
+            Some(Atime::Strictatime) => ms |= MsFlags::MS_STRICTATIME,
+            None => {}
+        }
+        ms
+    }
+
+    /// The data string. The root's uid/gid/mode only matter at mount time
+    /// (the kernel ignores them for the root on remount), and `noswap` can
+    /// only be set at mount time but must be repeated on remount.
+    pub fn data(&self, remount: bool) -> String {
+        let mut d = format!("size={}", self.size);
+        if let Some(n) = self.nr_inodes {
+            d.push_str(&format!(",nr_inodes={n}"));
+        }
+        d.push_str(&format!(",huge={}", self.huge.name()));
+        if !remount {
+            let r = self.root;
+            d.push_str(&format!(",mode={:o},uid={},gid={}", r.mode, r.uid, r.gid));
+        }
+        if self.noswap {
+            d.push_str(",noswap");
+        }
+        d
+    }
+}
+
+pub fn mount_tmpfs(source: &str, target: &Path, opts: &TmpfsOptions) -> Result<()> {
+    let data = opts.data(false);
+    mount(
+        Some(source),
+        target,
+        Some("tmpfs"),
+        opts.ms_flags(),
+        Some(data.as_str()),
+    )
+    .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
+}
+
+pub fn remount_tmpfs(target: &Path, opts: &TmpfsOptions) -> Result<(), Errno> {
+    let data = opts.data(true);
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | opts.ms_flags(),
+        Some(data.as_str()),
+    )
+}
+
+/// Binds `src` to `dst` and makes the bind private, before anything else is
+/// mounted at `src`: a shared bind would receive the tmpfs by propagation.
+pub fn bind_private(src: &Path, dst: &Path) -> Result<()> {
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .with_context(|| format!("bind {} to {}", src.display(), dst.display()))?;
+    make_private(dst)
+}
+
+pub fn make_private(target: &Path) -> Result<()> {
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .with_context(|| format!("making {} a private mount", target.display()))
+}
+
+/// Moves a mount; the seeded tmpfs appears at `to` in one step.
+pub fn move_mount(from: &Path, to: &Path) -> Result<()> {
+    mount(Some(from), to, None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .with_context(|| format!("move mount {} to {}", from.display(), to.display()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unmounted {
+    /// Nothing used it; gone.
+    Clean,
+    /// Busy: detached; holders keep their files until they close them.
+    Lazy,
+}
+
+/// Unmounts, falling back to a lazy detach when busy.
+pub fn unmount(target: &Path) -> Result<Unmounted> {
+    match umount2(target, MntFlags::empty()) {
+        Ok(()) => Ok(Unmounted::Clean),
+        Err(Errno::EBUSY) => {
+            umount2(target, MntFlags::MNT_DETACH)
+                .with_context(|| format!("umount -l {}", target.display()))?;
+            Ok(Unmounted::Lazy)
+        }
+        Err(e) => Err(e).with_context(|| format!("umount {}", target.display())),
+    }
+}
+
+/// Detaches without trying a clean unmount first (rollback, side paths).
+pub fn detach(target: &Path) -> Result<()> {
+    umount2(target, MntFlags::MNT_DETACH).with_context(|| format!("umount -l {}", target.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> TmpfsOptions {
+        TmpfsOptions {
+            size: 512 << 20,
+            nr_inodes: Some(1000),
+            huge: Huge::Never,
+            noswap: false,
+            flags: Flags {
+                nosuid: true,
+                nodev: true,
+                noexec: false,
+                atime: None,
+            },
+            root: RootAttrs {
+                uid: 33,
+                gid: 34,
+                mode: 0o750,
+            },
+        }
+    }
+
+    #[test]
+    fn data_sets_root_only_at_mount_time() {
+        let o = opts();
+        assert_eq!(
+            o.data(false),
+            "size=536870912,nr_inodes=1000,huge=never,mode=750,uid=33,gid=34"
+        );
+        assert_eq!(o.data(true), "size=536870912,nr_inodes=1000,huge=never");
+        let o = TmpfsOptions {
+            nr_inodes: None,
+            noswap: true,
+            huge: Huge::WithinSize,
+            ..opts()
+        };
+        assert_eq!(o.data(true), "size=536870912,huge=within_size,noswap");
+    }
+
+    #[test]
+    fn remount_flags_repeat_every_security_flag() {
+        let mut o = opts();
+        o.flags.noexec = true;
+        o.flags.atime = Some(Atime::Noatime);
+        let f = o.ms_flags();
+        assert!(f.contains(MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME));
+    }
+}

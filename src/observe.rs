@@ -1,0 +1,233 @@
+//! Reads what the host looks like for each mount of a spec. Nothing here
+//! changes the host; `plan` turns the result into steps.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::host::meminfo::MemInfo;
+use crate::host::mountinfo::{MountEntry, MountTable};
+use crate::host::usage::Usage;
+use crate::host::Host;
+use crate::mount::RootAttrs;
+use crate::spec::{self, Atime, Flags, Huge, MountSpec, Spec};
+use crate::state::State;
+
+/// A live managed tmpfs as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Live {
+    pub dev: (u32, u32),
+    /// Options as they are now; `size` and `nr_inodes` from statvfs.
+    pub size: u64,
+    pub nr_inodes: u64,
+    /// `None` when the kernel reports a policy tmpfsctl does not set (deny, force).
+    pub huge: Option<Huge>,
+    pub noswap: bool,
+    pub flags: Flags,
+    pub root: RootAttrs,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AtPath {
+    /// The path is not a mount point: the application uses the disk.
+    Disk,
+    /// Our tmpfs is on top.
+    Ours(Live),
+    /// Another tmpfsctl-managed mount (another name) is on top.
+    OtherManaged { source: String },
+    /// Somebody else's mount is on top.
+    Foreign { fstype: String, source: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Observed {
+    pub name: String,
+    pub path_exists: bool,
+    pub at_path: AtPath,
+    /// Our source mounted at a path other than the spec's (spec path changed).
+    pub ours_elsewhere: Option<PathBuf>,
+    /// A tmpfs left at the staging point by an interrupted apply.
+    pub stage_mounted: bool,
+    pub lower: Lower,
+    /// Owner/mode of the on-disk directory, when it can be seen.
+    pub disk: Option<RootAttrs>,
+    pub recorded: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lower {
+    Absent,
+    /// Bound, and (when checkable) the same directory as the managed path.
+    Bound,
+    /// Bound to something that is not the managed path's directory.
+    Stale,
+}
+
+/// Host-wide facts plus one observation per spec mount.
+#[derive(Debug, Clone)]
+pub struct World {
+    pub table: MountTable,
+    pub mem: MemInfo,
+    pub page_size: u64,
+    pub mounts: Vec<Observed>,
+    /// Side paths and staging points of names the spec does not have.
+    pub leftovers: Vec<Leftover>,
+    /// Managed tmpfs mounts whose name the spec does not have.
+    pub orphans: Vec<(String, PathBuf)>,
+    /// State directories (side paths, staging) that are not private mounts yet.
+    pub state_not_private: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Leftover {
+    pub name: String,
+    pub path: PathBuf,
+    pub mounted: bool,
+}
+
+pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
+    let table = host.mounts()?;
+    let mem = host.meminfo()?;
+    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map(|p| p as u64)
+        .unwrap_or(4096);
+    let mounts = spec
+        .mounts
+        .iter()
+        .map(|m| observe_mount(m, &table, state))
+        .collect();
+
+    let in_spec = |n: &str| spec.mount(n).is_some();
+    let mut leftovers = Vec::new();
+    for (names, path_of) in [
+        (state.stage_names(), State::stage as fn(&State, &str) -> PathBuf),
+        (state.lower_names(), State::lower),
+    ] {
+        for name in names.into_iter().filter(|n| !in_spec(n)) {
+            let path = path_of(state, &name);
+            let mounted = table.top_at(&path).is_some();
+            // A side bind still serves an orphan tmpfs; keep it.
+            let serves_orphan = table
+                .by_source(&spec::source_for(&name))
+                .any(|e| !e.mount_point.starts_with(state.dir()));
+            if !serves_orphan {
+                leftovers.push(Leftover { name, path, mounted });
+            }
+        }
+    }
+    let orphans = table
+        .entries
+        .iter()
+        .filter(|e| e.fstype == "tmpfs" && !e.mount_point.starts_with(state.dir()))
+        .filter_map(|e| {
+            Some((
+                e.source.strip_prefix(spec::SOURCE_PREFIX)?.to_string(),
+                e.mount_point.clone(),
+            ))
+        })
+        .filter(|(n, _)| !in_spec(n))
+        .collect();
+    let state_not_private = [state.lower_root(), state.stage_root()]
+        .into_iter()
+        .filter(|d| !table.top_at(d).is_some_and(|e| e.is_private()))
+        .collect();
+    Ok(World {
+        table,
+        mem,
+        page_size,
+        mounts,
+        leftovers,
+        orphans,
+        state_not_private,
+    })
+}
+
+fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
+    let source = m.source();
+    let path_md = std::fs::symlink_metadata(&m.path).ok();
+    let at_path = match table.top_at(&m.path) {
+        None => AtPath::Disk,
+        Some(e) if e.fstype == "tmpfs" && e.source == source => match live(e, &m.path) {
+            Some(l) => AtPath::Ours(l),
+            None => AtPath::Foreign {
+                fstype: e.fstype.clone(),
+                source: e.source.clone(),
+            },
+        },
+        Some(e) if e.fstype == "tmpfs" && e.source.starts_with(spec::SOURCE_PREFIX) => AtPath::OtherManaged {
+            source: e.source.clone(),
+        },
+        Some(e) => AtPath::Foreign {
+            fstype: e.fstype.clone(),
+            source: e.source.clone(),
+        },
+    };
+    let stage = state.stage(&m.name);
+    let lower_path = state.lower(&m.name);
+    let ours_elsewhere = table
+        .by_source(&source)
+        .map(|e| e.mount_point.clone())
+        .find(|p| *p != m.path && *p != stage);
+    let lower_md = std::fs::symlink_metadata(&lower_path).ok();
+    let lower = match table.top_at(&lower_path) {
+        None => Lower::Absent,
+        Some(_) => match (&at_path, &path_md, &lower_md) {
+            (AtPath::Ours(_), _, _) => Lower::Bound,
+            (_, Some(p), Some(l)) if p.dev() == l.dev() && p.ino() == l.ino() => Lower::Bound,
+            _ => Lower::Stale,
+        },
+    };
+    let disk = match (&at_path, lower) {
+        (_, Lower::Bound) => RootAttrs::of(&lower_path).ok(),
+        (AtPath::Ours(_), _) => None,
+        _ => RootAttrs::of(&m.path).ok(),
+    };
+    Observed {
+        name: m.name.clone(),
+        path_exists: path_md.is_some_and(|md| md.is_dir()),
+        at_path,
+        ours_elsewhere,
+        stage_mounted: table.top_at(&stage).is_some(),
+        lower,
+        disk,
+        recorded: state.record(&m.name).is_some(),
+    }
+}
+
+fn live(e: &MountEntry, path: &Path) -> Option<Live> {
+    let usage = Usage::of(path).ok()?;
+    let root = RootAttrs::of(path).ok()?;
+    let huge = match e.super_option("huge") {
+        None => Some(Huge::Never),
+        Some(h) => Huge::ALL.iter().find(|(n, _)| *n == h).map(|(_, v)| *v),
+    };
+    let atime = if e.has_mount_option("noatime") {
+        Atime::Noatime
+    } else if e.has_mount_option("relatime") {
+        Atime::Relatime
+    } else {
+        Atime::Strictatime
+    };
+    Some(Live {
+        dev: e.dev,
+        size: usage.size,
+        nr_inodes: usage.inodes,
+        huge,
+        noswap: e.super_option("noswap").is_some(),
+        flags: Flags {
+            nosuid: e.has_mount_option("nosuid"),
+            nodev: e.has_mount_option("nodev"),
+            noexec: e.has_mount_option("noexec"),
+            atime: Some(atime),
+        },
+        root,
+        usage,
+    })
+}

@@ -1,0 +1,460 @@
+//! The heart: (desired spec, observed host) → ordered steps. Pure; every
+//! decision about what `apply` will do is made here and unit-tested.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::mount::{RootAttrs, TmpfsOptions};
+use crate::observe::{AtPath, Leftover, Live, Lower, Observed, World};
+use crate::spec::size::format_bytes;
+use crate::spec::{MountSpec, Seed, Spec};
+use crate::state::State;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Step {
+    /// Tear down a tmpfs an interrupted apply left at the staging point.
+    DetachStage {
+        stage: PathBuf,
+    },
+    /// Drop a side bind that does not lead to the managed directory.
+    DetachLower {
+        lower: PathBuf,
+    },
+    CreateDir {
+        path: PathBuf,
+        root: RootAttrs,
+    },
+    BindLower {
+        path: PathBuf,
+        lower: PathBuf,
+    },
+    MountStage {
+        source: String,
+        stage: PathBuf,
+        options: TmpfsOptions,
+    },
+    Seed {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    /// Moves the built tmpfs onto the managed path in one step.
+    MoveIntoPlace {
+        stage: PathBuf,
+        path: PathBuf,
+    },
+    Remount {
+        path: PathBuf,
+        options: TmpfsOptions,
+        changes: Vec<Change>,
+    },
+    SetRoot {
+        path: PathBuf,
+        from: RootAttrs,
+        to: RootAttrs,
+    },
+    /// Removes a side path or staging point of a name no longer in the spec.
+    RemoveLeftover {
+        path: PathBuf,
+        mounted: bool,
+    },
+    /// Makes a state directory a private mount of its own: mounts may only be
+    /// moved out of a non-shared parent, and side binds must not propagate.
+    PrivateStateDir {
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub what: &'static str,
+    pub from: String,
+    pub to: String,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} -> {}", self.what, self.from, self.to)
+    }
+}
+
+impl Step {
+    pub fn describe(&self) -> String {
+        match self {
+            Step::DetachStage { stage } => format!("detach unfinished tmpfs at {}", stage.display()),
+            Step::DetachLower { lower } => format!("detach stale side bind {}", lower.display()),
+            Step::CreateDir { path, root } => {
+                format!("create directory {} ({})", path.display(), attrs(root))
+            }
+            Step::BindLower { path, lower } => {
+                format!("bind {} to {} (private)", path.display(), lower.display())
+            }
+            Step::MountStage {
+                source,
+                stage,
+                options,
+            } => format!(
+                "mount tmpfs {source} at {} ({})",
+                stage.display(),
+                describe_options(options)
+            ),
+            Step::Seed { from, to } => format!("copy contents of {} into {}", from.display(), to.display()),
+            Step::MoveIntoPlace { stage, path } => {
+                format!("move {} onto {}", stage.display(), path.display())
+            }
+            Step::Remount { path, changes, .. } => {
+                let c: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+                format!("remount {} online: {}", path.display(), c.join(", "))
+            }
+            Step::SetRoot { path, from, to } => {
+                format!("set root of {}: {} -> {}", path.display(), attrs(from), attrs(to))
+            }
+            Step::PrivateStateDir { dir } => format!("make {} a private mount", dir.display()),
+            Step::RemoveLeftover { path, mounted } => {
+                if *mounted {
+                    format!("detach and remove leftover {}", path.display())
+                } else {
+                    format!("remove leftover {}", path.display())
+                }
+            }
+        }
+    }
+}
+
+fn attrs(a: &RootAttrs) -> String {
+    format!("{}:{} {:04o}", a.uid, a.gid, a.mode)
+}
+
+pub fn describe_options(o: &TmpfsOptions) -> String {
+    let mut parts = vec![format!("size={}", format_bytes(o.size))];
+    if let Some(n) = o.nr_inodes {
+        parts.push(format!("nr_inodes={n}"));
+    }
+    parts.push(format!("huge={}", o.huge.name()));
+    if o.noswap {
+        parts.push("noswap".into());
+    }
+    parts.extend(o.flags.names().iter().map(|s| s.to_string()));
+    parts.push(format!("root {}", attrs(&o.root)));
+    parts.join(" ")
+}
+
+/// Why a mount cannot be brought to its spec now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Blocked {
+    /// No tmpfs can be put there: the application stays on what it has.
+    CannotOffload { reason: String },
+    /// The tmpfs is live but a change cannot be made online; it stays as it is.
+    Refused { reason: String },
+}
+
+impl Blocked {
+    pub fn reason(&self) -> &str {
+        match self {
+            Blocked::CannotOffload { reason } | Blocked::Refused { reason } => reason,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MountPlan {
+    pub name: String,
+    pub path: PathBuf,
+    pub steps: Vec<Step>,
+    pub blocked: Option<Blocked>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// Host-wide preparation, run before any mount's steps.
+    pub prepare: Vec<Step>,
+    pub mounts: Vec<MountPlan>,
+    /// Host-wide clean-up of leftovers of names no longer in the spec.
+    pub cleanup: Vec<Step>,
+    /// Managed mounts whose names the spec does not have; never touched by apply.
+    pub orphans: Vec<(String, PathBuf)>,
+}
+
+impl Plan {
+    pub fn changes(&self) -> bool {
+        !self.prepare.is_empty()
+            || !self.cleanup.is_empty()
+            || self.mounts.iter().any(|m| !m.steps.is_empty())
+    }
+}
+
+pub fn plan(spec: &Spec, world: &World, state: &State) -> Plan {
+    let mounts: Vec<MountPlan> = spec
+        .mounts
+        .iter()
+        .zip(&world.mounts)
+        .map(|(m, o)| plan_mount(m, o, state, world.page_size))
+        .collect();
+    let builds = mounts.iter().any(|m| {
+        m.steps
+            .iter()
+            .any(|s| matches!(s, Step::BindLower { .. } | Step::MountStage { .. }))
+    });
+    let prepare = if builds {
+        world
+            .state_not_private
+            .iter()
+            .map(|d| Step::PrivateStateDir { dir: d.clone() })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Plan {
+        prepare,
+        mounts,
+        cleanup: world
+            .leftovers
+            .iter()
+            .map(|Leftover { path, mounted, .. }| Step::RemoveLeftover {
+                path: path.clone(),
+                mounted: *mounted,
+            })
+            .collect(),
+        orphans: world.orphans.clone(),
+    }
+}
+
+/// The root attributes the tmpfs should have: the spec's, else the disk's.
+fn desired_root(m: &MountSpec, disk: Option<RootAttrs>) -> Option<RootAttrs> {
+    let base = disk.or_else(|| {
+        m.create.then_some(RootAttrs {
+            uid: 0,
+            gid: 0,
+            mode: 0o755,
+        })
+    })?;
+    Some(RootAttrs {
+        uid: m.owner.unwrap_or(base.uid),
+        gid: m.group.unwrap_or(base.gid),
+        mode: m.mode.unwrap_or(base.mode),
+    })
+}
+
+pub fn desired_options(m: &MountSpec, root: RootAttrs) -> TmpfsOptions {
+    TmpfsOptions {
+        size: m.size,
+        nr_inodes: m.inodes,
+        huge: m.huge,
+        noswap: m.noswap,
+        flags: m.flags,
+        root,
+    }
+}
+
+pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) -> MountPlan {
+    let mut p = MountPlan {
+        name: m.name.clone(),
+        path: m.path.clone(),
+        steps: Vec::new(),
+        blocked: None,
+    };
+    let offload_blocked = |reason: String| Some(Blocked::CannotOffload { reason });
+
+    if let Some(elsewhere) = &o.ours_elsewhere {
+        p.blocked = offload_blocked(format!(
+            "{} is mounted at {}; take it down with the spec that mounted it (`tmpfsctl down`) before moving it to {}",
+            m.source(),
+            elsewhere.display(),
+            m.path.display()
+        ));
+        return p;
+    }
+    match &o.at_path {
+        AtPath::Ours(live) => {
+            plan_live(m, o, live, page_size, &mut p);
+            return p;
+        }
+        AtPath::OtherManaged { source } => {
+            p.blocked = offload_blocked(format!(
+                "{} already holds the tmpfs {source}; rename it back or take that mount down first",
+                m.path.display()
+            ));
+            return p;
+        }
+        AtPath::Foreign { fstype, source } if !m.takeover => {
+            p.blocked = offload_blocked(format!(
+                "{} is already a mount point ({fstype} from {source}); set `takeover: true` to mount the tmpfs over it",
+                m.path.display()
+            ));
+            return p;
+        }
+        AtPath::Foreign { .. } | AtPath::Disk => {}
+    }
+    if !o.path_exists && !m.create {
+        p.blocked = offload_blocked(format!(
+            "{} does not exist; set `create: true` to create it",
+            m.path.display()
+        ));
+        return p;
+    }
+    let Some(root) = desired_root(m, o.disk) else {
+        p.blocked = offload_blocked(format!("cannot read the owner and mode of {}", m.path.display()));
+        return p;
+    };
+
+    let stage = state.stage(&m.name);
+    let lower = state.lower(&m.name);
+    if o.stage_mounted {
+        p.steps.push(Step::DetachStage { stage: stage.clone() });
+    }
+    if !o.path_exists {
+        p.steps.push(Step::CreateDir {
+            path: m.path.clone(),
+            root,
+        });
+    }
+    match o.lower {
+        Lower::Bound => {}
+        Lower::Stale => {
+            p.steps.push(Step::DetachLower { lower: lower.clone() });
+            p.steps.push(Step::BindLower {
+                path: m.path.clone(),
+                lower: lower.clone(),
+            });
+        }
+        Lower::Absent => p.steps.push(Step::BindLower {
+            path: m.path.clone(),
+            lower: lower.clone(),
+        }),
+    }
+    p.steps.push(Step::MountStage {
+        source: m.source(),
+        stage: stage.clone(),
+        options: desired_options(m, root),
+    });
+    if m.seed == Seed::Copy {
+        p.steps.push(Step::Seed {
+            from: lower,
+            to: stage.clone(),
+        });
+    }
+    p.steps.push(Step::MoveIntoPlace {
+        stage,
+        path: m.path.clone(),
+    });
+    p
+}
+
+fn round_to_page(bytes: u64, page: u64) -> u64 {
+    bytes.div_ceil(page) * page
+}
+
+fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut MountPlan) {
+    let root = desired_root(m, o.disk).unwrap_or(live.root);
+    let mut changes = Vec::new();
+    let want_size = round_to_page(m.size, page_size);
+    if want_size != live.size {
+        changes.push(Change {
+            what: "size",
+            from: format_bytes(live.size),
+            to: format_bytes(want_size),
+        });
+    }
+    if let Some(n) = m.inodes {
+        if n != live.nr_inodes {
+            changes.push(Change {
+                what: "nr_inodes",
+                from: live.nr_inodes.to_string(),
+                to: n.to_string(),
+            });
+        }
+    }
+    if live.huge != Some(m.huge) {
+        let from = live.huge.map(|h| h.name()).unwrap_or("other").to_string();
+        changes.push(Change {
+            what: "huge",
+            from,
+            to: m.huge.name().into(),
+        });
+    }
+    let f = live.flags;
+    for (what, have, want) in [
+        ("nosuid", f.nosuid, m.flags.nosuid),
+        ("nodev", f.nodev, m.flags.nodev),
+        ("noexec", f.noexec, m.flags.noexec),
+    ] {
+        if have != want {
+            changes.push(Change {
+                what,
+                from: onoff(have),
+                to: onoff(want),
+            });
+        }
+    }
+    if let Some(want) = m.flags.atime {
+        if f.atime != Some(want) {
+            let from = f.atime.map(|a| a.name()).unwrap_or("default").to_string();
+            changes.push(Change {
+                what: "atime",
+                from,
+                to: want.name().into(),
+            });
+        }
+    }
+
+    if m.noswap != live.noswap {
+        p.blocked = Some(Blocked::Refused {
+            reason: format!(
+                "noswap can only be set when the tmpfs is mounted (now {}, spec {}); run `tmpfsctl down` then `apply`",
+                onoff(live.noswap),
+                onoff(m.noswap)
+            ),
+        });
+        return;
+    }
+    if want_size < live.usage.used && want_size != live.size {
+        p.blocked = Some(Blocked::Refused {
+            reason: format!(
+                "cannot shrink {} to {}: {} are in use; free space or choose a size of at least {}",
+                m.path.display(),
+                format_bytes(want_size),
+                format_bytes(live.usage.used),
+                format_bytes(round_to_page(live.usage.used, page_size))
+            ),
+        });
+        return;
+    }
+    if let Some(n) = m.inodes {
+        if n < live.usage.inodes_used {
+            p.blocked = Some(Blocked::Refused {
+                reason: format!(
+                    "cannot lower nr_inodes of {} to {n}: {} inodes are in use",
+                    m.path.display(),
+                    live.usage.inodes_used
+                ),
+            });
+            return;
+        }
+    }
+    if !changes.is_empty() {
+        let mut options = desired_options(m, root);
+        // Keep the live mount's own limits for what the spec leaves unset.
+        options.nr_inodes = m.inodes.or(Some(live.nr_inodes));
+        p.steps.push(Step::Remount {
+            path: m.path.clone(),
+            options,
+            changes,
+        });
+    }
+    if root != live.root {
+        p.steps.push(Step::SetRoot {
+            path: m.path.clone(),
+            from: live.root,
+            to: root,
+        });
+    }
+}
+
+fn onoff(b: bool) -> String {
+    if b { "on" } else { "off" }.to_string()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! Human output of every command. JSON output is the serde form of the same
+//! reports; the human form is a view of it.
+
+use std::fmt::Write;
+
+use crate::down::{DownOutcome, DownResult};
+use crate::execute::{ApplyReport, Outcome};
+use crate::plan::{Blocked, Plan};
+use crate::spec::size::format_bytes;
+use crate::status::StatusReport;
+
+pub fn plan(p: &Plan) -> String {
+    let mut s = String::new();
+    let width = p.mounts.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    for step in p.prepare.iter().chain(&p.cleanup) {
+        let _ = writeln!(s, "host: + {}", step.describe());
+    }
+    let mut steps = 0;
+    let mut current = 0;
+    for m in &p.mounts {
+        match (&m.blocked, m.steps.is_empty()) {
+            (Some(Blocked::CannotOffload { reason }), _) => {
+                let _ = writeln!(
+                    s,
+                    "{:width$}  {}: cannot offload: {reason}",
+                    m.name,
+                    m.path.display()
+                );
+            }
+            (Some(Blocked::Refused { reason }), _) => {
+                let _ = writeln!(
+                    s,
+                    "{:width$}  {}: change refused: {reason}",
+                    m.name,
+                    m.path.display()
+                );
+            }
+            (None, true) => {
+                current += 1;
+                let _ = writeln!(s, "{:width$}  {}: up to date", m.name, m.path.display());
+            }
+            (None, false) => {
+                let _ = writeln!(s, "{:width$}  {}:", m.name, m.path.display());
+                for st in &m.steps {
+                    steps += 1;
+                    let _ = writeln!(s, "{:width$}    + {}", "", st.describe());
+                }
+            }
+        }
+    }
+    for (name, path) in &p.orphans {
+        let _ = writeln!(s, "note: managed tmpfs `{name}` at {} is not in this spec; apply leaves it alone (`tmpfsctl down SPEC {name}` takes it down)", path.display());
+    }
+    if p.changes() {
+        let _ = writeln!(
+            s,
+            "Plan: {} steps; {current} of {} mounts up to date.",
+            steps + p.prepare.len() + p.cleanup.len(),
+            p.mounts.len()
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "No changes: {current} of {} mounts up to date.",
+            p.mounts.len()
+        );
+    }
+    s
+}
+
+pub fn apply(r: &ApplyReport) -> String {
+    let mut s = String::new();
+    let width = r.mounts.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    for c in &r.host_steps {
+        let _ = writeln!(s, "host: + {c}");
+    }
+    for m in &r.mounts {
+        let what = match m.result {
+            Outcome::Unchanged => "unchanged".to_string(),
+            Outcome::Changed => "changed".to_string(),
+            Outcome::Degraded => "DEGRADED: the application stays on its disk directory".to_string(),
+            Outcome::Refused => "REFUSED: left as it was".to_string(),
+            Outcome::Failed => "FAILED".to_string(),
+            Outcome::Skipped => "skipped (an earlier mount failed)".to_string(),
+        };
+        let _ = writeln!(s, "{:width$}  {}: {what}", m.name, m.path.display());
+        for st in &m.steps {
+            let _ = writeln!(s, "{:width$}    + {st}", "");
+        }
+        if let Some(sd) = &m.seeded {
+            let _ = writeln!(
+                s,
+                "{:width$}    seeded {} files, {} in {:.2}s",
+                "",
+                sd.files,
+                format_bytes(sd.bytes),
+                sd.seconds
+            );
+        }
+        if let Some(reason) = &m.reason {
+            let _ = writeln!(s, "{:width$}    reason: {reason}", "");
+        }
+    }
+    for (name, path) in &r.orphans {
+        let _ = writeln!(
+            s,
+            "note: managed tmpfs `{name}` at {} is not in this spec; left alone",
+            path.display()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "changed: {}",
+        if r.changed {
+            "yes"
+        } else {
+            "no (already converged)"
+        }
+    );
+    s
+}
+
+pub fn status(r: &StatusReport) -> String {
+    let mut s = String::new();
+    let rows: Vec<[String; 7]> = r
+        .mounts
+        .iter()
+        .map(|m| {
+            let (size, used, pct, inodes) = match &m.usage {
+                Some(u) => (
+                    format_bytes(u.size),
+                    format_bytes(u.used),
+                    format!("{:.1}%", u.used_pct),
+                    format!("{}/{} ({:.1}%)", u.inodes_used, u.inodes, u.inodes_pct),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            [
+                m.name.clone(),
+                m.path.display().to_string(),
+                format!("{:?}", m.state).to_lowercase(),
+                size,
+                used,
+                pct,
+                inodes,
+            ]
+        })
+        .collect();
+    let header = ["NAME", "PATH", "STATE", "SIZE", "USED", "USE%", "INODES"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:w$}")).collect();
+        let _ = writeln!(s, "{}", line.join("  ").trim_end());
+    }
+    for m in &r.mounts {
+        if let Some(reason) = &m.reason {
+            let _ = writeln!(s, "{}: {reason}", m.name);
+        }
+    }
+    let mem = &r.memory;
+    let _ = writeln!(
+        s,
+        "memory: total {}, available {}, shmem {} (managed tmpfs {})",
+        format_bytes(mem.mem_total),
+        format_bytes(mem.mem_available),
+        format_bytes(mem.shmem),
+        format_bytes(mem.managed_used)
+    );
+    s
+}
+
+pub fn down(results: &[DownResult]) -> String {
+    let mut s = String::new();
+    for d in results {
+        let path = d
+            .path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "-".into());
+        let what = match d.result {
+            DownOutcome::Unmounted => "unmounted; the application sees its disk directory",
+            DownOutcome::Detached => "busy: detached lazily; new opens see the disk directory, memory is freed when the holders below close their files",
+            DownOutcome::NotMounted => "not mounted",
+            DownOutcome::Refused => "REFUSED",
+        };
+        let _ = writeln!(s, "{}  {path}: {what}", d.name);
+        for h in &d.holders {
+            let _ = writeln!(
+                s,
+                "    held by pid {} ({}), {} open files/maps",
+                h.pid, h.command, h.uses
+            );
+        }
+        if let Some(r) = &d.reason {
+            let _ = writeln!(s, "    reason: {r}");
+        }
+    }
+    s
+}

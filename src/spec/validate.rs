@@ -1,0 +1,747 @@
+//! Turns a positioned raw spec into a `Spec`, collecting every problem.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde_saphyr::{Location, Spanned};
+
+use super::raw::{RawDefaults, RawMount, RawSpec};
+use super::size::{self, SizeLit, COUNT_ACCEPTED, SIZE_ACCEPTED};
+use super::{Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec};
+use crate::error::{Diagnostic, SpecError};
+
+/// Directories a tmpfs must never hide. Entries ending in `/` are refused
+/// together with everything beneath them; the others only as themselves.
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/bin/",
+    "/boot/",
+    "/dev/",
+    "/etc/",
+    "/lib/",
+    "/lib32/",
+    "/lib64/",
+    "/libx32/",
+    "/proc/",
+    "/run/",
+    "/sbin/",
+    "/sys/",
+    "/usr/",
+    "/home",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/root",
+    "/srv",
+    "/tmp",
+    "/var",
+    "/var/cache",
+    "/var/lib",
+    "/var/log",
+    "/var/spool",
+    "/var/tmp",
+];
+
+const OPTIONS_ACCEPTED: &str = "nosuid, nodev, noexec, and at most one of relatime, noatime, strictatime";
+const NAME_ACCEPTED: &str = "1 to 48 characters of a-z, 0-9, '_' and '-', starting with a letter or digit";
+const MODE_ACCEPTED: &str = "a quoted octal string up to 07777, e.g. \"0750\"";
+const UNIT_SUFFIXES: &[&str] = &[
+    ".service",
+    ".socket",
+    ".target",
+    ".mount",
+    ".automount",
+    ".timer",
+    ".path",
+    ".slice",
+    ".scope",
+    ".swap",
+    ".device",
+];
+const DEFAULT_OPTIONS: Flags = Flags {
+    nosuid: true,
+    nodev: true,
+    noexec: false,
+    atime: None,
+};
+const DEFAULT_MAX_TOTAL_PERCENT: f64 = 50.0;
+
+struct Ctx {
+    diags: Vec<Diagnostic>,
+}
+
+impl Ctx {
+    fn at<T>(&mut self, s: &Spanned<T>, field: &str, message: String, accepted: Option<&str>) {
+        self.at_loc(&s.referenced, field, message, accepted);
+    }
+
+    fn at_loc(&mut self, loc: &Location, field: &str, message: String, accepted: Option<&str>) {
+        let width = loc.span().len() as usize;
+        self.diags.push(Diagnostic {
+            line: loc.line().max(1),
+            column: loc.column().max(1),
+            width: width.max(1),
+            field: field.to_string(),
+            message,
+            accepted: accepted.map(str::to_string),
+        });
+    }
+}
+
+struct Defaults {
+    flags: Flags,
+    huge: Huge,
+    noswap: bool,
+    seed: Seed,
+    on_failure: OnFailure,
+}
+
+pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result<Spec, SpecError> {
+    let mut cx = Ctx { diags: Vec::new() };
+    if raw.version.value != 1 {
+        cx.at(
+            &raw.version,
+            "version",
+            format!("unsupported spec version {}", raw.version.value),
+            Some("1"),
+        );
+    }
+    let max_total = match &raw.max_total {
+        None => SizeLit::Percent(DEFAULT_MAX_TOTAL_PERCENT).resolve(mem_total),
+        Some(s) => match size::parse_size(&s.value) {
+            Ok(lit) => lit.resolve(mem_total),
+            Err(why) => {
+                cx.at(
+                    s,
+                    "max_total",
+                    format!("invalid size `{}`: {why}", s.value),
+                    Some(SIZE_ACCEPTED),
+                );
+                u64::MAX
+            }
+        },
+    };
+    let defaults = defaults(&mut cx, raw.defaults.unwrap_or_default());
+    if raw.mounts.value.is_empty() {
+        cx.at(
+            &raw.mounts,
+            "mounts",
+            "the spec has no mounts".into(),
+            Some("a list of one or more mounts"),
+        );
+    }
+
+    let mut mounts = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    let mut budget_used: u64 = 0;
+    for (i, m) in raw.mounts.value.iter().enumerate() {
+        let Some(spec) = mount(&mut cx, i, m, &defaults, mem_total) else {
+            continue;
+        };
+        let field = |f: &str| format!("mounts[{i}].{f}");
+        if let Some(prev) = by_name.insert(spec.name.clone(), i) {
+            cx.at(
+                &m.name,
+                &field("name"),
+                format!("duplicate mount name `{}` (also mounts[{prev}])", spec.name),
+                Some("a name unique within the spec"),
+            );
+        }
+        for (j, other) in &mounts {
+            let other: &MountSpec = other;
+            if other.path == spec.path {
+                cx.at(
+                    &m.path,
+                    &field("path"),
+                    format!("duplicate path `{}` (also mounts[{j}])", spec.path.display()),
+                    Some("each path managed once"),
+                );
+            } else if other.path.starts_with(&spec.path) || spec.path.starts_with(&other.path) {
+                cx.at(
+                    &m.path,
+                    &field("path"),
+                    format!(
+                        "`{}` and mounts[{j}] `{}` are nested; one tmpfs would hide the other",
+                        spec.path.display(),
+                        other.path.display()
+                    ),
+                    Some("paths that are not inside one another"),
+                );
+            }
+        }
+        budget_used = budget_used.saturating_add(spec.size);
+        if budget_used > max_total {
+            cx.at(
+                &m.size,
+                &field("size"),
+                format!(
+                    "total size {} of mounts[0..={i}] exceeds the RAM budget max_total {} (MemTotal {})",
+                    size::format_bytes(budget_used),
+                    size::format_bytes(max_total),
+                    size::format_bytes(mem_total)
+                ),
+                Some("smaller sizes, or a larger top-level `max_total` (default 50% of MemTotal)"),
+            );
+            budget_used = 0;
+        }
+        mounts.push((i, spec));
+    }
+
+    if cx.diags.is_empty() {
+        Ok(Spec {
+            file: file.to_path_buf(),
+            max_total,
+            mounts: mounts.into_iter().map(|(_, m)| m).collect(),
+        })
+    } else {
+        cx.diags.sort_by_key(|d| (d.line, d.column));
+        Err(SpecError {
+            file: file.to_path_buf(),
+            source_text: text.to_string(),
+            diagnostics: cx.diags,
+        })
+    }
+}
+
+fn defaults(cx: &mut Ctx, raw: RawDefaults) -> Defaults {
+    Defaults {
+        flags: raw
+            .options
+            .as_ref()
+            .and_then(|o| flags(cx, "defaults.options", o))
+            .unwrap_or(DEFAULT_OPTIONS),
+        huge: raw
+            .huge
+            .as_ref()
+            .and_then(|h| huge(cx, "defaults.huge", h))
+            .unwrap_or(Huge::Never),
+        noswap: raw.noswap.map(|b| b.value).unwrap_or(false),
+        seed: raw
+            .seed
+            .as_ref()
+            .and_then(|s| seed(cx, "defaults.seed", s))
+            .unwrap_or(Seed::Copy),
+        on_failure: raw
+            .on_failure
+            .as_ref()
+            .and_then(|s| on_failure(cx, "defaults.on_failure", s))
+            .unwrap_or(OnFailure::KeepDisk),
+    }
+}
+
+fn mount(cx: &mut Ctx, i: usize, m: &RawMount, d: &Defaults, mem_total: u64) -> Option<MountSpec> {
+    let field = |f: &str| format!("mounts[{i}].{f}");
+    let before = cx.diags.len();
+
+    let name = m.name.value.clone();
+    if !valid_name(&name) {
+        cx.at(
+            &m.name,
+            &field("name"),
+            format!("invalid mount name `{name}`"),
+            Some(NAME_ACCEPTED),
+        );
+    }
+    let create = m.create.as_ref().map(|b| b.value).unwrap_or(false);
+    let path = path(cx, &field("path"), &m.path, create);
+
+    let size = match size::parse_size(&m.size.value) {
+        Ok(lit) => lit.resolve(mem_total),
+        Err(why) => {
+            cx.at(
+                &m.size,
+                &field("size"),
+                format!("invalid size `{}`: {why}", m.size.value),
+                Some(SIZE_ACCEPTED),
+            );
+            0
+        }
+    };
+    let inodes = m.inodes.as_ref().and_then(|s| match size::parse_count(&s.value) {
+        Ok(n) => Some(n),
+        Err(why) => {
+            cx.at(
+                s,
+                &field("inodes"),
+                format!("invalid inode count `{}`: {why}", s.value),
+                Some(COUNT_ACCEPTED),
+            );
+            None
+        }
+    });
+    let owner = m.owner.as_ref().and_then(|s| user(cx, &field("owner"), s));
+    let group = m.group.as_ref().and_then(|s| group(cx, &field("group"), s));
+    let mode = m.mode.as_ref().and_then(|s| match parse_mode(&s.value) {
+        Some(v) => Some(v),
+        None => {
+            cx.at(
+                s,
+                &field("mode"),
+                format!("invalid mode `{}`", s.value),
+                Some(MODE_ACCEPTED),
+            );
+            None
+        }
+    });
+    let flags = match &m.options {
+        Some(o) => flags(cx, &field("options"), o),
+        None => Some(d.flags),
+    };
+    let huge = match &m.huge {
+        Some(h) => huge(cx, &field("huge"), h),
+        None => Some(d.huge),
+    };
+    let seed = match &m.seed {
+        Some(s) => seed(cx, &field("seed"), s),
+        None => Some(d.seed),
+    };
+    let on_failure = match &m.on_failure {
+        Some(s) => on_failure(cx, &field("on_failure"), s),
+        None => Some(d.on_failure),
+    };
+    let persist = match &m.persist {
+        Some(s) => persist(cx, &field("persist"), s),
+        None => Some(Persist::None),
+    };
+    if let (Some(p), Some(Seed::Empty), Some(s)) = (persist, seed, &m.persist) {
+        if p != Persist::None {
+            cx.at(s, &field("persist"), format!(
+                "persist `{}` with seed: empty would replace the on-disk contents with an empty tree at the first write-back",
+                s.value
+            ), Some("persist: none with seed: empty, or seed: copy"));
+        }
+    }
+    let mut before_units = Vec::new();
+    if let Some(list) = &m.before {
+        for (k, u) in list.value.iter().enumerate() {
+            if valid_unit(&u.value) {
+                before_units.push(u.value.clone());
+            } else {
+                cx.at(u, &field(&format!("before[{k}]")), format!("invalid systemd unit name `{}`", u.value), Some(
+                    "a unit name such as nginx.service (letters, digits, :-_.\\@, and a suffix like .service, .socket, .target)",
+                ));
+            }
+        }
+    }
+
+    if cx.diags.len() != before {
+        return None;
+    }
+    Some(MountSpec {
+        name,
+        path: path?,
+        size,
+        inodes,
+        owner,
+        group,
+        mode,
+        create,
+        takeover: m.takeover.as_ref().map(|b| b.value).unwrap_or(false),
+        flags: flags?,
+        huge: huge?,
+        noswap: m.noswap.as_ref().map(|b| b.value).unwrap_or(d.noswap),
+        seed: seed?,
+        persist: persist?,
+        on_failure: on_failure?,
+        before: before_units,
+    })
+}
+
+fn valid_name(name: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-';
+    (1..=48).contains(&name.len())
+        && name.chars().all(ok_char)
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+fn valid_unit(unit: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c);
+    unit.len() <= 255
+        && unit.chars().all(ok_char)
+        && UNIT_SUFFIXES
+            .iter()
+            .any(|s| unit.len() > s.len() && unit.ends_with(s))
+}
+
+fn parse_mode(text: &str) -> Option<u32> {
+    let t = text.trim();
+    let t = t.strip_prefix("0o").unwrap_or(t);
+    if t.is_empty() || t.len() > 5 || !t.chars().all(|c| ('0'..='7').contains(&c)) {
+        return None;
+    }
+    u32::from_str_radix(t, 8).ok().filter(|m| *m <= 0o7777)
+}
+
+fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<PathBuf> {
+    let text = s.value.as_str();
+    let p = Path::new(text);
+    let bad = |cx: &mut Ctx, msg: String, acc: &str| {
+        cx.at(s, field, msg, Some(acc));
+        None
+    };
+    const ABS: &str = "an absolute, normalised path to a directory, e.g. /var/cache/nginx";
+    if !p.is_absolute() {
+        return bad(cx, format!("path `{text}` is relative"), ABS);
+    }
+    let normal = p
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    let canonical_text = p.components().collect::<PathBuf>();
+    if !normal || canonical_text.as_os_str() != p.as_os_str() {
+        return bad(
+            cx,
+            format!("path `{text}` is not normalised (`.`, `..`, `//` or a trailing `/`)"),
+            ABS,
+        );
+    }
+    if let Some(sys) = system_dir(text) {
+        return bad(
+            cx,
+            format!(
+                "path `{text}` is a system directory ({sys}); a tmpfs there would hide what the system needs"
+            ),
+            "an application cache directory such as /var/cache/nginx",
+        );
+    }
+    // Walk the existing prefix with lstat so a symlink anywhere is caught.
+    let mut cur = PathBuf::from("/");
+    for comp in p.components().skip(1) {
+        cur.push(comp);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(md) if md.file_type().is_symlink() => {
+                let target = std::fs::read_link(&cur)
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default();
+                return bad(
+                    cx,
+                    format!(
+                        "path `{text}` passes through the symlink `{}` -> `{target}`",
+                        cur.display()
+                    ),
+                    "a path without symlinks: write the resolved path into the spec",
+                );
+            }
+            Ok(md) if !md.is_dir() => {
+                return bad(cx, format!("`{}` is not a directory", cur.display()), ABS);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if create {
+                    break;
+                }
+                return bad(
+                    cx,
+                    format!("path `{text}` does not exist (`{}` is missing)", cur.display()),
+                    "an existing directory, or `create: true` to create it",
+                );
+            }
+            Err(e) => {
+                return bad(cx, format!("cannot inspect `{}`: {e}", cur.display()), ABS);
+            }
+        }
+    }
+    Some(p.to_path_buf())
+}
+
+/// Names the system directory `path` is or lies under.
+fn system_dir(path: &str) -> Option<String> {
+    if path == "/" {
+        return Some("/".into());
+    }
+    SYSTEM_DIRS.iter().find_map(|d| match d.strip_suffix('/') {
+        Some(tree) if path == tree => Some(tree.to_string()),
+        Some(tree) if path.starts_with(d) => Some(format!("under {tree}")),
+        None if path == *d => Some(d.to_string()),
+        _ => None,
+    })
+}
+
+fn user(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
+    let found = match s.value.parse::<u32>() {
+        Ok(uid) => Some(uid),
+        Err(_) => nix::unistd::User::from_name(&s.value)
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw()),
+    };
+    if found.is_none() {
+        cx.at(
+            s,
+            field,
+            format!("unknown user `{}`", s.value),
+            Some("a user name known to the passwd database (getent passwd), or a numeric uid"),
+        );
+    }
+    found
+}
+
+fn group(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
+    let found = match s.value.parse::<u32>() {
+        Ok(gid) => Some(gid),
+        Err(_) => nix::unistd::Group::from_name(&s.value)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+    };
+    if found.is_none() {
+        cx.at(
+            s,
+            field,
+            format!("unknown group `{}`", s.value),
+            Some("a group name known to the group database (getent group), or a numeric gid"),
+        );
+    }
+    found
+}
+
+fn flags(cx: &mut Ctx, field: &str, list: &Spanned<Vec<Spanned<String>>>) -> Option<Flags> {
+    let mut f = Flags::default();
+    let mut ok = true;
+    for (k, o) in list.value.iter().enumerate() {
+        let atime = match o.value.as_str() {
+            "nosuid" => {
+                f.nosuid = true;
+                None
+            }
+            "nodev" => {
+                f.nodev = true;
+                None
+            }
+            "noexec" => {
+                f.noexec = true;
+                None
+            }
+            "relatime" => Some(Atime::Relatime),
+            "noatime" => Some(Atime::Noatime),
+            "strictatime" => Some(Atime::Strictatime),
+            other => {
+                let why = match other {
+                    "ro" => "a read-only cache cannot be written".to_string(),
+                    "suid" | "dev" | "exec" => {
+                        format!("`{other}` is the default; leave `no{other}` out of the list instead")
+                    }
+                    s if s.starts_with("size")
+                        || s.starts_with("nr_inodes")
+                        || s.starts_with("mode")
+                        || s.starts_with("uid")
+                        || s.starts_with("gid")
+                        || s.starts_with("huge") =>
+                    {
+                        format!("`{other}` has its own field in the spec")
+                    }
+                    _ => format!("unknown mount option `{other}`"),
+                };
+                cx.at(o, &format!("{field}[{k}]"), why, Some(OPTIONS_ACCEPTED));
+                ok = false;
+                None
+            }
+        };
+        if let Some(a) = atime {
+            if f.atime.is_some_and(|prev| prev != a) {
+                cx.at(
+                    o,
+                    &format!("{field}[{k}]"),
+                    format!("`{}` conflicts with an earlier atime option", o.value),
+                    Some(OPTIONS_ACCEPTED),
+                );
+                ok = false;
+            }
+            f.atime = Some(a);
+        }
+    }
+    ok.then_some(f)
+}
+
+fn choice<T: Copy>(
+    cx: &mut Ctx,
+    field: &str,
+    s: &Spanned<String>,
+    what: &str,
+    table: &[(&str, T)],
+) -> Option<T> {
+    let found = table.iter().find(|(n, _)| *n == s.value).map(|(_, v)| *v);
+    if found.is_none() {
+        let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+        cx.at(
+            s,
+            field,
+            format!("invalid {what} `{}`", s.value),
+            Some(&names.join(", ")),
+        );
+    }
+    found
+}
+
+fn huge(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Huge> {
+    choice(cx, field, s, "huge page policy", &Huge::ALL)
+}
+
+fn seed(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Seed> {
+    choice(
+        cx,
+        field,
+        s,
+        "seed mode",
+        &[("copy", Seed::Copy), ("empty", Seed::Empty)],
+    )
+}
+
+fn on_failure(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<OnFailure> {
+    choice(
+        cx,
+        field,
+        s,
+        "failure policy",
+        &[("keep-disk", OnFailure::KeepDisk), ("fail", OnFailure::Fail)],
+    )
+}
+
+const PERSIST_ACCEPTED: &str =
+    "none, on-stop, or `every <duration>` with s/m/h/d units, e.g. every 15m (at least 10s)";
+
+fn persist(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Persist> {
+    let v = s.value.trim();
+    let parsed = match v {
+        "none" => Ok(Persist::None),
+        "on-stop" => Ok(Persist::OnStop),
+        _ => match v.strip_prefix("every ") {
+            Some(d) => parse_duration(d.trim()).and_then(|secs| {
+                if secs < 10 {
+                    Err(
+                        "a write-back more often than every 10s would turn the cache back into disk I/O"
+                            .to_string(),
+                    )
+                } else {
+                    Ok(Persist::Every(secs))
+                }
+            }),
+            None => Err("unknown mode".to_string()),
+        },
+    };
+    match parsed {
+        Ok(p) => Some(p),
+        Err(why) => {
+            cx.at(
+                s,
+                field,
+                format!("invalid persist `{}`: {why}", s.value),
+                Some(PERSIST_ACCEPTED),
+            );
+            None
+        }
+    }
+}
+
+/// `90s`, `15m`, `2h`, `1d`, or combinations like `1h30m`.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    if text.is_empty() {
+        return Err("missing duration".into());
+    }
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let mult = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(format!("unknown duration unit `{c}`")),
+        };
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{c}` needs a number before it"))?;
+        total = n
+            .checked_mul(mult)
+            .and_then(|x| total.checked_add(x))
+            .ok_or("duration too long")?;
+        num.clear();
+    }
+    if !num.is_empty() {
+        return Err(format!("`{num}` needs a unit (s, m, h or d)"));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["nginx", "php-fpm", "a", "cache_2", "0cache"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "Nginx", "-x", "_x", "a b", "a/b", "ä", &"x".repeat(49)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn units() {
+        for ok in [
+            "nginx.service",
+            "getty@tty1.service",
+            "a.socket",
+            "multi-user.target",
+        ] {
+            assert!(valid_unit(ok), "{ok}");
+        }
+        for bad in ["nginx", ".service", "a b.service", "x.conf", "a/b.service"] {
+            assert!(!valid_unit(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode("0750"), Some(0o750));
+        assert_eq!(parse_mode("750"), Some(0o750));
+        assert_eq!(parse_mode("1777"), Some(0o1777));
+        assert_eq!(parse_mode("0o700"), Some(0o700));
+        for bad in ["", "0800", "rwx", "17777", "07777 1", "-1"] {
+            assert_eq!(parse_mode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn system_dirs() {
+        for sys in [
+            "/",
+            "/etc",
+            "/etc/nginx",
+            "/usr/lib",
+            "/proc/1",
+            "/run/x",
+            "/var",
+            "/var/lib",
+            "/tmp",
+            "/home",
+        ] {
+            assert!(system_dir(sys).is_some(), "{sys}");
+        }
+        for ok in [
+            "/var/cache/nginx",
+            "/tmp/x",
+            "/var/lib/php/sessions",
+            "/srv/cache",
+            "/etcetera",
+            "/usrx",
+        ] {
+            assert!(system_dir(ok).is_none(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15m"), Ok(900));
+        assert_eq!(parse_duration("1h30m"), Ok(5400));
+        assert_eq!(parse_duration("1d"), Ok(86400));
+        assert_eq!(parse_duration("90s"), Ok(90));
+        assert!(parse_duration("15").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("m").unwrap_err().contains("needs a number"));
+        assert!(parse_duration("5w").unwrap_err().contains("unit `w`"));
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! `/run/tmpfsctl/`: the lock, side paths to the on-disk directories,
+//! staging mount points, and per-mount records. Lives on /run so it vanishes
+//! at boot together with the mounts it describes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
+
+#[derive(Debug, Clone)]
+pub struct State {
+    dir: PathBuf,
+}
+
+/// What `apply` recorded about a mount it finished building.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub name: String,
+    pub path: PathBuf,
+    /// `none`, `on-stop` or `every <seconds>s`.
+    pub persist: String,
+    pub applied_at: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("another tmpfsctl holds {} (waited {waited:?}); retry later or raise --wait", path.display())]
+    Busy { path: PathBuf, waited: Duration },
+    #[error("cannot lock {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl State {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        State { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn lower_root(&self) -> PathBuf {
+        self.dir.join("lower")
+    }
+
+    pub fn stage_root(&self) -> PathBuf {
+        self.dir.join("stage")
+    }
+
+    /// Side path where the on-disk directory stays reachable under the tmpfs.
+    pub fn lower(&self, name: &str) -> PathBuf {
+        self.lower_root().join(name)
+    }
+
+    /// Where a new tmpfs is built and seeded before it is moved into place,
+    /// so the application never sees a half-seeded cache.
+    pub fn stage(&self, name: &str) -> PathBuf {
+        self.stage_root().join(name)
+    }
+
+    pub fn lower_names(&self) -> Vec<String> {
+        list_names(&self.dir.join("lower"))
+    }
+
+    pub fn stage_names(&self) -> Vec<String> {
+        list_names(&self.dir.join("stage"))
+    }
+
+    /// Creates the state directory tree, root-only.
+    pub fn ensure_dirs(&self) -> Result<()> {
+        for d in [
+            self.dir.clone(),
+            self.dir.join("lower"),
+            self.dir.join("stage"),
+            self.dir.join("mounts"),
+        ] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&d)
+                .with_context(|| format!("creating state directory {}", d.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Takes the exclusive lock, waiting up to `wait`.
+    pub fn lock(&self, wait: Duration) -> Result<Flock<File>, LockError> {
+        let path = self.dir.join("lock");
+        let io = |source| LockError::Io {
+            path: path.clone(),
+            source,
+        };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(io)?;
+        let start = Instant::now();
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(lock),
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                    if start.elapsed() >= wait {
+                        return Err(LockError::Busy { path, waited: wait });
+                    }
+                    file = f;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err((_, e)) => return Err(io(e.into())),
+            }
+        }
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.dir.join("mounts").join(format!("{name}.json"))
+    }
+
+    fn degraded_path(&self, name: &str) -> PathBuf {
+        self.dir.join("mounts").join(format!("{name}.degraded"))
+    }
+
+    pub fn record(&self, name: &str) -> Option<Record> {
+        let text = fs::read_to_string(self.record_path(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn write_record(&self, rec: &Record) -> Result<()> {
+        self.ensure_dirs()?;
+        let json = serde_json::to_vec_pretty(rec).expect("a Record always serialises");
+        write_atomic(&self.record_path(&rec.name), &json)
+    }
+
+    pub fn degraded(&self, name: &str) -> Option<String> {
+        fs::read_to_string(self.degraded_path(name)).ok()
+    }
+
+    pub fn set_degraded(&self, name: &str, reason: &str) -> Result<()> {
+        self.ensure_dirs()?;
+        write_atomic(&self.degraded_path(name), reason.as_bytes())
+    }
+
+    /// Forgets a mount: record and degraded marker.
+    pub fn forget(&self, name: &str) -> Result<()> {
+        for p in [self.record_path(name), self.degraded_path(name)] {
+            match fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", p.display()))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn clear_degraded(&self, name: &str) -> Result<()> {
+        match fs::remove_file(self.degraded_path(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing degraded marker of {name}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn list_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Temporary file, fsync, rename: readers see the old or the new content.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp~");
+    let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(data)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_forget() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = State::new(dir.path());
+        st.ensure_dirs().unwrap();
+        assert!(st.record("a").is_none());
+        let rec = Record {
+            name: "a".into(),
+            path: "/x".into(),
+            persist: "none".into(),
+            applied_at: 5,
+        };
+        st.write_record(&rec).unwrap();
+        assert_eq!(st.record("a"), Some(rec));
+        st.set_degraded("a", "why").unwrap();
+        assert_eq!(st.degraded("a").as_deref(), Some("why"));
+        st.forget("a").unwrap();
+        assert!(st.record("a").is_none() && st.degraded("a").is_none());
+    }
+
+    #[test]
+    fn second_lock_times_out_as_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = State::new(dir.path());
+        let _held = st.lock(Duration::ZERO).unwrap();
+        let err = st.lock(Duration::from_millis(120)).unwrap_err();
+        assert!(matches!(err, LockError::Busy { .. }), "{err}");
+        assert!(err.to_string().contains("--wait"));
+    }
+}

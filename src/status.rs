@@ -1,0 +1,165 @@
+//! `status`: what each managed mount looks like right now.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::host::meminfo::MemInfo;
+use crate::host::usage::Usage;
+use crate::host::Host;
+use crate::observe::{self, AtPath};
+use crate::spec::{self, Spec};
+use crate::state::State;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountState {
+    /// The tmpfs is in place.
+    Offloaded,
+    /// apply could not offload it; the application runs on disk.
+    Degraded,
+    /// Not mounted and never tried (or taken down).
+    Absent,
+    /// Something else is mounted at the path.
+    Foreign,
+    /// A managed tmpfs whose name the given spec does not have.
+    Orphan,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MountStatus {
+    pub name: String,
+    pub path: PathBuf,
+    pub state: MountState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persist: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageView {
+    pub size: u64,
+    pub used: u64,
+    pub used_pct: f64,
+    pub inodes: u64,
+    pub inodes_used: u64,
+    pub inodes_pct: f64,
+}
+
+impl From<Usage> for UsageView {
+    fn from(u: Usage) -> Self {
+        UsageView {
+            size: u.size,
+            used: u.used,
+            used_pct: round1(u.used_pct()),
+            inodes: u.inodes,
+            inodes_used: u.inodes_used,
+            inodes_pct: round1(u.inodes_pct()),
+        }
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub mem_total: u64,
+    pub mem_available: u64,
+    pub shmem: u64,
+    /// Bytes used by the managed tmpfs mounts listed (part of Shmem).
+    pub managed_used: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    pub mounts: Vec<MountStatus>,
+    pub memory: Memory,
+}
+
+pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusReport> {
+    let mut mounts = Vec::new();
+    let mem: MemInfo;
+    match spec {
+        Some(spec) => {
+            let world = observe::observe(spec, host, state)?;
+            mem = world.mem;
+            for (m, o) in spec.mounts.iter().zip(&world.mounts) {
+                let degraded = state.degraded(&m.name);
+                let (state_now, usage) = match &o.at_path {
+                    AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage.into())),
+                    AtPath::Foreign { .. } | AtPath::OtherManaged { .. } => (MountState::Foreign, None),
+                    AtPath::Disk if degraded.is_some() => (MountState::Degraded, None),
+                    AtPath::Disk => (MountState::Absent, None),
+                };
+                let reason = match (&o.at_path, state_now) {
+                    (AtPath::Foreign { fstype, source }, _) => {
+                        Some(format!("{fstype} from {source} is mounted there"))
+                    }
+                    (AtPath::OtherManaged { source }, _) => Some(format!("{source} is mounted there")),
+                    (_, MountState::Degraded) => degraded,
+                    _ => None,
+                };
+                mounts.push(MountStatus {
+                    name: m.name.clone(),
+                    path: m.path.clone(),
+                    state: state_now,
+                    reason,
+                    usage,
+                    persist: Some(crate::execute::persist_name(m.persist)),
+                });
+            }
+            for (name, path) in world.orphans {
+                mounts.push(orphan(name, path, state, MountState::Orphan));
+            }
+        }
+        None => {
+            mem = host.meminfo()?;
+            let table = host.mounts()?;
+            for e in &table.entries {
+                let Some(name) = e.source.strip_prefix(spec::SOURCE_PREFIX) else {
+                    continue;
+                };
+                if e.fstype != "tmpfs" || e.mount_point.starts_with(state.dir()) {
+                    continue;
+                }
+                mounts.push(orphan(
+                    name.to_string(),
+                    e.mount_point.clone(),
+                    state,
+                    MountState::Offloaded,
+                ));
+            }
+        }
+    }
+    let managed_used = mounts
+        .iter()
+        .filter_map(|m| m.usage.as_ref())
+        .map(|u| u.used)
+        .sum();
+    Ok(StatusReport {
+        mounts,
+        memory: Memory {
+            mem_total: mem.mem_total,
+            mem_available: mem.mem_available,
+            shmem: mem.shmem,
+            managed_used,
+        },
+    })
+}
+
+fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountStatus {
+    MountStatus {
+        usage: Usage::of(&path).ok().map(Into::into),
+        persist: state.record(&name).map(|r| r.persist),
+        name,
+        path,
+        state: st,
+        reason: None,
+    }
+}

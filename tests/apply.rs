@@ -1,0 +1,599 @@
+//! apply / plan / status / down against the real kernel, each test in its
+//! own private mount namespace (see common/mod.rs).
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{mode_of, owner_of, Sandbox};
+use tmpfsctl::host::usage::Usage;
+
+fn spec_for(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
+    sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 8MiB\n{extra}",
+            cache.display()
+        ),
+    )
+}
+
+/// A cache directory owned by a non-root user, mode 0700, with some files.
+fn seeded_cache(sb: &Sandbox) -> PathBuf {
+    let cache = sb.cache_dir("var/cache/app", 1234, 2345, 0o700);
+    fs::create_dir(cache.join("sub")).unwrap();
+    fs::write(cache.join("sub/page.html"), "cached page").unwrap();
+    fs::write(cache.join("index"), vec![7u8; 100_000]).unwrap();
+    cache
+}
+
+fn assert_offloaded(sb: &Sandbox, cache: &Path) {
+    let at = sb.mounts_at(cache);
+    assert_eq!(
+        at.len(),
+        1,
+        "exactly one mount at {} (no stacking): {at:#?}",
+        cache.display()
+    );
+    assert_eq!(at[0].fstype, "tmpfs");
+    assert_eq!(at[0].source, "tmpfsctl-cache");
+    assert!(
+        at[0].has_mount_option("nosuid") && at[0].has_mount_option("nodev"),
+        "{at:#?}"
+    );
+    let lower = sb.state.join("lower/cache");
+    let lowers = sb.mounts_at(&lower);
+    assert_eq!(lowers.len(), 1, "one side bind: {lowers:#?}");
+    assert!(lowers[0].is_private());
+    assert!(
+        sb.mounts_at(&sb.state.join("stage/cache")).is_empty(),
+        "nothing left at the staging point"
+    );
+}
+
+#[test]
+fn first_apply_mounts_seeds_and_copies_owner_and_mode() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: yes");
+    assert_offloaded(&sb, &cache);
+    assert_eq!(
+        owner_of(&cache),
+        (1234, 2345),
+        "tmpfs root owner copied from the disk directory"
+    );
+    assert_eq!(
+        mode_of(&cache),
+        0o700,
+        "tmpfs root mode copied (not the 1777 tmpfs default)"
+    );
+    assert_eq!(
+        fs::read_to_string(cache.join("sub/page.html")).unwrap(),
+        "cached page"
+    );
+    assert_eq!(owner_of(&cache.join("sub")), (0, 0));
+    let u = Usage::of(&cache).unwrap();
+    assert_eq!(u.size, 8 << 20);
+    assert!(u.used >= 100_000, "seeded bytes are in RAM: {u:?}");
+    // The disk directory stays reachable under the side path.
+    assert!(sb.state.join("lower/cache/index").exists());
+}
+
+#[test]
+fn second_apply_changes_nothing_and_says_so() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let before = sb.mounts();
+    let r = sb.run([
+        "apply".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    r.code(0);
+    let j = r.json();
+    assert_eq!(j["changed"], false, "{r}");
+    assert_eq!(j["mounts"][0]["result"], "unchanged", "{r}");
+    assert_eq!(sb.mounts(), before, "mount table unchanged by a no-op apply");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+    sb.run(["plan".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("No changes");
+}
+
+#[test]
+fn plan_shows_steps_and_changes_nothing() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    let r = sb.run(["plan".as_ref(), spec.as_os_str()]);
+    r.code(0)
+        .stdout_has("bind ")
+        .stdout_has("mount tmpfs tmpfsctl-cache")
+        .stdout_has("copy contents")
+        .stdout_has("move ");
+    assert!(sb.mounts().is_empty(), "plan mounted something\n{r}");
+    let j = sb
+        .run([
+            "plan".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    assert_eq!(j["changed"], true);
+    let actions: Vec<&str> = j["plan"]["mounts"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["bind-lower", "mount-stage", "seed", "move-into-place"]);
+}
+
+#[test]
+fn grow_is_online_and_keeps_contents_and_flags() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("written-in-ram"), "keep me").unwrap();
+    let dev_before = sb.top(&cache).unwrap().dev;
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &fs::read_to_string(&spec).unwrap().replace("8MiB", "16MiB"),
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("remount")
+        .stdout_has("size 8MiB -> 16MiB");
+    assert_eq!(Usage::of(&cache).unwrap().size, 16 << 20);
+    assert_eq!(
+        fs::read_to_string(cache.join("written-in-ram")).unwrap(),
+        "keep me"
+    );
+    assert_eq!(
+        sb.top(&cache).unwrap().dev,
+        dev_before,
+        "same tmpfs, not a new one"
+    );
+    assert_offloaded(&sb, &cache);
+}
+
+#[test]
+fn shrink_below_usage_is_refused_and_the_mount_stays() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("big"), vec![1u8; 6 << 20]).unwrap();
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &fs::read_to_string(&spec).unwrap().replace("8MiB", "4MiB"),
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(3)
+        .stdout_has("REFUSED")
+        .stdout_has("cannot shrink");
+    assert_eq!(Usage::of(&cache).unwrap().size, 8 << 20);
+    assert_eq!(fs::metadata(cache.join("big")).unwrap().len(), 6 << 20);
+    assert_offloaded(&sb, &cache);
+}
+
+#[test]
+fn option_change_keeps_nosuid_and_nodev() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let spec = spec_for(&sb, &cache, "    options: [nosuid, nodev, noexec, noatime]\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("noexec off -> on");
+    let top = sb.top(&cache).unwrap();
+    for o in ["nosuid", "nodev", "noexec", "noatime"] {
+        assert!(top.has_mount_option(o), "{o} missing: {top:?}");
+    }
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+}
+
+#[test]
+fn spec_owner_group_mode_win_and_changes_fix_the_root() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(
+        &sb,
+        &cache,
+        "    owner: \"42\"\n    group: nogroup\n    mode: \"0750\"\n",
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let nogroup = nix::unistd::Group::from_name("nogroup")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    assert_eq!(owner_of(&cache), (42, nogroup));
+    assert_eq!(mode_of(&cache), 0o750);
+    let spec = spec_for(
+        &sb,
+        &cache,
+        "    owner: \"42\"\n    group: nogroup\n    mode: \"0770\"\n",
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("set root");
+    assert_eq!(mode_of(&cache), 0o770);
+}
+
+#[test]
+fn foreign_mount_is_refused_unless_takeover() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    nix::mount::mount(
+        Some("someone-else"),
+        &cache,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(3)
+        .stdout_has("DEGRADED")
+        .stdout_has("takeover: true");
+    assert_eq!(sb.top(&cache).unwrap().source, "someone-else");
+    assert!(
+        sb.mounts_at(&sb.state.join("lower/cache")).is_empty(),
+        "no side bind leaked"
+    );
+    let st = sb
+        .run([
+            "status".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    assert_eq!(st["mounts"][0]["state"], "foreign");
+
+    let spec = spec_for(&sb, &cache, "    takeover: true\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-cache");
+}
+
+#[test]
+fn missing_directory_is_created_with_create_true() {
+    let sb = Sandbox::new();
+    let cache = sb.path("srv/new/cache");
+    let spec = spec_for(&sb, &cache, "    create: true\n    mode: \"0710\"\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-cache");
+    assert_eq!(mode_of(&cache), 0o710);
+    assert_eq!(
+        mode_of(&sb.state.join("lower/cache")),
+        0o710,
+        "the disk directory got the same mode"
+    );
+}
+
+#[test]
+fn seed_that_does_not_fit_degrades_and_rolls_back() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    fs::write(cache.join("huge"), vec![3u8; 12 << 20]).unwrap();
+    let spec = spec_for(&sb, &cache, "");
+    let r = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    r.code(3).stdout_has("DEGRADED").stdout_has("do not fit");
+    assert!(
+        sb.mounts().is_empty()
+            || sb
+                .mounts()
+                .iter()
+                .all(|e| e.mount_point.starts_with(&sb.state) && !e.mount_point.ends_with("cache")),
+        "rolled back\n{r}"
+    );
+    assert!(sb.top(&cache).is_none());
+    assert_eq!(
+        fs::metadata(cache.join("huge")).unwrap().len(),
+        12 << 20,
+        "disk directory untouched"
+    );
+    let st = sb
+        .run([
+            "status".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    assert_eq!(st["mounts"][0]["state"], "degraded");
+    assert!(st["mounts"][0]["reason"].as_str().unwrap().contains("do not fit"));
+}
+
+#[test]
+fn on_failure_fail_stops_at_the_first_failure() {
+    let sb = Sandbox::new();
+    let a = seeded_cache(&sb);
+    fs::write(a.join("huge"), vec![3u8; 12 << 20]).unwrap();
+    let b = sb.cache_dir("var/cache/b", 0, 0, 0o755);
+    let spec = sb.write_spec(
+        "two.yaml",
+        &format!(
+            "version: 1\ndefaults:\n  on_failure: fail\nmounts:\n  - name: a\n    path: {}\n    size: 8MiB\n  - name: b\n    path: {}\n    size: 8MiB\n",
+            a.display(),
+            b.display()
+        ),
+    );
+    let r = sb.run([
+        "apply".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    r.code(1);
+    let j = r.json();
+    assert_eq!(j["mounts"][0]["result"], "failed");
+    assert_eq!(j["mounts"][1]["result"], "skipped");
+    assert!(
+        sb.mounts()
+            .iter()
+            .all(|e| e.source != "tmpfsctl-a" && e.source != "tmpfsctl-b"),
+        "{r}"
+    );
+}
+
+#[test]
+fn seed_empty_hides_nothing_it_does_not_need() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    seed: empty\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(fs::read_dir(&cache).unwrap().count(), 0, "empty tmpfs");
+    assert!(sb.state.join("lower/cache/sub/page.html").exists());
+}
+
+fn holder(file: &Path) -> Child {
+    let c = Command::new("sh")
+        .arg("-c")
+        .arg("exec 3<\"$1\"; echo ready; exec sleep 600 <&3")
+        .arg("sh")
+        .arg(file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c
+}
+
+#[test]
+fn down_while_a_process_holds_a_file_detaches_and_names_it() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    fs::write(cache.join("on-disk-only"), "disk").unwrap();
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("in-ram-only"), "ram").unwrap();
+    let mut h = holder(&cache.join("in-ram-only"));
+    let mut ready = [0u8; 6];
+    h.stdout.as_mut().unwrap().read_exact(&mut ready).unwrap();
+    let r = sb.run(["down".as_ref(), spec.as_os_str()]);
+    let _ = h.kill();
+    let _ = h.wait();
+    r.code(0)
+        .stdout_has("detached lazily")
+        .stdout_has(&format!("pid {}", h.id()))
+        .stdout_has("(sleep)");
+    assert!(sb.top(&cache).is_none(), "{r}");
+    assert!(
+        cache.join("on-disk-only").exists(),
+        "the application sees its disk directory again"
+    );
+    assert!(!cache.join("in-ram-only").exists());
+    assert!(
+        sb.mounts_at(&sb.state.join("lower/cache")).is_empty(),
+        "side bind removed\n{r}"
+    );
+    sb.run(["status".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("absent");
+}
+
+#[test]
+fn down_of_an_idle_mount_unmounts_cleanly() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["down".as_ref(), spec.as_os_str(), "cache".as_ref()])
+        .code(0)
+        .stdout_has("unmounted");
+    assert!(sb
+        .mounts()
+        .iter()
+        .all(|e| !e.source.starts_with("tmpfsctl-")
+            && !e.mount_point.starts_with(sb.state.join("lower/cache"))));
+    sb.run(["down".as_ref(), spec.as_os_str(), "nosuch".as_ref()])
+        .code(1)
+        .stderr_has("known names: cache");
+}
+
+#[test]
+fn down_refuses_to_drop_a_persisted_mount() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("REFUSED")
+        .stdout_has("would lose data");
+    assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-cache");
+}
+
+#[test]
+fn status_reports_state_usage_and_memory() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["status".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("absent");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let j = sb
+        .run([
+            "status".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    let m = &j["mounts"][0];
+    assert_eq!(m["state"], "offloaded");
+    assert_eq!(m["usage"]["size"], 8 << 20);
+    assert!(m["usage"]["used"].as_u64().unwrap() >= 100_000);
+    assert!(m["usage"]["inodes_used"].as_u64().unwrap() >= 3);
+    assert!(j["memory"]["mem_total"].as_u64().unwrap() > 0);
+    assert!(j["memory"]["managed_used"].as_u64().unwrap() >= 100_000);
+    let r = sb.run(["status"]);
+    r.code(0)
+        .stdout_has("cache")
+        .stdout_has("offloaded")
+        .stdout_has("memory: total");
+}
+
+#[test]
+fn a_concurrent_run_waits_then_fails_clearly() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    let state = tmpfsctl::state::State::new(&sb.state);
+    let _held = state.lock(std::time::Duration::ZERO).unwrap();
+    sb.run([
+        "--wait".as_ref(),
+        "1".as_ref(),
+        "apply".as_ref(),
+        spec.as_os_str(),
+    ])
+    .code(4)
+    .stderr_has("another tmpfsctl");
+    assert!(sb.top(&cache).is_none());
+}
+
+#[test]
+fn state_dir_on_a_shared_mount_still_works() {
+    // Hosts run with / shared (systemd); a mount can only be moved out of a
+    // non-shared parent, and side binds must not propagate.
+    let sb = Sandbox::new();
+    use nix::mount::{mount, MsFlags};
+    mount(
+        Some(&sb.root),
+        &sb.root,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    mount(
+        None::<&str>,
+        &sb.root,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .unwrap();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("private mount");
+    assert_offloaded(&sb, &cache);
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+}
+
+/// kill -9 right after each step, then a fresh apply must converge: one
+/// tmpfs at the path, one side bind, nothing at the staging point.
+#[test]
+fn kill_9_after_any_step_then_reapply_converges() {
+    for action in [
+        "private-state-dir",
+        "bind-lower",
+        "mount-stage",
+        "seed",
+        "move-into-place",
+    ] {
+        let sb = Sandbox::new();
+        let cache = seeded_cache(&sb);
+        let spec = spec_for(&sb, &cache, "");
+        let mut c = sb.cmd();
+        c.env(
+            "TMPFSCTL_FAILPOINT",
+            if action == "private-state-dir" {
+                format!("after-{action}")
+            } else {
+                format!("after-{action}:cache")
+            },
+        );
+        let r = sb.run_with(c, ["apply".as_ref(), spec.as_os_str()]);
+        assert_eq!(r.signal, Some(9), "failpoint after-{action} did not fire\n{r}");
+        let r = sb.run(["apply".as_ref(), spec.as_os_str()]);
+        r.code(0);
+        assert_offloaded(&sb, &cache);
+        assert_eq!(
+            fs::read_to_string(cache.join("sub/page.html")).unwrap(),
+            "cached page",
+            "after {action}"
+        );
+        sb.run(["apply".as_ref(), spec.as_os_str()])
+            .code(0)
+            .stdout_has("changed: no");
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        let left: Vec<_> = sb
+            .mounts()
+            .into_iter()
+            .filter(|e| {
+                e.source.starts_with("tmpfsctl-") || e.mount_point.starts_with(sb.state.join("lower/cache"))
+            })
+            .collect();
+        assert!(left.is_empty(), "after {action}: leftovers {left:#?}");
+    }
+}
+
+#[test]
+fn leftovers_of_removed_names_are_cleaned() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", "after-mount-stage:cache");
+    assert_eq!(
+        sb.run_with(c, ["apply".as_ref(), spec.as_os_str()]).signal,
+        Some(9)
+    );
+    let other = sb.cache_dir("var/cache/other", 0, 0, 0o755);
+    let spec = sb.write_spec(
+        "other.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: other\n    path: {}\n    size: 4MiB\n",
+            other.display()
+        ),
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("leftover");
+    assert!(sb.mounts_at(&sb.state.join("lower/cache")).is_empty());
+    assert!(sb.mounts_at(&sb.state.join("stage/cache")).is_empty());
+}

@@ -1,0 +1,172 @@
+//! Every class of bad input: exit 2, a message naming file:line:col and the
+//! field, and no change on the host (no mount, no state directory).
+
+mod common;
+
+use std::fs;
+
+use common::Sandbox;
+
+struct Case {
+    name: &'static str,
+    yaml: String,
+    line: u32,
+    field: &'static str,
+    message: &'static str,
+}
+
+fn case(name: &'static str, yaml: String, line: u32, field: &'static str, message: &'static str) -> Case {
+    Case {
+        name,
+        yaml,
+        line,
+        field,
+        message,
+    }
+}
+
+/// One mount at `path` with the given extra lines (already indented).
+fn one(path: &str, extra: &str) -> String {
+    format!("version: 1\nmounts:\n  - name: cache\n    path: {path}\n    size: 8MiB\n{extra}")
+}
+
+#[test]
+fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
+    let sb = Sandbox::new();
+    let ok = sb.cache_dir("cache", 0, 0, 0o755);
+    let ok2 = sb.cache_dir("cache2", 0, 0, 0o755);
+    let okp = ok.display().to_string();
+    std::os::unix::fs::symlink(&ok, sb.path("link")).unwrap();
+    std::os::unix::fs::symlink(&sb.root, sb.path("linkdir")).unwrap();
+    let link = sb.path("link").display().to_string();
+    let through = sb.path("linkdir/cache").display().to_string();
+    let missing = sb.path("missing").display().to_string();
+    fs::write(sb.path("afile"), "x").unwrap();
+    let afile = sb.path("afile").display().to_string();
+    let two = |a: &str, b: &str, extra_b: &str| {
+        format!("version: 1\nmounts:\n  - name: a\n    path: {a}\n    size: 8MiB\n  - name: b\n    path: {b}\n    size: 8MiB\n{extra_b}")
+    };
+
+    let cases = vec![
+        case("relative path", one("var/cache/x", ""), 4, "mounts[0].path", "is relative"),
+        case("root", one("/", ""), 4, "mounts[0].path", "system directory"),
+        case("system dir", one("/etc/nginx", ""), 4, "mounts[0].path", "system directory"),
+        case("exact /var", one("/var", ""), 4, "mounts[0].path", "system directory"),
+        case("not normalised", one(&format!("{okp}/../cache"), ""), 4, "mounts[0].path", "not normalised"),
+        case("trailing slash", one(&format!("{okp}/"), ""), 4, "mounts[0].path", "not normalised"),
+        case("path is a symlink", one(&link, ""), 4, "mounts[0].path", "passes through the symlink"),
+        case("through a symlink", one(&through, ""), 4, "mounts[0].path", "passes through the symlink"),
+        case("missing without create", one(&missing, ""), 4, "mounts[0].path", "does not exist"),
+        case("path is a file", one(&afile, ""), 4, "mounts[0].path", "is not a directory"),
+        case("duplicate names", format!("version: 1\nmounts:\n  - name: a\n    path: {okp}\n    size: 1MiB\n  - name: a\n    path: {}\n    size: 1MiB\n", ok2.display()), 6, "mounts[1].name", "duplicate mount name `a`"),
+        case("duplicate paths", two(&okp, &okp, ""), 7, "mounts[1].path", "duplicate path"),
+        case("nested paths", two(&sb.root.display().to_string(), &okp, ""), 7, "mounts[1].path", "nested"),
+        case("unknown user", one(&okp, "    owner: no-such-user-xyz\n"), 6, "mounts[0].owner", "unknown user `no-such-user-xyz`"),
+        case("unknown group", one(&okp, "    group: no-such-group-xyz\n"), 6, "mounts[0].group", "unknown group"),
+        case("non-octal mode", one(&okp, "    mode: \"0800\"\n"), 6, "mounts[0].mode", "invalid mode `0800`"),
+        case("mode too big", one(&okp, "    mode: \"17777\"\n"), 6, "mounts[0].mode", "invalid mode"),
+        case("unknown top-level field", format!("{}mountz: []\n", one(&okp, "")), 6, "mountz", "unknown field `mountz`"),
+        case("unknown mount field", one(&okp, "    sise: 1G\n"), 6, "sise", "unknown field `sise`"),
+        case("wrong type", one(&okp, "    create: 5\n"), 6, "create", "invalid"),
+        case("yes is not a boolean", one(&okp, "    create: yes\n"), 6, "create", "invalid"),
+        case("on is not a boolean", one(&okp, "    noswap: on\n"), 6, "noswap", "invalid"),
+        case("size with unknown unit", one(&okp, "").replace("8MiB", "12 parsecs"), 5, "mounts[0].size", "unknown unit `parsecs`"),
+        case("ambiguous decimal unit", one(&okp, "").replace("8MiB", "512MB"), 5, "mounts[0].size", "ambiguous"),
+        case("zero size", one(&okp, "").replace("8MiB", "0"), 5, "mounts[0].size", "unlimited"),
+        case("bad inode count", one(&okp, "    inodes: lots\n"), 6, "mounts[0].inodes", "invalid inode count"),
+        case("over the RAM budget", two(&okp, &ok2.display().to_string(), "").replace("8MiB", "30%"), 8, "mounts[1].size", "exceeds the RAM budget"),
+        case("max_total bad", format!("max_total: lots\n{}", one(&okp, "")), 1, "max_total", "invalid size"),
+        case("bad name", one(&okp, "").replace("name: cache", "name: Cache"), 3, "mounts[0].name", "invalid mount name `Cache`"),
+        case("bad option", one(&okp, "    options: [nosuid, ro]\n"), 6, "mounts[0].options[1]", "read-only"),
+        case("unknown option", one(&okp, "    options: [nosuid, bogus]\n"), 6, "mounts[0].options[1]", "unknown mount option `bogus`"),
+        case("conflicting atime", one(&okp, "    options: [noatime, relatime]\n"), 6, "mounts[0].options[1]", "conflicts"),
+        case("bad huge", one(&okp, "    huge: sometimes\n"), 6, "mounts[0].huge", "invalid huge page policy `sometimes`"),
+        case("bad seed", one(&okp, "    seed: clone\n"), 6, "mounts[0].seed", "invalid seed mode"),
+        case("bad on_failure", one(&okp, "    on_failure: panic\n"), 6, "mounts[0].on_failure", "invalid failure policy"),
+        case("bad persist", one(&okp, "    persist: every 5\n"), 6, "mounts[0].persist", "needs a unit"),
+        case("persist too often", one(&okp, "    persist: every 1s\n"), 6, "mounts[0].persist", "more often than every 10s"),
+        case("persist without seed", one(&okp, "    persist: on-stop\n    seed: empty\n"), 6, "mounts[0].persist", "empty tree"),
+        case("bad before unit", one(&okp, "    before: [nginx]\n"), 6, "mounts[0].before[0]", "invalid systemd unit name `nginx`"),
+        case("bad default", format!("version: 1\ndefaults:\n  huge: big\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 3, "defaults.huge", "invalid huge"),
+        case("version 2", one(&okp, "").replace("version: 1", "version: 2"), 1, "version", "unsupported spec version 2"),
+        case("missing size", format!("version: 1\nmounts:\n  - name: cache\n    path: {okp}\n"), 4, "size", "missing field `size`"),
+        case("no mounts", "version: 1\nmounts: []\n".into(), 2, "mounts", "no mounts"),
+        case("duplicate key", one(&okp, "    size: 9MiB\n"), 6, "size", "duplicate"),
+        case("yaml syntax", one(&okp, "    options: [nosuid, nodev\n"), 6, "options", "unclosed bracket"),
+        case("tab indentation", one(&okp, "\tcreate: true\n"), 5, "size", "found a tab"),
+    ];
+    assert!(cases.len() >= 20);
+
+    let mut failures = Vec::new();
+    for c in &cases {
+        let spec = sb.write_spec("bad.yaml", &c.yaml);
+        for cmd in ["validate", "apply", "plan"] {
+            let r = sb.run([cmd.as_ref(), spec.as_os_str()]);
+            let loc = format!("{}:{}:", spec.display(), c.line);
+            let ok = r.code == Some(2)
+                && r.stderr.contains(&loc)
+                && r.stderr.contains(&format!("field: {}", c.field))
+                && r.stderr.contains(c.message)
+                && r.stdout.is_empty();
+            if !ok {
+                failures.push(format!(
+                    "case `{}` ({cmd}): want line {} field {} message {:?}\n--- spec\n{}{r}",
+                    c.name, c.line, c.field, c.message, c.yaml
+                ));
+            }
+        }
+        assert!(
+            sb.mounts().is_empty(),
+            "case `{}` changed the mount table",
+            c.name
+        );
+        assert!(
+            !sb.state.exists(),
+            "case `{}` created the state directory",
+            c.name
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn unreadable_spec_and_bad_usage_exit_2() {
+    let sb = Sandbox::new();
+    sb.run(["validate", "/nonexistent/spec.yaml"])
+        .code(2)
+        .stderr_has("cannot read spec /nonexistent/spec.yaml");
+    sb.run(["apply"]).code(2).stderr_has("SPEC");
+    sb.run(["frobnicate"])
+        .code(2)
+        .stderr_has("unrecognized subcommand");
+    let spec = sb.write_spec("s.yaml", "version: 1\nmounts: []\n");
+    sb.run([
+        "plan".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "xml".as_ref(),
+    ])
+    .code(2)
+    .stderr_has("possible values");
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec(
+        "multi.yaml",
+        "version: 1\nmounts:\n  - name: A\n    path: rel\n    size: 1parsec\n",
+    );
+    let r = sb.run(["validate".as_ref(), spec.as_os_str()]);
+    r.code(2)
+        .stderr_has("3 errors")
+        .stderr_has(":3:")
+        .stderr_has(":4:")
+        .stderr_has(":5:")
+        .stderr_has("nothing was changed");
+}
