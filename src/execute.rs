@@ -305,12 +305,13 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<copy::Copy
         }
     };
     let stats = copy::copy_tree(from, to, Some(&mut progress)).map_err(|e| {
-        let hint = if e.is_no_space() {
-            " (tmpfs full: raise `size` or use `seed: empty`)"
+        let no_space = e.is_no_space();
+        let err = anyhow::Error::new(e);
+        if no_space {
+            err.context("the tmpfs filled up while seeding; raise `size` or use `seed: empty`")
         } else {
-            ""
-        };
-        anyhow::anyhow!("{e}{hint}")
+            err
+        }
     });
     if show {
         eprint!("\r\x1b[K");
