@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::error::exit;
 use crate::host::Host;
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
-use crate::{down, execute, observe, plan, report, status};
+use crate::{boot, down, execute, observe, plan, report, status, sync};
 
 #[derive(Parser)]
 #[command(
@@ -58,11 +58,58 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
-    /// Unmount managed tmpfs safely; the application is back on its disk directory.
+    /// Install or remove what re-applies the spec at boot.
+    Boot {
+        #[command(subcommand)]
+        action: BootAction,
+    },
+    /// Write the RAM contents of persisted mounts back to disk now.
+    Sync {
+        spec: PathBuf,
+        /// Mount names (default: every persisted mount of the spec).
+        names: Vec<String>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Write back persisted mounts, then unmount managed tmpfs safely; the
+    /// application is back on its disk directory.
     Down {
         spec: PathBuf,
         /// Mount names (default: all mounts of the spec).
         names: Vec<String>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum BootAction {
+    /// Write (and enable) the boot artifacts for SPEC; idempotent.
+    Install {
+        spec: PathBuf,
+        #[arg(long, value_enum, default_value_t = boot::Mode::Systemd)]
+        mode: boot::Mode,
+        /// Install into this root directory (an image or container tree).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        /// Path of tmpfsctl as the booted system sees it (default: this binary).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// Path of the spec as the booted system sees it (default: SPEC, made absolute).
+        #[arg(long)]
+        spec_path: Option<PathBuf>,
+        /// Start and stop timeout of the apply unit (seeding, write-back).
+        #[arg(long, default_value = "15min")]
+        timeout: String,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Remove everything `boot install` wrote under the root.
+    Remove {
+        /// Accepted for symmetry with install; the manifest says what to remove.
+        spec: Option<PathBuf>,
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
@@ -166,6 +213,62 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(exit::OK)
         }
+        Command::Boot {
+            action:
+                BootAction::Install {
+                    spec,
+                    mode,
+                    root,
+                    binary,
+                    spec_path,
+                    timeout,
+                    format,
+                },
+        } => {
+            let s = load(&spec, &host)?;
+            let spec_path = match spec_path {
+                Some(p) => p,
+                None => {
+                    std::path::absolute(&spec).with_context(|| format!("resolving {}", spec.display()))?
+                }
+            };
+            let binary = match binary {
+                Some(b) => b,
+                None => std::env::current_exe().context("finding this binary's path; pass --binary")?,
+            };
+            let cx = boot::context(&s, spec_path, binary, timeout);
+            let r = boot::install(&cx, mode, &root)?;
+            match format {
+                Format::Human => print!("{}", report::boot(&r)),
+                Format::Json => print_json(&r),
+            }
+            Ok(exit::OK)
+        }
+        Command::Boot {
+            action: BootAction::Remove { spec, root, format },
+        } => {
+            if let Some(spec) = &spec {
+                load(spec, &host)?;
+            }
+            let r = boot::remove(&root)?;
+            match format {
+                Format::Human => print!("{}", report::boot(&r)),
+                Format::Json => print_json(&r),
+            }
+            Ok(exit::OK)
+        }
+        Command::Sync { spec, names, format } => {
+            let s = load(&spec, &host)?;
+            need_root("sync")?;
+            let _lock = state.lock(wait)?;
+            let r = sync::sync(&s, &names, &host, &state)?;
+            match format {
+                Format::Human => print!("{}", report::sync(&r)),
+                Format::Json => print_json(&r),
+            }
+            let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
+            Ok(if failed { exit::FAILED } else { exit::OK })
+        }
         Command::Down { spec, names, format } => {
             let s = load(&spec, &host)?;
             need_root("down")?;
@@ -175,8 +278,11 @@ fn run(cli: Cli) -> Result<i32> {
                 Format::Human => print!("{}", report::down(&r)),
                 Format::Json => print_json(&r),
             }
-            let refused = r.iter().any(|d| d.result == down::DownOutcome::Refused);
-            Ok(if refused { exit::FAILED } else { exit::OK })
+            let failed = r.iter().any(|d| {
+                d.result == down::DownOutcome::Refused
+                    || d.syncs.iter().any(|s| s.result == sync::SyncOutcome::Failed)
+            });
+            Ok(if failed { exit::FAILED } else { exit::OK })
         }
     }
 }

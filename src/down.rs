@@ -3,14 +3,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use std::os::fd::AsRawFd;
+
+use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::host::procs::Holder;
 use crate::host::Host;
-use crate::mount::{self, Unmounted};
+use crate::mount;
 use crate::spec::{self, Persist, Spec};
 use crate::state::State;
+use crate::sync::{self, SyncOutcome, SyncResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -34,6 +37,9 @@ pub struct DownResult {
     pub holders: Vec<Holder>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The write-back done before (and, when detached lazily, after) the unmount.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub syncs: Vec<SyncResult>,
 }
 
 /// Takes down `names` (all of the spec's, last first, when empty). A name
@@ -59,16 +65,14 @@ fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownR
         .by_source(&source)
         .find(|e| !e.mount_point.starts_with(state.dir()))
         .cloned();
-    let persisted = match spec.mount(name) {
-        Some(m) => m.persist != Persist::None,
-        None => state.record(name).is_some_and(|r| r.persist != "none"),
-    };
+    let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
     let mut res = DownResult {
         name: name.to_string(),
         path: live.as_ref().map(|e| e.mount_point.clone()),
         result: DownOutcome::NotMounted,
         holders: Vec::new(),
         reason: None,
+        syncs: Vec::new(),
     };
 
     if spec.mount(name).is_none() && live.is_none() {
@@ -80,20 +84,50 @@ fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownR
         );
     }
     if let Some(e) = &live {
-        if persisted {
+        if persisted.is_none()
+            && spec.mount(name).is_none()
+            && state.record(name).is_some_and(|r| r.persist != "none")
+        {
             res.result = DownOutcome::Refused;
             res.reason = Some(format!(
-                "{} is persisted (write-back), and this version cannot write RAM contents back to disk yet; taking it down would lose data. Copy the data out of {} first, or set `persist: none`",
-                name,
-                e.mount_point.display()
+                "`{name}` is persisted but not in {}; take it down with the spec that mounted it, so its data is written back",
+                spec.file.display()
             ));
             return Ok(res);
         }
+        if let Some(m) = persisted {
+            let first = sync::sync_one(m, &e.mount_point, state)?;
+            let failed = first.result == SyncOutcome::Failed;
+            let why = first.reason.clone().unwrap_or_default();
+            res.syncs.push(first);
+            if failed {
+                res.result = DownOutcome::Refused;
+                res.reason = Some(format!("write-back failed, so the tmpfs stays mounted: {why}"));
+                return Ok(res);
+            }
+        }
         res.holders = host.holders(e.dev);
-        res.result = match mount::unmount(&e.mount_point)? {
-            Unmounted::Clean => DownOutcome::Unmounted,
-            Unmounted::Lazy => DownOutcome::Detached,
-        };
+        if mount::unmount_if_idle(&e.mount_point)? {
+            res.result = DownOutcome::Unmounted;
+        } else {
+            // Held across the detach: the detached tmpfs stays reachable through
+            // it for a last write-back of what was written since the first one.
+            let root = std::fs::File::open(&e.mount_point)
+                .with_context(|| format!("opening {}", e.mount_point.display()))?;
+            mount::detach(&e.mount_point)?;
+            res.result = DownOutcome::Detached;
+            if let Some(m) = persisted {
+                let detached = PathBuf::from(format!("/proc/self/fd/{}/.", root.as_raw_fd()));
+                let last = sync::sync_one(m, &detached, state)?;
+                if last.result == SyncOutcome::Failed {
+                    res.reason = Some(format!(
+                        "detached, but writing back the late writes failed: {}",
+                        last.reason.clone().unwrap_or_default()
+                    ));
+                }
+                res.syncs.push(last);
+            }
+        }
     }
     for side in [state.stage(name), state.lower(name)] {
         if table.top_at(&side).is_some() {

@@ -7,6 +7,7 @@
 //! mounts in `mount`, the tree copy in `copy`) → `report`.
 //! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
 
+pub mod boot;
 pub mod cli;
 pub mod copy;
 pub mod down;
@@ -20,3 +21,4 @@ pub mod report;
 pub mod spec;
 pub mod state;
 pub mod status;
+pub mod sync;

@@ -125,29 +125,16 @@ pub fn move_mount(from: &Path, to: &Path) -> Result<()> {
         .with_context(|| format!("move mount {} to {}", from.display(), to.display()))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Unmounted {
-    /// Nothing used it; gone.
-    Clean,
-    /// Busy: detached; holders keep their files until they close them.
-    Lazy,
-}
-
-/// Unmounts, falling back to a lazy detach when busy.
-pub fn unmount(target: &Path) -> Result<Unmounted> {
+/// Unmounts if nothing uses the mount; `Ok(false)` when it is busy.
+pub fn unmount_if_idle(target: &Path) -> Result<bool> {
     match umount2(target, MntFlags::empty()) {
-        Ok(()) => Ok(Unmounted::Clean),
-        Err(Errno::EBUSY) => {
-            umount2(target, MntFlags::MNT_DETACH)
-                .with_context(|| format!("umount -l {}", target.display()))?;
-            Ok(Unmounted::Lazy)
-        }
+        Ok(()) => Ok(true),
+        Err(Errno::EBUSY) => Ok(false),
         Err(e) => Err(e).with_context(|| format!("umount {}", target.display())),
     }
 }
 
-/// Detaches without trying a clean unmount first (rollback, side paths).
+/// Lazy unmount: holders keep their open files; new lookups see what is below.
 pub fn detach(target: &Path) -> Result<()> {
     umount2(target, MntFlags::MNT_DETACH).with_context(|| format!("umount -l {}", target.display()))
 }

@@ -3,11 +3,13 @@
 
 use std::fmt::Write;
 
+use crate::boot::BootReport;
 use crate::down::{DownOutcome, DownResult};
 use crate::execute::{ApplyReport, Outcome};
 use crate::plan::{Blocked, Plan};
 use crate::spec::size::format_bytes;
 use crate::status::StatusReport;
+use crate::sync::{SyncOutcome, SyncResult};
 
 pub fn plan(p: &Plan) -> String {
     let mut s = String::new();
@@ -161,6 +163,21 @@ pub fn status(r: &StatusReport) -> String {
         if let Some(reason) = &m.reason {
             let _ = writeln!(s, "{}: {reason}", m.name);
         }
+        if let Some(ls) = &m.last_sync {
+            let age = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs().saturating_sub(ls.at))
+                .unwrap_or(0);
+            let how = match &ls.error {
+                None => format!(
+                    "ok, {} files, {}",
+                    ls.files_written,
+                    format_bytes(ls.bytes_written)
+                ),
+                Some(e) => format!("FAILED: {e}"),
+            };
+            let _ = writeln!(s, "{}: last sync {age}s ago ({how})", m.name);
+        }
     }
     let mem = &r.memory;
     let _ = writeln!(
@@ -189,6 +206,9 @@ pub fn down(results: &[DownResult]) -> String {
             DownOutcome::Refused => "REFUSED",
         };
         let _ = writeln!(s, "{}  {path}: {what}", d.name);
+        for sy in &d.syncs {
+            let _ = writeln!(s, "    {}", sync_line(sy));
+        }
         for h in &d.holders {
             let _ = writeln!(
                 s,
@@ -200,5 +220,48 @@ pub fn down(results: &[DownResult]) -> String {
             let _ = writeln!(s, "    reason: {r}");
         }
     }
+    s
+}
+
+fn sync_line(r: &SyncResult) -> String {
+    match (r.result, &r.stats) {
+        (SyncOutcome::Synced, Some(st)) => format!(
+            "synced: {} files written ({}), {} metadata updates, {} deleted, {} unchanged, in {:.2}s",
+            st.files_written + st.links_written + st.specials_written,
+            format_bytes(st.bytes_written),
+            st.metadata_updated,
+            st.deleted,
+            st.unchanged,
+            r.seconds
+        ),
+        (SyncOutcome::Failed, _) => format!("sync FAILED: {}", r.reason.as_deref().unwrap_or("")),
+        _ => format!("sync skipped: {}", r.reason.as_deref().unwrap_or("")),
+    }
+}
+
+pub fn sync(results: &[SyncResult]) -> String {
+    let mut s = String::new();
+    let width = results.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    for r in results {
+        let _ = writeln!(s, "{:width$}  {}: {}", r.name, r.path.display(), sync_line(r));
+    }
+    if results.is_empty() {
+        let _ = writeln!(s, "no persisted mounts in this spec; nothing to write back");
+    }
+    s
+}
+
+pub fn boot(r: &BootReport) -> String {
+    let mut s = String::new();
+    for p in &r.written {
+        let _ = writeln!(s, "wrote {}", r.root.join(p).display());
+    }
+    for p in &r.removed {
+        let _ = writeln!(s, "removed {}", r.root.join(p).display());
+    }
+    for n in &r.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    let _ = writeln!(s, "changed: {}", if r.changed { "yes" } else { "no" });
     s
 }

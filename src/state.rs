@@ -29,6 +29,20 @@ pub struct Record {
     pub applied_at: u64,
 }
 
+/// The outcome of the last write-back of a mount.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncRecord {
+    /// Unix time the sync finished.
+    pub at: u64,
+    pub seconds: f64,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+    pub files_written: u64,
+    pub bytes_written: u64,
+    pub deleted: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("another tmpfsctl holds {} (waited {waited:?}); retry later or raise --wait", path.display())]
@@ -144,6 +158,21 @@ impl State {
         write_atomic(&self.record_path(&rec.name), &json)
     }
 
+    fn sync_path(&self, name: &str) -> PathBuf {
+        self.dir.join("mounts").join(format!("{name}.sync.json"))
+    }
+
+    pub fn last_sync(&self, name: &str) -> Option<SyncRecord> {
+        let text = fs::read_to_string(self.sync_path(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn write_sync(&self, name: &str, rec: &SyncRecord) -> Result<()> {
+        self.ensure_dirs()?;
+        let json = serde_json::to_vec_pretty(rec).expect("a SyncRecord always serialises");
+        write_atomic(&self.sync_path(name), &json)
+    }
+
     pub fn degraded(&self, name: &str) -> Option<String> {
         fs::read_to_string(self.degraded_path(name)).ok()
     }
@@ -153,9 +182,13 @@ impl State {
         write_atomic(&self.degraded_path(name), reason.as_bytes())
     }
 
-    /// Forgets a mount: record and degraded marker.
+    /// Forgets a mount: record, degraded marker and last sync.
     pub fn forget(&self, name: &str) -> Result<()> {
-        for p in [self.record_path(name), self.degraded_path(name)] {
+        for p in [
+            self.record_path(name),
+            self.degraded_path(name),
+            self.sync_path(name),
+        ] {
             match fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(e).with_context(|| format!("removing {}", p.display()))

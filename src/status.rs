@@ -10,7 +10,7 @@ use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::observe::{self, AtPath};
 use crate::spec::{self, Spec};
-use crate::state::State;
+use crate::state::{State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -38,6 +38,8 @@ pub struct MountStatus {
     pub usage: Option<UsageView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persist: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<SyncRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -112,6 +114,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                     reason,
                     usage,
                     persist: Some(crate::execute::persist_name(m.persist)),
+                    last_sync: state.last_sync(&m.name),
                 });
             }
             for (name, path) in world.orphans {
@@ -157,6 +160,7 @@ fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountSt
     MountStatus {
         usage: Usage::of(&path).ok().map(Into::into),
         persist: state.record(&name).map(|r| r.persist),
+        last_sync: state.last_sync(&name),
         name,
         path,
         state: st,

@@ -430,16 +430,147 @@ fn down_of_an_idle_mount_unmounts_cleanly() {
 }
 
 #[test]
-fn down_refuses_to_drop_a_persisted_mount() {
+fn sync_writes_ram_back_to_disk_and_propagates_deletions() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: every 15m\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("new-in-ram"), "fresh").unwrap();
+    fs::write(cache.join("sub/page.html"), "updated page").unwrap();
+    fs::remove_file(cache.join("index")).unwrap();
+    let lower = sb.state.join("lower/cache");
+    assert!(
+        !lower.join("new-in-ram").exists(),
+        "nothing written back before sync"
+    );
+    let r = sb.run([
+        "sync".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    r.code(0);
+    assert_eq!(r.json()[0]["result"], "synced", "{r}");
+    assert_eq!(fs::read_to_string(lower.join("new-in-ram")).unwrap(), "fresh");
+    assert_eq!(
+        fs::read_to_string(lower.join("sub/page.html")).unwrap(),
+        "updated page"
+    );
+    assert!(!lower.join("index").exists(), "deletion propagated");
+    assert_eq!(owner_of(&lower), (1234, 2345), "disk root keeps its owner");
+    let j = sb
+        .run([
+            "status".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    assert_eq!(j["mounts"][0]["last_sync"]["ok"], true);
+    sb.run(["status".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("last sync");
+}
+
+#[test]
+fn sync_skips_volatile_mounts_and_rejects_unknown_names() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("ram-only"), "x").unwrap();
+    sb.run(["sync".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("nothing to write back");
+    sb.run(["sync".as_ref(), spec.as_os_str(), "cache".as_ref()])
+        .code(0)
+        .stdout_has("persist: none");
+    assert!(!sb.state.join("lower/cache/ram-only").exists());
+    sb.run(["sync".as_ref(), spec.as_os_str(), "nosuch".as_ref()])
+        .code(1)
+        .stderr_has("known names: cache");
+}
+
+#[test]
+fn down_writes_a_persisted_mount_back_before_unmounting() {
     let sb = Sandbox::new();
     let cache = seeded_cache(&sb);
     let spec = spec_for(&sb, &cache, "    persist: on-stop\n");
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("made-in-ram"), "keep").unwrap();
+    fs::remove_file(cache.join("index")).unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("synced")
+        .stdout_has("unmounted");
+    assert!(sb.top(&cache).is_none());
+    assert_eq!(
+        fs::read_to_string(cache.join("made-in-ram")).unwrap(),
+        "keep",
+        "data reached the disk"
+    );
+    assert!(!cache.join("index").exists());
+    assert_eq!(mode_of(&cache), 0o700);
+}
+
+#[test]
+fn down_of_a_busy_persisted_mount_syncs_detaches_and_syncs_again() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("held"), "held file").unwrap();
+    let mut h = holder(&cache.join("held"));
+    let mut ready = [0u8; 6];
+    h.stdout.as_mut().unwrap().read_exact(&mut ready).unwrap();
+    let r = sb.run([
+        "down".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    let _ = h.kill();
+    let _ = h.wait();
+    r.code(0);
+    let j = r.json();
+    assert_eq!(j[0]["result"], "detached", "{r}");
+    assert_eq!(j[0]["syncs"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(fs::read_to_string(cache.join("held")).unwrap(), "held file");
+}
+
+#[test]
+fn down_keeps_the_tmpfs_when_write_back_fails() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("unsaved"), "precious").unwrap();
+    // The disk turns read-only: write-back must fail and nothing be lost.
+    let lower = sb.state.join("lower/cache");
+    use nix::mount::{mount, MsFlags};
+    mount(
+        None::<&str>,
+        &lower,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .unwrap();
     sb.run(["down".as_ref(), spec.as_os_str()])
         .code(1)
         .stdout_has("REFUSED")
-        .stdout_has("would lose data");
+        .stdout_has("write-back failed");
     assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-cache");
+    assert_eq!(fs::read_to_string(cache.join("unsaved")).unwrap(), "precious");
+    let j = sb
+        .run([
+            "status".as_ref(),
+            spec.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+        ])
+        .json();
+    assert_eq!(j["mounts"][0]["last_sync"]["ok"], false);
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! Tree copier that seeds a fresh tmpfs from the on-disk directory it is about to hide.
+//! Tree copies between the on-disk directory and its tmpfs: [`copy_tree`] seeds a fresh
+//! tmpfs from the directory it is about to hide, [`sync_tree`] writes the tmpfs back.
 //!
-//! It runs as root over directories that unprivileged applications can write to, so
+//! Both run as root over directories that unprivileged applications can write to, so
 //! every lookup below the two roots is a single name relative to an open directory
 //! descriptor and never follows a symlink. A symlink planted in the source or in the
 //! destination, at any depth and at any moment, therefore cannot redirect a read or a
@@ -11,29 +12,37 @@
 //! attributes and ACLs, device numbers and holes are kept, and other filesystems
 //! mounted below the source are not entered.
 //!
-//! The walk is sequential and depth-first with an explicit stack (deep trees cannot
-//! overflow the thread's stack). It keeps two descriptors open per level being walked
-//! and nothing per finished directory. Per-entry work (`Copier::copy_entry`) only
-//! needs the parent's two descriptors, so directories could later be handed to worker
-//! threads; the hard-link table and the "directory metadata after its contents" rule
-//! are the two places that would then need coordination.
+//! The seeding walk is sequential and depth-first with an explicit stack (deep trees
+//! cannot overflow the thread's stack). It keeps two descriptors open per level being
+//! walked and nothing per finished directory. Per-entry work (`Copier::copy_entry`)
+//! only needs the parent's two descriptors, so directories could later be handed to
+//! worker threads; the hard-link table and the "directory metadata after its contents"
+//! rule are the two places that would then need coordination.
+//!
+//! The primitives both walks share (opens, data copies, metadata, hard-link lookups,
+//! progress) live in `ops`, extended attributes in `xattrs`.
+
+mod ops;
+mod sync;
+mod xattrs;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, OsString};
+use std::ffi::CStr;
 use std::fs::File;
-use std::io::{self, Write as _};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::FileExt;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use nix::dir::{Dir, Entry, OwningIter, Type};
-use nix::errno::Errno;
+use nix::dir::Type;
 use nix::fcntl::{self, AtFlags, OFlag};
-use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, SFlag, UtimensatFlags};
-use nix::sys::time::TimeSpec;
-use nix::unistd::{self, Gid, Uid, Whence};
+use nix::sys::stat::{self, FileStat, Mode, SFlag};
+use nix::unistd;
+
+use ops::{
+    dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
+    Failed, Listing, RelPath, Reporter, Transfer,
+};
+pub use sync::{sync_tree, SyncStats, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///
@@ -91,19 +100,26 @@ impl CopyError {
     }
 }
 
+/// Opens one of the two roots and stats it; errors name the root as `.`.
+fn open_root_dir(path: &Path, on_source: bool) -> Result<(OwnedFd, FileStat), CopyError> {
+    let at_root = |f: Failed| f.at(PathBuf::from("."));
+    let fd = open_root(path)
+        .map_err(failed(on_source, "open directory"))
+        .map_err(at_root)?;
+    let st = stat::fstat(&fd)
+        .map_err(failed(on_source, "stat"))
+        .map_err(at_root)?;
+    Ok((fd, st))
+}
+
 /// Measures `dir` without following symlinks or entering other filesystems, so the
 /// result matches what [`copy_tree`] would put into the tmpfs. The root itself is not
 /// counted, as the tmpfs brings its own root.
 pub fn measure(dir: &Path) -> Result<TreeSize, CopyError> {
     let mut rel = RelPath::default();
-    let root = open_root(dir)
-        .map_err(src_err("open directory"))
-        .map_err(|f| f.at(rel.path(None)))?;
-    let root_dev = stat::fstat(&root)
-        .map_err(src_err("stat"))
-        .map_err(|f| f.at(rel.path(None)))?
-        .st_dev;
-    let mut stack = vec![(Listing::new(root).map_err(|f| f.at(rel.path(None)))?, 0)];
+    let (root, root_st) = open_root_dir(dir, true)?;
+    let root_dev = root_st.st_dev;
+    let mut stack = vec![(src_listing(root).map_err(|f| f.at(rel.path(None)))?, 0)];
     let mut linked = HashSet::new();
     let mut size = TreeSize::default();
     while let Some((listing, _)) = stack.last_mut() {
@@ -114,27 +130,33 @@ pub fn measure(dir: &Path) -> Result<TreeSize, CopyError> {
             }
             continue;
         };
-        let entry = next.map_err(|f| f.at(rel.path(None)))?;
+        let entry = next
+            .map_err(src_err("read directory"))
+            .map_err(|f| f.at(rel.path(None)))?;
         let name = entry.file_name();
         let st = stat::fstatat(listing.fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(src_err("stat"))
             .map_err(|f| f.at(rel.path(Some(name))))?;
         let is_dir = file_type(&st) == libc::S_IFDIR;
         if is_dir || st.st_nlink <= 1 || linked.insert((st.st_dev, st.st_ino)) {
-            size.allocated += allocated_bytes(&st);
+            size.allocated += ops::allocated_bytes(&st);
             size.apparent += u64::try_from(st.st_size).unwrap_or(0);
             size.inodes += 1;
         }
         if is_dir && st.st_dev == root_dev {
             let child = open_src(listing.fd(), name, OFlag::O_DIRECTORY)
                 .map_err(src_err("open directory"))
-                .and_then(Listing::new)
+                .and_then(src_listing)
                 .map_err(|f| f.at(rel.path(Some(name))))?;
             rel.push(name);
             stack.push((child, rel.len()));
         }
     }
     Ok(size)
+}
+
+fn src_listing(fd: OwnedFd) -> Result<Listing, Failed> {
+    Listing::new(fd).map_err(src_err("read directory"))
 }
 
 /// Copies the contents of `src` into the existing, empty directory `dst`, leaving the
@@ -151,34 +173,13 @@ pub fn copy_tree(
     dst: &Path,
     progress: Option<&mut dyn FnMut(&CopyStats)>,
 ) -> Result<CopyStats, CopyError> {
-    let root = RelPath::default();
-    let src_fd = open_root(src)
-        .map_err(src_err("open directory"))
-        .map_err(|f| f.at(root.path(None)))?;
-    let root_dev = stat::fstat(&src_fd)
-        .map_err(src_err("stat"))
-        .map_err(|f| f.at(root.path(None)))?
-        .st_dev;
-    let dst_fd = fcntl::open(
-        dst,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(dst_err("open directory"))
-    .map_err(|f| f.at(root.path(None)))?;
-    let mut copier = Copier::new(root_dev, progress);
+    let (src_fd, src_st) = open_root_dir(src, true)?;
+    let (dst_fd, _) = open_root_dir(dst, false)?;
+    let mut copier = Copier::new(src_st.st_dev, progress);
     copier.run(src_fd, dst_fd)?;
-    copier.report();
-    Ok(copier.stats)
+    copier.reporter.report();
+    Ok(copier.reporter.stats)
 }
-
-/// Read/write fallback buffer: large enough to amortise syscalls on big files, small
-/// enough to stay in cache.
-const COPY_BUF: usize = 256 * 1024;
-/// Upper bound for one `copy_file_range` call, so progress is reported during big files.
-const COPY_CHUNK: usize = 8 * 1024 * 1024;
-const REPORT_EVERY_ENTRIES: u32 = 1000;
-const REPORT_EVERY: Duration = Duration::from_millis(100);
 
 /// The copy of the first name seen for a multiply-linked inode, for later names to
 /// link to.
@@ -202,43 +203,27 @@ struct Frame {
 }
 
 struct Copier<'p> {
-    stats: CopyStats,
-    progress: Option<&'p mut dyn FnMut(&CopyStats)>,
-    last_report: Instant,
-    unreported: u32,
+    reporter: Reporter<'p, CopyStats>,
     /// Directories with another `st_dev` are mount points and are left empty.
     root_dev: u64,
     rel: RelPath,
     links: HashMap<(u64, u64), FirstCopy>,
-    /// `copy_file_range` keeps failing the same way between the same two filesystems
-    /// (e.g. EXDEV from ext4 to tmpfs), so it is given up on after the first refusal.
-    try_copy_file_range: bool,
-    buf: Vec<u8>,
-    xattr_bufs: XattrBufs,
-    src_proc_path: Vec<u8>,
-    dst_proc_path: Vec<u8>,
+    transfer: Transfer,
 }
 
 impl<'p> Copier<'p> {
     fn new(root_dev: u64, progress: Option<&'p mut dyn FnMut(&CopyStats)>) -> Self {
         Copier {
-            stats: CopyStats::default(),
-            progress,
-            last_report: Instant::now(),
-            unreported: 0,
+            reporter: Reporter::new(progress),
             root_dev,
             rel: RelPath::default(),
             links: HashMap::new(),
-            try_copy_file_range: true,
-            buf: Vec::new(),
-            xattr_bufs: XattrBufs::default(),
-            src_proc_path: Vec::new(),
-            dst_proc_path: Vec::new(),
+            transfer: Transfer::default(),
         }
     }
 
     fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
-        let root = Listing::new(src).map_err(|f| f.at(self.rel.path(None)))?;
+        let root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
         let mut stack = vec![Frame {
             src: root,
             dst,
@@ -249,7 +234,8 @@ impl<'p> Copier<'p> {
             let Some(next) = top.src.next() else {
                 let done = stack.pop().expect("the loop runs only while a frame is stacked");
                 if let Some(st) = &done.meta {
-                    self.set_metadata(done.src.fd(), done.dst.as_fd(), st)
+                    self.transfer
+                        .set_metadata(done.src.fd(), done.dst.as_fd(), st, false)
                         .map_err(|f| f.at(self.rel.path(None)))?;
                 }
                 if let Some(parent) = stack.last() {
@@ -257,7 +243,9 @@ impl<'p> Copier<'p> {
                 }
                 continue;
             };
-            let entry = next.map_err(|f| f.at(self.rel.path(None)))?;
+            let entry = next
+                .map_err(src_err("read directory"))
+                .map_err(|f| f.at(self.rel.path(None)))?;
             let name = entry.file_name();
             let child = self
                 .copy_entry(&stack, name, entry.file_type())
@@ -265,7 +253,7 @@ impl<'p> Copier<'p> {
             if let Some(child) = child {
                 stack.push(child);
             }
-            self.entry_done();
+            self.reporter.entry_done();
         }
         Ok(())
     }
@@ -288,7 +276,7 @@ impl<'p> Copier<'p> {
         }
         let key = (st.st_dev, st.st_ino);
         if st.st_nlink > 1 && self.link_to_first_copy(stack, key, name)? {
-            self.stats.hardlinks += 1;
+            self.reporter.stats.hardlinks += 1;
             return Ok(None);
         }
         match kind {
@@ -319,19 +307,13 @@ impl<'p> Copier<'p> {
         // Owner-only until its metadata is applied: nobody else can look into or
         // plant anything in a half-copied directory.
         stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
-        let dst = fcntl::openat(
-            dst_dir,
-            name,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(dst_err("open directory"))?;
-        self.stats.dirs += 1;
+        let dst = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
+        self.reporter.stats.dirs += 1;
         if st.st_dev != self.root_dev {
-            self.set_metadata(src.as_fd(), dst.as_fd(), &st)?;
+            self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &st, false)?;
             return Ok(None);
         }
-        let src = Listing::new(src)?;
+        let src = src_listing(src)?;
         self.rel.push(name);
         Ok(Some(Frame {
             src,
@@ -347,30 +329,19 @@ impl<'p> Copier<'p> {
         let Some(first) = self.links.get_mut(&key) else {
             return Ok(false);
         };
-        let (dir, leaf) = split_parent(&first.path);
-        // Frame i holds the copy of the first i components of the current path, so the
-        // shared prefix is already open and only the rest has to be walked.
-        let shared = shared_components(dir, self.rel.as_bytes());
-        let mut walked: Option<OwnedFd> = None;
-        for component in components(dir).skip(shared) {
-            let base = walked.as_ref().map_or(stack[shared].dst.as_fd(), AsFd::as_fd);
-            let next = fcntl::openat(
-                base,
-                component,
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(dst_err("open the first copy's directory for hard link"))?;
-            walked = Some(next);
-        }
-        let old_dir = walked.as_ref().map_or(stack[shared].dst.as_fd(), AsFd::as_fd);
         let new_dir = stack
             .last()
             .expect("the root frame stays until the walk ends")
             .dst
             .as_fd();
-        unistd::linkat(old_dir, leaf, new_dir, name, AtFlags::empty())
-            .map_err(dst_err("create hard link"))?;
+        // Frame i holds the copy of the first i components of the current path.
+        link_to_first_copy(
+            |i| stack[i].dst.as_fd(),
+            self.rel.as_bytes(),
+            &first.path,
+            new_dir,
+            name,
+        )?;
         first.remaining -= 1;
         if first.remaining == 0 {
             self.links.remove(&key);
@@ -396,9 +367,17 @@ impl<'p> Copier<'p> {
         .map_err(dst_err("create file"))?;
         let (src, dst) = (File::from(src), File::from(dst));
         self.copy_data(&src, &dst, st)?;
-        self.set_metadata(src.as_fd(), dst.as_fd(), st)?;
-        self.stats.files += 1;
+        self.transfer.set_metadata(src.as_fd(), dst.as_fd(), st, false)?;
+        self.reporter.stats.files += 1;
         Ok(())
+    }
+
+    fn copy_data(&mut self, src: &File, dst: &File, st: &FileStat) -> Result<(), Failed> {
+        let reporter = &mut self.reporter;
+        self.transfer.copy_data(src, dst, st, &mut |n| {
+            reporter.stats.bytes += n;
+            reporter.report_if_due();
+        })
     }
 
     fn copy_symlink(
@@ -410,8 +389,9 @@ impl<'p> Copier<'p> {
     ) -> Result<(), Failed> {
         let target = fcntl::readlinkat(src_dir, name).map_err(src_err("read symlink"))?;
         unistd::symlinkat(target.as_os_str(), dst_dir, name).map_err(dst_err("create symlink"))?;
-        self.set_metadata_at(src_dir, dst_dir, name, st)?;
-        self.stats.symlinks += 1;
+        self.transfer
+            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+        self.reporter.stats.symlinks += 1;
         Ok(())
     }
 
@@ -426,527 +406,26 @@ impl<'p> Copier<'p> {
         let kind = SFlag::from_bits_truncate(file_type(st));
         stat::mknodat(dst_dir, name, kind, Mode::S_IRUSR | Mode::S_IWUSR, st.st_rdev)
             .map_err(dst_err("create node"))?;
-        self.set_metadata_at(src_dir, dst_dir, name, st)?;
-        self.stats.specials += 1;
+        self.transfer
+            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+        self.reporter.stats.specials += 1;
         Ok(())
     }
-
-    /// Owner before mode, because chown clears setuid/setgid (and file capabilities,
-    /// hence xattrs after it too); times last, because every other step may touch them.
-    fn set_metadata(
-        &mut self,
-        src: BorrowedFd<'_>,
-        dst: BorrowedFd<'_>,
-        st: &FileStat,
-    ) -> Result<(), Failed> {
-        unistd::fchown(
-            dst,
-            Some(Uid::from_raw(st.st_uid)),
-            Some(Gid::from_raw(st.st_gid)),
-        )
-        .map_err(dst_err("set owner of"))?;
-        copy_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)?;
-        stat::fchmod(dst, permissions(st)).map_err(dst_err("set mode of"))?;
-        stat::futimens(dst, &atime(st), &mtime(st)).map_err(dst_err("set times of"))
-    }
-
-    /// [`Self::set_metadata`] for symlinks and nodes, which cannot be opened for it.
-    fn set_metadata_at(
-        &mut self,
-        src_dir: BorrowedFd<'_>,
-        dst_dir: BorrowedFd<'_>,
-        name: &CStr,
-        st: &FileStat,
-    ) -> Result<(), Failed> {
-        let (uid, gid) = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
-        unistd::fchownat(dst_dir, name, Some(uid), Some(gid), AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(dst_err("set owner of"))?;
-        let src = proc_path(&mut self.src_proc_path, src_dir, name);
-        let dst = proc_path(&mut self.dst_proc_path, dst_dir, name);
-        copy_xattrs(
-            XattrTarget::NoFollow(src),
-            XattrTarget::NoFollow(dst),
-            &mut self.xattr_bufs,
-        )?;
-        // Symlink permissions are fixed at 0777 on Linux and cannot be changed.
-        if file_type(st) != libc::S_IFLNK {
-            stat::fchmodat(dst_dir, name, permissions(st), FchmodatFlags::NoFollowSymlink)
-                .map_err(dst_err("set mode of"))?;
-        }
-        stat::utimensat(
-            dst_dir,
-            name,
-            &atime(st),
-            &mtime(st),
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(dst_err("set times of"))
-    }
-
-    /// Copies only the data ranges of a file that may have holes, so a sparse file
-    /// stays sparse on the tmpfs instead of filling it with zeros.
-    fn copy_data(&mut self, src: &File, dst: &File, st: &FileStat) -> Result<(), Failed> {
-        let size = u64::try_from(st.st_size).unwrap_or(0);
-        // Fully allocated files have no holes; skipping the SEEK_DATA probe saves two
-        // syscalls per file in the common case.
-        if allocated_bytes(st) >= size {
-            return self.copy_range(src, dst, 0, size);
-        }
-        let mut pos = 0;
-        while pos < size {
-            let start = match seek(src, pos, Whence::SeekData) {
-                Ok(start) => start,
-                Err(Errno::ENXIO) => break,
-                Err(Errno::EINVAL | Errno::EOPNOTSUPP) if pos == 0 => {
-                    return self.copy_range(src, dst, 0, size);
-                }
-                Err(e) => return Err(src_err("find data in")(e)),
-            };
-            if start >= size {
-                break;
-            }
-            let end = seek(src, start, Whence::SeekHole).map_err(src_err("find holes in"))?;
-            let end = end.min(size);
-            self.copy_range(src, dst, start, end)?;
-            pos = end;
-        }
-        let len = i64::try_from(size).expect("the size came from an off_t");
-        unistd::ftruncate(dst, len).map_err(dst_err("set size of"))
-    }
-
-    /// Copies `[start, end)` to the same offsets. A source that shrank since it was
-    /// stated ends the copy early rather than failing it.
-    fn copy_range(&mut self, src: &File, dst: &File, start: u64, end: u64) -> Result<(), Failed> {
-        let mut pos = start;
-        let mut use_copy_file_range = self.try_copy_file_range;
-        while pos < end {
-            let remaining = usize::try_from(end - pos).unwrap_or(usize::MAX);
-            let copied = if use_copy_file_range {
-                match copy_file_range(src, dst, pos, remaining.min(COPY_CHUNK)) {
-                    // Some filesystems report 0 for data they cannot copy this way;
-                    // read() tells whether the source really ended.
-                    Ok(0) => {
-                        use_copy_file_range = false;
-                        continue;
-                    }
-                    Ok(n) => n,
-                    Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-                        self.try_copy_file_range = false;
-                        use_copy_file_range = false;
-                        continue;
-                    }
-                    Err(Errno::EINTR) => continue,
-                    Err(e) => return Err(dst_err("copy data into")(e)),
-                }
-            } else {
-                if self.buf.is_empty() {
-                    self.buf = vec![0; COPY_BUF];
-                }
-                let buf = &mut self.buf[..remaining.min(COPY_BUF)];
-                let n = match src.read_at(buf, pos) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(src_err("read")(e)),
-                };
-                dst.write_all_at(&buf[..n], pos).map_err(dst_err("write"))?;
-                n
-            };
-            if copied == 0 {
-                break;
-            }
-            pos += copied as u64;
-            self.stats.bytes += copied as u64;
-            self.report_if_due();
-        }
-        Ok(())
-    }
-
-    fn entry_done(&mut self) {
-        self.unreported += 1;
-        if self.unreported >= REPORT_EVERY_ENTRIES {
-            self.report();
-        } else {
-            self.report_if_due();
-        }
-    }
-
-    fn report_if_due(&mut self) {
-        if self.progress.is_some() && self.last_report.elapsed() >= REPORT_EVERY {
-            self.report();
-        }
-    }
-
-    fn report(&mut self) {
-        if let Some(progress) = self.progress.as_mut() {
-            progress(&self.stats);
-            self.last_report = Instant::now();
-        }
-        self.unreported = 0;
-    }
-}
-
-/// An error whose path is attached by the walk, which is the part that knows it.
-#[derive(Debug)]
-struct Failed {
-    on_source: bool,
-    op: &'static str,
-    err: io::Error,
-}
-
-impl Failed {
-    fn at(self, path: PathBuf) -> CopyError {
-        let (op, source) = (self.op, self.err);
-        if self.on_source {
-            CopyError::Source { op, path, source }
-        } else {
-            CopyError::Destination { op, path, source }
-        }
-    }
-}
-
-fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    move |err| Failed {
-        on_source: true,
-        op,
-        err: err.into(),
-    }
-}
-
-fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    move |err| Failed {
-        on_source: false,
-        op,
-        err: err.into(),
-    }
-}
-
-/// The walk's position relative to the roots, as raw bytes: names need not be UTF-8,
-/// and a `PathBuf` is only built for an error.
-#[derive(Default)]
-struct RelPath(Vec<u8>);
-
-impl RelPath {
-    fn push(&mut self, name: &CStr) {
-        if !self.0.is_empty() {
-            self.0.push(b'/');
-        }
-        self.0.extend_from_slice(name.to_bytes());
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    fn joined(&self, name: &CStr) -> Vec<u8> {
-        let mut path = Vec::with_capacity(self.0.len() + 1 + name.count_bytes());
-        path.extend_from_slice(&self.0);
-        if !path.is_empty() {
-            path.push(b'/');
-        }
-        path.extend_from_slice(name.to_bytes());
-        path
-    }
-
-    fn path(&self, name: Option<&CStr>) -> PathBuf {
-        let bytes = match name {
-            Some(name) => self.joined(name),
-            None => self.0.clone(),
-        };
-        if bytes.is_empty() {
-            PathBuf::from(".")
-        } else {
-            PathBuf::from(OsString::from_vec(bytes))
-        }
-    }
-}
-
-/// A source directory being read. It owns the descriptor its entries are looked up
-/// from, so nothing below it is reached through a path string.
-struct Listing(OwningIter);
-
-impl Listing {
-    fn new(fd: OwnedFd) -> Result<Self, Failed> {
-        let dir = Dir::from_fd(fd).map_err(src_err("read directory"))?;
-        Ok(Listing(dir.into_iter()))
-    }
-
-    fn fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor is owned by the iterator and stays open as long as
-        // `self`, which the returned borrow cannot outlive.
-        unsafe { BorrowedFd::borrow_raw(self.0.as_raw_fd()) }
-    }
-
-    fn next(&mut self) -> Option<Result<Entry, Failed>> {
-        loop {
-            match self.0.next()? {
-                Ok(entry) if matches!(entry.file_name().to_bytes(), b"." | b"..") => {}
-                next => return Some(next.map_err(src_err("read directory"))),
-            }
-        }
-    }
-}
-
-/// The caller chose these paths, so a symlink at the root itself is honoured.
-fn open_root(path: &Path) -> nix::Result<OwnedFd> {
-    fcntl::open(
-        path,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// Opens a source entry without following a symlink in its place. O_NONBLOCK keeps a
-/// FIFO swapped in after readdir from blocking the copy. O_NOATIME keeps the copy from
-/// dirtying every source inode, but is refused with EPERM for files the caller does not
-/// own without CAP_FOWNER.
-fn open_src(dir: BorrowedFd<'_>, name: &CStr, extra: OFlag) -> nix::Result<OwnedFd> {
-    let flags =
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | extra;
-    match fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
-        Err(Errno::EPERM) => fcntl::openat(dir, name, flags, Mode::empty()),
-        opened => opened,
-    }
-}
-
-/// Stats an entry, opening it when it is a regular file or a directory. Those are
-/// stated through the opened descriptor, so what is copied is exactly what was stated
-/// even if the entry is replaced concurrently; readdir's d_type saves a separate
-/// stat for them.
-fn stat_entry(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    dtype: Option<Type>,
-) -> Result<(FileStat, Option<OwnedFd>), Failed> {
-    let kind = match dtype {
-        Some(Type::File) => libc::S_IFREG,
-        Some(Type::Directory) => libc::S_IFDIR,
-        _ => {
-            let st = stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(src_err("stat"))?;
-            let kind = file_type(&st);
-            if kind != libc::S_IFREG && kind != libc::S_IFDIR {
-                return Ok((st, None));
-            }
-            kind
-        }
-    };
-    let fd = if kind == libc::S_IFDIR {
-        open_src(dir, name, OFlag::O_DIRECTORY).map_err(src_err("open directory"))?
-    } else {
-        open_src(dir, name, OFlag::empty()).map_err(src_err("open file"))?
-    };
-    let st = stat::fstat(&fd).map_err(src_err("stat"))?;
-    Ok((st, Some(fd)))
-}
-
-fn file_type(st: &FileStat) -> libc::mode_t {
-    st.st_mode & libc::S_IFMT
-}
-
-fn permissions(st: &FileStat) -> Mode {
-    Mode::from_bits_truncate(st.st_mode & 0o7777)
-}
-
-fn atime(st: &FileStat) -> TimeSpec {
-    TimeSpec::new(st.st_atime, st.st_atime_nsec)
-}
-
-fn mtime(st: &FileStat) -> TimeSpec {
-    TimeSpec::new(st.st_mtime, st.st_mtime_nsec)
-}
-
-fn allocated_bytes(st: &FileStat) -> u64 {
-    u64::try_from(st.st_blocks).unwrap_or(0) * 512
-}
-
-fn seek(file: &File, pos: u64, whence: Whence) -> nix::Result<u64> {
-    let pos = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
-    let found = unistd::lseek(file, pos, whence)?;
-    Ok(u64::try_from(found).expect("lseek succeeded, so the offset is not negative"))
-}
-
-/// nix only offers `copy_file_range` behind a feature this crate does not enable.
-fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
-    let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
-    let mut off_out = off_in;
-    // SAFETY: both descriptors are open for the duration of the call and the offset
-    // pointers refer to live locals.
-    let copied = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut off_in,
-            dst.as_raw_fd(),
-            &mut off_out,
-            len,
-            0,
-        )
-    };
-    Errno::result(copied).map(|n| usize::try_from(n).expect("checked for -1 above"))
-}
-
-/// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
-fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
-    match path.iter().rposition(|&b| b == b'/') {
-        Some(slash) => (&path[..slash], &path[slash + 1..]),
-        None => (&[], path),
-    }
-}
-
-fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
-    path.split(|&b| b == b'/').filter(|c| !c.is_empty())
-}
-
-/// Number of leading components two relative paths have in common.
-fn shared_components(a: &[u8], b: &[u8]) -> usize {
-    components(a)
-        .zip(components(b))
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
-/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
-/// on and then only looks up `name`, which the l*xattr calls do not follow.
-fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
-    buf.clear();
-    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
-    buf.extend_from_slice(name.to_bytes_with_nul());
-    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
-}
-
-/// Where extended attributes are read or written. Symlinks and nodes cannot be opened
-/// for that, so they are reached with the l*xattr calls on a [`proc_path`].
-#[derive(Clone, Copy)]
-enum XattrTarget<'a> {
-    Fd(BorrowedFd<'a>),
-    NoFollow(&'a CStr),
-}
-
-/// Reused across entries so the common case (no attributes) allocates nothing and
-/// costs one syscall.
-#[derive(Default)]
-struct XattrBufs {
-    names: Vec<u8>,
-    value: Vec<u8>,
-}
-
-impl XattrTarget<'_> {
-    fn list(self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        fill(buf, |ptr, len| match self {
-            // SAFETY: `ptr`/`len` describe writable memory (or are null/0 to query the
-            // size), and the descriptor or path is valid for the call.
-            XattrTarget::Fd(fd) => unsafe { libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len) },
-            XattrTarget::NoFollow(path) => unsafe { libc::llistxattr(path.as_ptr(), ptr.cast(), len) },
-        })
-    }
-
-    fn get(self, name: &CStr, buf: &mut Vec<u8>) -> io::Result<usize> {
-        fill(buf, |ptr, len| match self {
-            // SAFETY: as in `list`; `name` is NUL-terminated.
-            XattrTarget::Fd(fd) => unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr.cast(), len) },
-            XattrTarget::NoFollow(path) => unsafe {
-                libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
-            },
-        })
-    }
-
-    fn set(self, name: &CStr, value: &[u8]) -> io::Result<()> {
-        let (ptr, len) = (value.as_ptr().cast(), value.len());
-        let done = match self {
-            // SAFETY: `value` is readable for `len` bytes; `name` is NUL-terminated.
-            XattrTarget::Fd(fd) => unsafe { libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, len, 0) },
-            XattrTarget::NoFollow(path) => unsafe {
-                libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0)
-            },
-        };
-        if done == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-}
-
-/// Runs a size-returning xattr call into `buf`, growing it when the value does not fit
-/// (ERANGE), even if it grows again between the size query and the retry.
-fn fill(buf: &mut Vec<u8>, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<usize> {
-    if buf.is_empty() {
-        buf.resize(4096, 0);
-    }
-    loop {
-        if let Ok(len) = usize::try_from(call(buf.as_mut_ptr(), buf.len())) {
-            return Ok(len);
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ERANGE) {
-            return Err(err);
-        }
-        let needed =
-            usize::try_from(call(std::ptr::null_mut(), 0)).map_err(|_| io::Error::last_os_error())?;
-        let grown = needed.max(buf.len() * 2);
-        buf.resize(grown, 0);
-    }
-}
-
-/// Which errors of an attribute namespace are tolerated; `None` means the attribute is
-/// not copied at all.
-///
-/// `user.*` is the application's own data and must arrive. `security.*` and
-/// `trusted.*` depend on privileges and on the LSM of the destination, so refusals are
-/// tolerated like `cp -a` does. ACLs are skipped only where the tmpfs lacks ACL support.
-/// Other namespaces (`system.*` besides ACLs, filesystem-specific ones such as
-/// `btrfs.*`) describe the source filesystem, not the file, and are left behind, as
-/// `rsync -X` does.
-fn tolerated_errors(name: &[u8]) -> Option<&'static [i32]> {
-    if name.starts_with(b"user.") {
-        Some(&[])
-    } else if name.starts_with(b"security.") || name.starts_with(b"trusted.") {
-        Some(&[libc::EPERM, libc::EOPNOTSUPP])
-    } else if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
-        Some(&[libc::EOPNOTSUPP])
-    } else {
-        None
-    }
-}
-
-fn copy_xattrs(src: XattrTarget<'_>, dst: XattrTarget<'_>, bufs: &mut XattrBufs) -> Result<(), Failed> {
-    let len = match src.list(&mut bufs.names) {
-        Ok(len) => len,
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(()),
-        Err(e) => return Err(src_err("list extended attributes of")(e)),
-    };
-    for entry in bufs.names[..len].split_inclusive(|&b| b == 0) {
-        let name = CStr::from_bytes_with_nul(entry).expect("the kernel NUL-terminates every attribute name");
-        let Some(tolerated) = tolerated_errors(name.to_bytes()) else {
-            continue;
-        };
-        let value_len = match src.get(name, &mut bufs.value) {
-            Ok(len) => len,
-            // Removed since the listing: nothing to copy.
-            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
-            Err(e) if tolerated.contains(&e.raw_os_error().unwrap_or(0)) => continue,
-            Err(e) => return Err(src_err("read extended attributes of")(e)),
-        };
-        match dst.set(name, &bufs.value[..value_len]) {
-            Ok(()) => {}
-            Err(e) if tolerated.contains(&e.raw_os_error().unwrap_or(0)) => {}
-            Err(e) => return Err(dst_err("set extended attributes of")(e)),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::ops::*;
+    use super::xattrs::*;
     use super::*;
+    use nix::sys::stat::UtimensatFlags;
+    use nix::sys::time::TimeSpec;
+    use nix::unistd::Whence;
+    use std::ffi::OsString;
     use std::fs;
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::fs::FileExt;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn cstr(s: &str) -> std::ffi::CString {
@@ -985,12 +464,12 @@ mod tests {
         let (src_file, dst_file) = (open_file(src), create_file(dst));
         let st = stat::fstat(&src_file).expect("stat source");
         let mut copier = Copier::new(st.st_dev, None);
-        copier.try_copy_file_range = try_copy_file_range;
+        copier.transfer.no_copy_file_range = !try_copy_file_range;
         copier
             .copy_data(&src_file, &dst_file, &st)
             .map_err(|f| f.at(PathBuf::from("sparse")))
             .expect("copy data");
-        copier.stats
+        copier.reporter.stats
     }
 
     fn assert_sparse_copy(try_copy_file_range: bool) {
@@ -1073,9 +552,9 @@ mod tests {
             .create(true)
             .open(dir.path().join("appending"))
             .expect("open");
-        let mut copier = Copier::new(src_dev, None);
-        let err = copier
-            .copy_range(&open_file(&src), &appending, 0, 5)
+        let mut transfer = Transfer::default();
+        let err = transfer
+            .copy_range(&open_file(&src), &appending, 0, 5, &mut |_| {})
             .map_err(|f| f.at(PathBuf::from("appending")))
             .expect_err("append-only destination is an error");
         assert!(
@@ -1089,7 +568,7 @@ mod tests {
             "{err:?}"
         );
         assert!(
-            copier.try_copy_file_range,
+            !transfer.no_copy_file_range,
             "a real error must not disable copy_file_range"
         );
     }
@@ -1102,13 +581,14 @@ mod tests {
         let src = dir.path().join("src");
         fs::write(&src, b"only eleven").expect("write");
         let dst = create_file(&dir.path().join("dst"));
-        let mut copier = Copier::new(0, None);
-        copier
-            .copy_range(&open_file(&src), &dst, 0, 4096)
+        let mut transfer = Transfer::default();
+        let mut bytes = 0;
+        transfer
+            .copy_range(&open_file(&src), &dst, 0, 4096, &mut |n| bytes += n)
             .map_err(|f| f.at(PathBuf::from("src")))
             .expect("copy");
-        assert_eq!(copier.stats.bytes, 11);
-        assert!(copier.try_copy_file_range);
+        assert_eq!(bytes, 11);
+        assert!(!transfer.no_copy_file_range);
         assert_eq!(fs::read(dir.path().join("dst")).expect("read"), b"only eleven");
     }
 
@@ -1161,8 +641,8 @@ mod tests {
         assert_eq!(ino("b/pair1"), ino("b/c/pair2"));
         assert_ne!(ino("b/pair1"), first);
         assert_eq!(fs::read(d.join("z/j")).expect("read"), b"one");
-        assert_eq!(copier.stats.hardlinks, 6);
-        assert_eq!(copier.stats.files, 3);
+        assert_eq!(copier.reporter.stats.hardlinks, 6);
+        assert_eq!(copier.reporter.stats.files, 3);
         let left: Vec<_> = copier.links.values().map(|f| f.path.to_vec()).collect();
         assert_eq!(left, vec![b"z/outside-linked".to_vec()]);
     }

@@ -1,0 +1,369 @@
+//! Boot persistence: artifacts that re-apply the spec at boot and take the
+//! mounts down (writing back) at shutdown. Renderers are pure (`systemd`,
+//! `fstab`, `sysv`); `install`/`remove` write them under a root directory.
+
+pub mod escape;
+pub mod fstab;
+pub mod systemd;
+pub mod sysv;
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::mount::RootAttrs;
+use crate::spec::Spec;
+use crate::state::{self, State};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Units and drop-ins (seeding and write-back work).
+    Systemd,
+    /// A marked block in /etc/fstab (no seeding, no write-back).
+    Fstab,
+    /// An LSB init script for systems without systemd.
+    Sysv,
+}
+
+/// Everything a renderer needs.
+pub struct Context<'a> {
+    pub spec: &'a Spec,
+    /// The spec's path as the booted system sees it.
+    pub spec_path: PathBuf,
+    /// The tmpfsctl binary as the booted system sees it.
+    pub binary: PathBuf,
+    pub state: State,
+    /// TimeoutStartSec=/TimeoutStopSec= value (seeding and write-back time).
+    pub timeout: String,
+}
+
+impl Context<'_> {
+    fn header(&self) -> String {
+        format!(
+            "# Written by `tmpfsctl boot install {}`; `tmpfsctl boot remove` deletes it.\n",
+            self.spec_path.display()
+        )
+    }
+
+    /// Units named in any mount's `before:`, sorted, once each.
+    pub fn consumers(&self) -> Vec<String> {
+        let mut c: Vec<String> = self
+            .spec
+            .mounts
+            .iter()
+            .flat_map(|m| m.before.iter().cloned())
+            .collect();
+        c.sort();
+        c.dedup();
+        c
+    }
+}
+
+pub fn context<'a>(spec: &'a Spec, spec_path: PathBuf, binary: PathBuf, timeout: String) -> Context<'a> {
+    Context {
+        spec,
+        spec_path,
+        binary,
+        state: State::new(state::DEFAULT_DIR),
+        timeout,
+    }
+}
+
+/// A file to put under the root (path relative to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Artifact {
+    File {
+        path: PathBuf,
+        content: String,
+        mode: u32,
+    },
+    /// A symlink, as `systemctl enable` makes.
+    Link { path: PathBuf, target: PathBuf },
+}
+
+impl Artifact {
+    pub fn path(&self) -> &Path {
+        match self {
+            Artifact::File { path, .. } | Artifact::Link { path, .. } => path,
+        }
+    }
+}
+
+const UNIT_DIR: &str = "etc/systemd/system";
+const MANIFEST: &str = "etc/tmpfsctl/boot.manifest";
+const FSTAB: &str = "etc/fstab";
+
+/// The files of `mode` for `cx` (fstab's block is spliced, not listed here).
+pub fn artifacts(cx: &Context, mode: Mode) -> Vec<Artifact> {
+    match mode {
+        Mode::Systemd => {
+            let unit_dir = Path::new(UNIT_DIR);
+            let mut v = vec![
+                Artifact::File {
+                    path: unit_dir.join(systemd::APPLY_UNIT),
+                    content: systemd::apply_unit(cx),
+                    mode: 0o644,
+                },
+                Artifact::Link {
+                    path: unit_dir.join("sysinit.target.wants").join(systemd::APPLY_UNIT),
+                    target: Path::new("/").join(UNIT_DIR).join(systemd::APPLY_UNIT),
+                },
+            ];
+            for c in cx.consumers() {
+                v.push(Artifact::File {
+                    path: unit_dir.join(format!("{c}.d")).join("50-tmpfsctl.conf"),
+                    content: systemd::consumer_dropin(cx, &c),
+                    mode: 0o644,
+                });
+            }
+            v
+        }
+        Mode::Sysv => vec![Artifact::File {
+            path: sysv::SCRIPT.into(),
+            content: sysv::script(cx),
+            mode: 0o755,
+        }],
+        Mode::Fstab => Vec::new(),
+    }
+}
+
+/// Root owner and mode of each mount's tmpfs for fstab mode, which cannot
+/// copy them at mount time: from the spec, else the directory as this host
+/// has it (like validation; `--root` only says where files are written).
+pub fn fstab_roots(cx: &Context) -> Result<Vec<RootAttrs>> {
+    cx.spec
+        .mounts
+        .iter()
+        .map(|m| {
+            if let (Some(uid), Some(gid), Some(mode)) = (m.owner, m.group, m.mode) {
+                return Ok(RootAttrs { uid, gid, mode });
+            }
+            let base = match RootAttrs::of(&m.path) {
+                Ok(a) => a,
+                Err(_) if m.create => RootAttrs {
+                    uid: 0,
+                    gid: 0,
+                    mode: 0o755,
+                },
+                Err(e) => return Err(e),
+            };
+            Ok(RootAttrs {
+                uid: m.owner.unwrap_or(base.uid),
+                gid: m.group.unwrap_or(base.gid),
+                mode: m.mode.unwrap_or(base.mode),
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BootReport {
+    /// The mode installed; `None` for `remove`.
+    pub mode: Option<Mode>,
+    pub root: PathBuf,
+    pub changed: bool,
+    /// Paths (under root) written, linked or removed.
+    pub written: Vec<PathBuf>,
+    pub removed: Vec<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Installs `mode`'s artifacts under `root`; idempotent. Artifacts of an
+/// earlier install that are no longer wanted (a consumer dropped from the
+/// spec, another mode) are removed.
+pub fn install(cx: &Context, mode: Mode, root: &Path) -> Result<BootReport> {
+    let mut rep = BootReport {
+        mode: Some(mode),
+        root: root.to_path_buf(),
+        changed: false,
+        written: vec![],
+        removed: vec![],
+        notes: vec![],
+    };
+    let wanted = artifacts(cx, mode);
+    for a in &wanted {
+        if put(root, a)? {
+            rep.written.push(a.path().to_path_buf());
+        }
+    }
+    let fstab_block = match mode {
+        Mode::Fstab => fstab::block(cx, &fstab_roots(cx)?),
+        _ => String::new(),
+    };
+    if splice_fstab(root, &fstab_block)? {
+        rep.written.push(FSTAB.into());
+    }
+    let keep: Vec<PathBuf> = wanted.iter().map(|a| a.path().to_path_buf()).collect();
+    rep.removed = remove_listed(root, &read_manifest(root), &keep)?;
+    write_manifest(root, &keep)?;
+    rep.changed = !rep.written.is_empty() || !rep.removed.is_empty();
+    rep.notes = notes(mode);
+    Ok(rep)
+}
+
+/// Removes everything `install` put under `root`.
+pub fn remove(root: &Path) -> Result<BootReport> {
+    let mut rep = BootReport {
+        mode: None,
+        root: root.to_path_buf(),
+        changed: false,
+        written: vec![],
+        removed: vec![],
+        notes: vec![],
+    };
+    rep.removed = remove_listed(root, &read_manifest(root), &[])?;
+    if splice_fstab(root, "")? {
+        rep.removed.push(FSTAB.into());
+    }
+    let manifest = root.join(MANIFEST);
+    if manifest.exists() {
+        fs::remove_file(&manifest).with_context(|| format!("removing {}", manifest.display()))?;
+    }
+    rep.changed = !rep.removed.is_empty();
+    Ok(rep)
+}
+
+fn notes(mode: Mode) -> Vec<String> {
+    match mode {
+        Mode::Systemd => vec!["run `systemctl daemon-reload` to load the units".into()],
+        Mode::Fstab => vec![
+            "fstab mode mounts empty tmpfs: it cannot seed from the disk directory or write back; use systemd mode for that".into(),
+        ],
+        Mode::Sysv => vec!["enable the script with `update-rc.d tmpfsctl defaults` (Debian) or `chkconfig --add tmpfsctl`".into()],
+    }
+}
+
+/// Writes one artifact if it differs; returns whether it changed anything.
+fn put(root: &Path, a: &Artifact) -> Result<bool> {
+    let full = root.join(a.path());
+    if let Some(dir) = full.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match a {
+        Artifact::File { content, mode, .. } => {
+            let same = fs::read(&full).is_ok_and(|c| c == content.as_bytes())
+                && fs::metadata(&full).is_ok_and(|m| m.permissions().mode() & 0o7777 == *mode);
+            if same {
+                return Ok(false);
+            }
+            state::write_atomic(&full, content.as_bytes())?;
+            fs::set_permissions(&full, fs::Permissions::from_mode(*mode))
+                .with_context(|| format!("chmod {}", full.display()))?;
+            Ok(true)
+        }
+        Artifact::Link { target, .. } => {
+            if fs::read_link(&full).is_ok_and(|t| t == *target) {
+                return Ok(false);
+            }
+            match fs::remove_file(&full) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", full.display()))
+                }
+                _ => {}
+            }
+            std::os::unix::fs::symlink(target, &full)
+                .with_context(|| format!("linking {}", full.display()))?;
+            Ok(true)
+        }
+    }
+}
+
+fn read_manifest(root: &Path) -> Vec<PathBuf> {
+    fs::read_to_string(root.join(MANIFEST))
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn write_manifest(root: &Path, paths: &[PathBuf]) -> Result<()> {
+    let full = root.join(MANIFEST);
+    if paths.is_empty() {
+        return match fs::remove_file(&full) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing {}", full.display()))
+            }
+            _ => Ok(()),
+        };
+    }
+    if let Some(dir) = full.parent() {
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+    }
+    let mut text =
+        String::from("# Files written by `tmpfsctl boot install`, removed by `tmpfsctl boot remove`.\n");
+    for p in paths {
+        text.push_str(&format!("{}\n", p.display()));
+    }
+    state::write_atomic(&full, text.as_bytes())
+}
+
+/// Removes listed artifacts not in `keep`, and the directories that become empty.
+fn remove_listed(root: &Path, listed: &[PathBuf], keep: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for rel in listed.iter().filter(|p| !keep.contains(p)) {
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            bail!(
+                "refusing to remove `{}` listed in {}: not a path below the root",
+                rel.display(),
+                MANIFEST
+            );
+        }
+        let full = root.join(rel);
+        match fs::remove_file(&full) {
+            Ok(()) => removed.push(rel.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", full.display())),
+        }
+        // Drop-in and .wants directories we created; kept if anything else is in them.
+        if let Some(dir) = full.parent() {
+            if dir.extension().is_some_and(|e| e == "d" || e == "wants") {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Puts `block` into ROOT/etc/fstab (or takes ours out when empty) with a
+/// backup of the previous file; returns whether the file changed.
+fn splice_fstab(root: &Path, block: &str) -> Result<bool> {
+    let path = root.join(FSTAB);
+    let current = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && block.is_empty() => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let next = fstab::splice(&current, block).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if next == current {
+        return Ok(false);
+    }
+    if path.exists() {
+        let backup = path.with_file_name("fstab.tmpfsctl~");
+        fs::copy(&path, &backup)
+            .with_context(|| format!("backing up {} to {}", path.display(), backup.display()))?;
+    } else if let Some(dir) = path.parent() {
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+    }
+    state::write_atomic(&path, next.as_bytes())?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    Ok(true)
+}

@@ -1,0 +1,571 @@
+//! Primitives shared by the seeding copier and the write-back: errors that get their
+//! path from the walk, the walk's relative path, symlink-safe opens, sparse-aware data
+//! copies, metadata application, hard-link resolution and progress reporting.
+
+use std::ffi::{CStr, OsString};
+use std::fs::File;
+use std::io::{self, Write as _};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::dir::{Dir, Entry, OwningIter, Type};
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags, OFlag};
+use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{self, Gid, Uid, Whence};
+
+use super::xattrs::{self, XattrBufs, XattrTarget};
+use super::CopyError;
+
+/// Read/write fallback buffer: large enough to amortise syscalls on big files, small
+/// enough to stay in cache.
+pub(super) const COPY_BUF: usize = 256 * 1024;
+/// Upper bound for one `copy_file_range` call, so progress is reported during big files.
+const COPY_CHUNK: usize = 8 * 1024 * 1024;
+const REPORT_EVERY_ENTRIES: u32 = 1000;
+const REPORT_EVERY: Duration = Duration::from_millis(100);
+
+/// An error whose path is attached by the walk, which is the part that knows it.
+#[derive(Debug)]
+pub(super) struct Failed {
+    on_source: bool,
+    op: &'static str,
+    pub(super) err: io::Error,
+}
+
+impl Failed {
+    pub(super) fn at(self, path: PathBuf) -> CopyError {
+        let (op, source) = (self.op, self.err);
+        if self.on_source {
+            CopyError::Source { op, path, source }
+        } else {
+            CopyError::Destination { op, path, source }
+        }
+    }
+
+    pub(super) fn errno(&self) -> Option<i32> {
+        self.err.raw_os_error()
+    }
+}
+
+pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {
+    move |err| Failed {
+        on_source,
+        op,
+        err: err.into(),
+    }
+}
+
+pub(super) fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    failed(true, op)
+}
+
+pub(super) fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    failed(false, op)
+}
+
+/// The walk's position relative to the roots, as raw bytes: names need not be UTF-8,
+/// and a `PathBuf` is only built for an error.
+#[derive(Default)]
+pub(super) struct RelPath(Vec<u8>);
+
+impl RelPath {
+    pub(super) fn push(&mut self, name: &CStr) {
+        if !self.0.is_empty() {
+            self.0.push(b'/');
+        }
+        self.0.extend_from_slice(name.to_bytes());
+    }
+
+    pub(super) fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub(super) fn joined(&self, name: &CStr) -> Vec<u8> {
+        let mut path = Vec::with_capacity(self.0.len() + 1 + name.count_bytes());
+        path.extend_from_slice(&self.0);
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name.to_bytes());
+        path
+    }
+
+    pub(super) fn path(&self, name: Option<&CStr>) -> PathBuf {
+        let bytes = match name {
+            Some(name) => self.joined(name),
+            None => self.0.clone(),
+        };
+        if bytes.is_empty() {
+            PathBuf::from(".")
+        } else {
+            PathBuf::from(OsString::from_vec(bytes))
+        }
+    }
+}
+
+/// A directory being read. It owns the descriptor its entries are looked up from, so
+/// nothing below it is reached through a path string.
+pub(super) struct Listing(OwningIter);
+
+impl Listing {
+    pub(super) fn new(fd: OwnedFd) -> nix::Result<Self> {
+        Ok(Listing(Dir::from_fd(fd)?.into_iter()))
+    }
+
+    pub(super) fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor is owned by the iterator and stays open as long as
+        // `self`, which the returned borrow cannot outlive.
+        unsafe { BorrowedFd::borrow_raw(self.0.as_raw_fd()) }
+    }
+
+    /// The next entry other than `.` and `..`.
+    pub(super) fn next(&mut self) -> Option<nix::Result<Entry>> {
+        loop {
+            match self.0.next()? {
+                Ok(entry) if matches!(entry.file_name().to_bytes(), b"." | b"..") => {}
+                next => return Some(next),
+            }
+        }
+    }
+}
+
+/// The caller chose these paths, so a symlink at the root itself is honoured.
+pub(super) fn open_root(path: &Path) -> nix::Result<OwnedFd> {
+    fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Opens a source entry without following a symlink in its place. O_NONBLOCK keeps a
+/// FIFO swapped in after readdir from blocking the copy. O_NOATIME keeps the copy from
+/// dirtying every source inode, but is refused with EPERM for files the caller does not
+/// own without CAP_FOWNER.
+pub(super) fn open_src(dir: BorrowedFd<'_>, name: &CStr, extra: OFlag) -> nix::Result<OwnedFd> {
+    let flags =
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | extra;
+    match fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(Errno::EPERM) => fcntl::openat(dir, name, flags, Mode::empty()),
+        opened => opened,
+    }
+}
+
+/// Opens a destination directory below `dir`, never through a symlink: a symlink
+/// planted in its place fails with ELOOP or ENOTDIR instead of being entered.
+pub(super) fn open_dst_dir(dir: BorrowedFd<'_>, name: &CStr) -> nix::Result<OwnedFd> {
+    fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Stats an entry, opening it when it is a regular file or a directory. Those are
+/// stated through the opened descriptor, so what is copied is exactly what was stated
+/// even if the entry is replaced concurrently; readdir's d_type saves a separate
+/// stat for them.
+pub(super) fn stat_entry(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    dtype: Option<Type>,
+) -> Result<(FileStat, Option<OwnedFd>), Failed> {
+    let kind = match dtype {
+        Some(Type::File) => libc::S_IFREG,
+        Some(Type::Directory) => libc::S_IFDIR,
+        _ => {
+            let st = stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(src_err("stat"))?;
+            let kind = file_type(&st);
+            if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+                return Ok((st, None));
+            }
+            kind
+        }
+    };
+    let fd = open_src_typed(dir, name, kind)?;
+    let st = stat::fstat(&fd).map_err(src_err("stat"))?;
+    Ok((st, Some(fd)))
+}
+
+/// Opens a source regular file or directory (`kind` is `S_IFREG` or `S_IFDIR`).
+pub(super) fn open_src_typed(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    kind: libc::mode_t,
+) -> Result<OwnedFd, Failed> {
+    if kind == libc::S_IFDIR {
+        open_src(dir, name, OFlag::O_DIRECTORY).map_err(src_err("open directory"))
+    } else {
+        open_src(dir, name, OFlag::empty()).map_err(src_err("open file"))
+    }
+}
+
+pub(super) fn file_type(st: &FileStat) -> libc::mode_t {
+    st.st_mode & libc::S_IFMT
+}
+
+pub(super) fn permissions(st: &FileStat) -> Mode {
+    Mode::from_bits_truncate(st.st_mode & 0o7777)
+}
+
+pub(super) fn atime(st: &FileStat) -> TimeSpec {
+    TimeSpec::new(st.st_atime, st.st_atime_nsec)
+}
+
+pub(super) fn mtime(st: &FileStat) -> TimeSpec {
+    TimeSpec::new(st.st_mtime, st.st_mtime_nsec)
+}
+
+pub(super) fn allocated_bytes(st: &FileStat) -> u64 {
+    u64::try_from(st.st_blocks).unwrap_or(0) * 512
+}
+
+pub(super) fn seek(file: &File, pos: u64, whence: Whence) -> nix::Result<u64> {
+    let pos = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
+    let found = unistd::lseek(file, pos, whence)?;
+    Ok(u64::try_from(found).expect("lseek succeeded, so the offset is not negative"))
+}
+
+/// nix only offers `copy_file_range` behind a feature this crate does not enable.
+fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
+    let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
+    let mut off_out = off_in;
+    // SAFETY: both descriptors are open for the duration of the call and the offset
+    // pointers refer to live locals.
+    let copied = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    };
+    Errno::result(copied).map(|n| usize::try_from(n).expect("checked for -1 above"))
+}
+
+/// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
+pub(super) fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(slash) => (&path[..slash], &path[slash + 1..]),
+        None => (&[], path),
+    }
+}
+
+pub(super) fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.split(|&b| b == b'/').filter(|c| !c.is_empty())
+}
+
+/// Number of leading components two relative paths have in common.
+pub(super) fn shared_components(a: &[u8], b: &[u8]) -> usize {
+    components(a)
+        .zip(components(b))
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// Hard-links `new_name` in `new_dir` to `first`, the destination path (relative to
+/// the root) of an inode's first copy. `walked(i)` is the open destination directory
+/// for the first `i` components of `current`, the walk's position, so the prefix both
+/// paths share is not looked up again and the rest is walked one component at a time
+/// without following symlinks.
+pub(super) fn link_to_first_copy<'a>(
+    walked: impl Fn(usize) -> BorrowedFd<'a>,
+    current: &[u8],
+    first: &[u8],
+    new_dir: BorrowedFd<'_>,
+    new_name: &CStr,
+) -> Result<(), Failed> {
+    let (dir, leaf) = split_parent(first);
+    let shared = shared_components(dir, current);
+    let mut opened: Option<OwnedFd> = None;
+    for component in components(dir).skip(shared) {
+        let base = opened.as_ref().map_or(walked(shared), AsFd::as_fd);
+        let next = fcntl::openat(
+            base,
+            component,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(dst_err("open the first copy's directory for hard link"))?;
+        opened = Some(next);
+    }
+    let old_dir = opened.as_ref().map_or(walked(shared), AsFd::as_fd);
+    unistd::linkat(old_dir, leaf, new_dir, new_name, AtFlags::empty()).map_err(dst_err("create hard link"))
+}
+
+/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
+/// on and then only looks up `name`, which the l*xattr calls do not follow.
+pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
+    buf.clear();
+    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
+    buf.extend_from_slice(name.to_bytes_with_nul());
+    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
+}
+
+fn apply_xattrs(
+    src: XattrTarget<'_>,
+    dst: XattrTarget<'_>,
+    bufs: &mut XattrBufs,
+    exact: bool,
+) -> Result<(), Failed> {
+    if exact {
+        xattrs::sync_xattrs(src, dst, bufs)
+    } else {
+        xattrs::copy_xattrs(src, dst, bufs)
+    }
+}
+
+/// Running totals and the caller's progress callback: called every
+/// [`REPORT_EVERY_ENTRIES`] entries or [`REPORT_EVERY`], whichever comes first.
+pub(super) struct Reporter<'p, S> {
+    pub(super) stats: S,
+    progress: Option<&'p mut dyn FnMut(&S)>,
+    last_report: Instant,
+    unreported: u32,
+}
+
+impl<'p, S: Default> Reporter<'p, S> {
+    pub(super) fn new(progress: Option<&'p mut dyn FnMut(&S)>) -> Self {
+        Reporter {
+            stats: S::default(),
+            progress,
+            last_report: Instant::now(),
+            unreported: 0,
+        }
+    }
+
+    pub(super) fn entry_done(&mut self) {
+        self.unreported += 1;
+        if self.unreported >= REPORT_EVERY_ENTRIES {
+            self.report();
+        } else {
+            self.report_if_due();
+        }
+    }
+
+    pub(super) fn report_if_due(&mut self) {
+        if self.progress.is_some() && self.last_report.elapsed() >= REPORT_EVERY {
+            self.report();
+        }
+    }
+
+    pub(super) fn report(&mut self) {
+        if let Some(progress) = self.progress.as_mut() {
+            progress(&self.stats);
+            self.last_report = Instant::now();
+        }
+        self.unreported = 0;
+    }
+}
+
+/// Where a source entry's data and metadata go. Owns the reusable buffers and what was
+/// learnt about the pair of filesystems, so both walks share one implementation.
+#[derive(Default)]
+pub(super) struct Transfer {
+    /// `copy_file_range` keeps failing the same way between the same two filesystems
+    /// (e.g. EXDEV from ext4 to tmpfs), so it is given up on after the first refusal.
+    pub(super) no_copy_file_range: bool,
+    buf: Vec<u8>,
+    pub(super) xattr_bufs: XattrBufs,
+    src_proc_path: Vec<u8>,
+    dst_proc_path: Vec<u8>,
+}
+
+impl Transfer {
+    /// Copies only the data ranges of a file that may have holes, so a sparse file
+    /// stays sparse instead of being filled with zeros. `copied` is told every chunk.
+    pub(super) fn copy_data(
+        &mut self,
+        src: &File,
+        dst: &File,
+        st: &FileStat,
+        copied: &mut dyn FnMut(u64),
+    ) -> Result<(), Failed> {
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        // Fully allocated files have no holes; skipping the SEEK_DATA probe saves two
+        // syscalls per file in the common case.
+        if allocated_bytes(st) >= size {
+            return self.copy_range(src, dst, 0, size, copied);
+        }
+        let mut pos = 0;
+        while pos < size {
+            let start = match seek(src, pos, Whence::SeekData) {
+                Ok(start) => start,
+                Err(Errno::ENXIO) => break,
+                Err(Errno::EINVAL | Errno::EOPNOTSUPP) if pos == 0 => {
+                    return self.copy_range(src, dst, 0, size, copied);
+                }
+                Err(e) => return Err(src_err("find data in")(e)),
+            };
+            if start >= size {
+                break;
+            }
+            let end = seek(src, start, Whence::SeekHole).map_err(src_err("find holes in"))?;
+            let end = end.min(size);
+            self.copy_range(src, dst, start, end, copied)?;
+            pos = end;
+        }
+        let len = i64::try_from(size).expect("the size came from an off_t");
+        unistd::ftruncate(dst, len).map_err(dst_err("set size of"))
+    }
+
+    /// Copies `[start, end)` to the same offsets. A source that shrank since it was
+    /// stated ends the copy early rather than failing it.
+    pub(super) fn copy_range(
+        &mut self,
+        src: &File,
+        dst: &File,
+        start: u64,
+        end: u64,
+        copied: &mut dyn FnMut(u64),
+    ) -> Result<(), Failed> {
+        let mut pos = start;
+        let mut use_copy_file_range = !self.no_copy_file_range;
+        while pos < end {
+            let remaining = usize::try_from(end - pos).unwrap_or(usize::MAX);
+            let n = if use_copy_file_range {
+                match copy_file_range(src, dst, pos, remaining.min(COPY_CHUNK)) {
+                    // Some filesystems report 0 for data they cannot copy this way;
+                    // read() tells whether the source really ended.
+                    Ok(0) => {
+                        use_copy_file_range = false;
+                        continue;
+                    }
+                    Ok(n) => n,
+                    Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+                        self.no_copy_file_range = true;
+                        use_copy_file_range = false;
+                        continue;
+                    }
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(dst_err("copy data into")(e)),
+                }
+            } else {
+                if self.buf.is_empty() {
+                    self.buf = vec![0; COPY_BUF];
+                }
+                let buf = &mut self.buf[..remaining.min(COPY_BUF)];
+                let n = match src.read_at(buf, pos) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(src_err("read")(e)),
+                };
+                dst.write_all_at(&buf[..n], pos).map_err(dst_err("write"))?;
+                n
+            };
+            if n == 0 {
+                break;
+            }
+            pos += n as u64;
+            copied(n as u64);
+        }
+        Ok(())
+    }
+
+    /// Owner before mode, because chown clears setuid/setgid (and file capabilities,
+    /// hence xattrs after it too); times last, because every other step may touch them.
+    /// With `exact`, attributes `dst` has and `src` lacks are removed as well.
+    pub(super) fn set_metadata(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &FileStat,
+        exact: bool,
+    ) -> Result<(), Failed> {
+        unistd::fchown(
+            dst,
+            Some(Uid::from_raw(st.st_uid)),
+            Some(Gid::from_raw(st.st_gid)),
+        )
+        .map_err(dst_err("set owner of"))?;
+        apply_xattrs(
+            XattrTarget::Fd(src),
+            XattrTarget::Fd(dst),
+            &mut self.xattr_bufs,
+            exact,
+        )?;
+        stat::fchmod(dst, permissions(st)).map_err(dst_err("set mode of"))?;
+        stat::futimens(dst, &atime(st), &mtime(st)).map_err(dst_err("set times of"))
+    }
+
+    /// [`Self::set_metadata`] for symlinks and nodes, which cannot be opened for it.
+    pub(super) fn set_metadata_at(
+        &mut self,
+        (src_dir, src_name): (BorrowedFd<'_>, &CStr),
+        (dst_dir, dst_name): (BorrowedFd<'_>, &CStr),
+        st: &FileStat,
+        exact: bool,
+    ) -> Result<(), Failed> {
+        let (uid, gid) = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
+        unistd::fchownat(
+            dst_dir,
+            dst_name,
+            Some(uid),
+            Some(gid),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(dst_err("set owner of"))?;
+        let src = proc_path(&mut self.src_proc_path, src_dir, src_name);
+        let dst = proc_path(&mut self.dst_proc_path, dst_dir, dst_name);
+        apply_xattrs(
+            XattrTarget::NoFollow(src),
+            XattrTarget::NoFollow(dst),
+            &mut self.xattr_bufs,
+            exact,
+        )?;
+        // Symlink permissions are fixed at 0777 on Linux and cannot be changed.
+        if file_type(st) != libc::S_IFLNK {
+            stat::fchmodat(dst_dir, dst_name, permissions(st), FchmodatFlags::NoFollowSymlink)
+                .map_err(dst_err("set mode of"))?;
+        }
+        stat::utimensat(
+            dst_dir,
+            dst_name,
+            &atime(st),
+            &mtime(st),
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(dst_err("set times of"))
+    }
+
+    /// Whether two open entries have the same copied attributes.
+    pub(super) fn same_xattrs_fd(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+    ) -> Result<bool, Failed> {
+        xattrs::same_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)
+    }
+
+    /// Whether the copied attributes of two entries, reached through their directories,
+    /// are the same.
+    pub(super) fn same_xattrs_at(
+        &mut self,
+        (src_dir, src_name): (BorrowedFd<'_>, &CStr),
+        (dst_dir, dst_name): (BorrowedFd<'_>, &CStr),
+    ) -> Result<bool, Failed> {
+        let src = proc_path(&mut self.src_proc_path, src_dir, src_name);
+        let dst = proc_path(&mut self.dst_proc_path, dst_dir, dst_name);
+        xattrs::same_xattrs(
+            XattrTarget::NoFollow(src),
+            XattrTarget::NoFollow(dst),
+            &mut self.xattr_bufs,
+        )
+    }
+}

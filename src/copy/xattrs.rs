@@ -1,0 +1,227 @@
+//! Extended attributes (and with them POSIX ACLs): which are copied, copying them,
+//! comparing two entries' and making one entry's equal to another's.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use super::ops::{dst_err, src_err, Failed};
+
+/// Where extended attributes are read or written. Symlinks and nodes cannot be opened
+/// for that, so they are reached with the l*xattr calls on a
+/// [`proc_path`](super::ops::proc_path).
+#[derive(Clone, Copy)]
+pub(super) enum XattrTarget<'a> {
+    Fd(BorrowedFd<'a>),
+    NoFollow(&'a CStr),
+}
+
+/// Reused across entries so the common case (no attributes) allocates nothing and
+/// costs one syscall per side.
+#[derive(Default)]
+pub(super) struct XattrBufs {
+    names: Vec<u8>,
+    value: Vec<u8>,
+    /// The other side's, for comparisons.
+    other_names: Vec<u8>,
+    other_value: Vec<u8>,
+}
+
+impl XattrTarget<'_> {
+    fn list(self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        fill(buf, |ptr, len| match self {
+            // SAFETY: `ptr`/`len` describe writable memory (or are null/0 to query the
+            // size), and the descriptor or path is valid for the call.
+            XattrTarget::Fd(fd) => unsafe { libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len) },
+            XattrTarget::NoFollow(path) => unsafe { libc::llistxattr(path.as_ptr(), ptr.cast(), len) },
+        })
+    }
+
+    fn get(self, name: &CStr, buf: &mut Vec<u8>) -> io::Result<usize> {
+        fill(buf, |ptr, len| match self {
+            // SAFETY: as in `list`; `name` is NUL-terminated.
+            XattrTarget::Fd(fd) => unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr.cast(), len) },
+            XattrTarget::NoFollow(path) => unsafe {
+                libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
+            },
+        })
+    }
+
+    fn set(self, name: &CStr, value: &[u8]) -> io::Result<()> {
+        let (ptr, len) = (value.as_ptr().cast(), value.len());
+        let done = match self {
+            // SAFETY: `value` is readable for `len` bytes; `name` is NUL-terminated.
+            XattrTarget::Fd(fd) => unsafe { libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, len, 0) },
+            XattrTarget::NoFollow(path) => unsafe {
+                libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0)
+            },
+        };
+        check(done)
+    }
+
+    fn remove(self, name: &CStr) -> io::Result<()> {
+        let done = match self {
+            // SAFETY: `name` and `path` are NUL-terminated; the descriptor is open.
+            XattrTarget::Fd(fd) => unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) },
+            XattrTarget::NoFollow(path) => unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) },
+        };
+        check(done)
+    }
+
+    /// The names of the copied attributes; empty where the filesystem has none.
+    fn copied_names(self, buf: &mut Vec<u8>, on_source: bool) -> Result<Vec<&CStr>, Failed> {
+        let len = match self.list(buf) {
+            Ok(len) => len,
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => 0,
+            Err(e) if on_source => return Err(src_err("list extended attributes of")(e)),
+            Err(e) => return Err(dst_err("list extended attributes of")(e)),
+        };
+        Ok(names(&buf[..len])
+            .filter(|name| tolerated_errors(name.to_bytes()).is_some())
+            .collect())
+    }
+}
+
+fn check(done: libc::c_int) -> io::Result<()> {
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn names(list: &[u8]) -> impl Iterator<Item = &CStr> {
+    list.split_inclusive(|&b| b == 0).map(|entry| {
+        CStr::from_bytes_with_nul(entry).expect("the kernel NUL-terminates every attribute name")
+    })
+}
+
+/// Runs a size-returning xattr call into `buf`, growing it when the value does not fit
+/// (ERANGE), even if it grows again between the size query and the retry.
+fn fill(buf: &mut Vec<u8>, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<usize> {
+    if buf.is_empty() {
+        buf.resize(4096, 0);
+    }
+    loop {
+        if let Ok(len) = usize::try_from(call(buf.as_mut_ptr(), buf.len())) {
+            return Ok(len);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ERANGE) {
+            return Err(err);
+        }
+        let needed =
+            usize::try_from(call(std::ptr::null_mut(), 0)).map_err(|_| io::Error::last_os_error())?;
+        let grown = needed.max(buf.len() * 2);
+        buf.resize(grown, 0);
+    }
+}
+
+/// Which errors of an attribute namespace are tolerated; `None` means the attribute is
+/// not copied at all.
+///
+/// `user.*` is the application's own data and must arrive. `security.*` and
+/// `trusted.*` depend on privileges and on the LSM of the destination, so refusals are
+/// tolerated like `cp -a` does. ACLs are skipped only where the tmpfs lacks ACL support.
+/// Other namespaces (`system.*` besides ACLs, filesystem-specific ones such as
+/// `btrfs.*`) describe the source filesystem, not the file, and are left behind, as
+/// `rsync -X` does.
+pub(super) fn tolerated_errors(name: &[u8]) -> Option<&'static [i32]> {
+    if name.starts_with(b"user.") {
+        Some(&[])
+    } else if name.starts_with(b"security.") || name.starts_with(b"trusted.") {
+        Some(&[libc::EPERM, libc::EOPNOTSUPP])
+    } else if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
+        Some(&[libc::EOPNOTSUPP])
+    } else {
+        None
+    }
+}
+
+fn tolerated(name: &CStr, err: &io::Error) -> bool {
+    let errno = err.raw_os_error().unwrap_or(0);
+    tolerated_errors(name.to_bytes()).is_some_and(|t| t.contains(&errno))
+}
+
+/// Reads one copied attribute of the source; `None` when it vanished since the listing
+/// or may not be read.
+fn get_source(src: XattrTarget<'_>, name: &CStr, buf: &mut Vec<u8>) -> Result<Option<usize>, Failed> {
+    match src.get(name, buf) {
+        Ok(len) => Ok(Some(len)),
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) || tolerated(name, &e) => Ok(None),
+        Err(e) => Err(src_err("read extended attributes of")(e)),
+    }
+}
+
+/// Sets every copied attribute of `src` on `dst`.
+pub(super) fn copy_xattrs(
+    src: XattrTarget<'_>,
+    dst: XattrTarget<'_>,
+    bufs: &mut XattrBufs,
+) -> Result<(), Failed> {
+    for name in src.copied_names(&mut bufs.names, true)? {
+        let Some(len) = get_source(src, name, &mut bufs.value)? else {
+            continue;
+        };
+        match dst.set(name, &bufs.value[..len]) {
+            Ok(()) => {}
+            Err(e) if tolerated(name, &e) => {}
+            Err(e) => return Err(dst_err("set extended attributes of")(e)),
+        }
+    }
+    Ok(())
+}
+
+/// [`copy_xattrs`], then removes the copied attributes `dst` has and `src` lacks.
+pub(super) fn sync_xattrs(
+    src: XattrTarget<'_>,
+    dst: XattrTarget<'_>,
+    bufs: &mut XattrBufs,
+) -> Result<(), Failed> {
+    copy_xattrs(src, dst, bufs)?;
+    let wanted = src.copied_names(&mut bufs.names, true)?;
+    for name in dst.copied_names(&mut bufs.other_names, false)? {
+        if wanted.contains(&name) {
+            continue;
+        }
+        match dst.remove(name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) || tolerated(name, &e) => {}
+            Err(e) => return Err(dst_err("remove extended attributes of")(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `src` and `dst` have the same copied attributes with the same values. Costs
+/// one listing per side when neither has any, the common case.
+pub(super) fn same_xattrs(
+    src: XattrTarget<'_>,
+    dst: XattrTarget<'_>,
+    bufs: &mut XattrBufs,
+) -> Result<bool, Failed> {
+    let mut ours = src.copied_names(&mut bufs.names, true)?;
+    let mut theirs = dst.copied_names(&mut bufs.other_names, false)?;
+    if ours.len() != theirs.len() {
+        return Ok(false);
+    }
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    if ours != theirs {
+        return Ok(false);
+    }
+    for name in ours {
+        let Some(len) = get_source(src, name, &mut bufs.value)? else {
+            continue;
+        };
+        let other = match dst.get(name, &mut bufs.other_value) {
+            Ok(len) => &bufs.other_value[..len],
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => return Ok(false),
+            Err(e) => return Err(dst_err("read extended attributes of")(e)),
+        };
+        if bufs.value[..len] != *other {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
