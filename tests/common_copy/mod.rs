@@ -507,7 +507,6 @@ pub fn assert_parity(src: &Path, dst: &Path) {
         dst_sparse.blocks,
         src_sparse.blocks
     );
-
 }
 
 /// Gives `dst`'s root the metadata of `src`'s (which the copies leave to the caller),
@@ -590,4 +589,3 @@ impl Drop for Tmpfs<'_> {
         }
     }
 }
-
