@@ -11,7 +11,7 @@ use crate::error::exit;
 use crate::host::Host;
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
-use crate::{boot, down, execute, observe, plan, report, status, sync};
+use crate::{boot, diskbench, down, execute, observe, plan, report, residency, status, sync};
 
 #[derive(Parser)]
 #[command(
@@ -77,6 +77,20 @@ enum Command {
         spec: PathBuf,
         /// Mount names (default: all mounts of the spec).
         names: Vec<String>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Page-cache residency of files and directory trees (like fincore, vmtouch).
+    Residency {
+        #[command(flatten)]
+        args: residency::ResidencyArgs,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Measure a disk directory against a private temporary tmpfs, side by side.
+    Bench {
+        #[command(flatten)]
+        args: diskbench::BenchArgs,
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
@@ -269,6 +283,8 @@ fn run(cli: Cli) -> Result<i32> {
             let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
             Ok(if failed { exit::FAILED } else { exit::OK })
         }
+        Command::Residency { args, format } => residency::run(&args, format == Format::Json),
+        Command::Bench { args, format } => diskbench::run(&args, format == Format::Json),
         Command::Down { spec, names, format } => {
             let s = load(&spec, &host)?;
             need_root("down")?;

@@ -10,6 +10,7 @@
 pub mod boot;
 pub mod cli;
 pub mod copy;
+pub mod diskbench;
 pub mod down;
 pub mod error;
 pub mod execute;
@@ -18,6 +19,7 @@ pub mod mount;
 pub mod observe;
 pub mod plan;
 pub mod report;
+pub mod residency;
 pub mod spec;
 pub mod state;
 pub mod status;

@@ -134,6 +134,21 @@ pub fn unmount_if_idle(target: &Path) -> Result<bool> {
     }
 }
 
+/// Moves the calling thread into a new mount namespace with every mount
+/// private, so nothing mounted from here on can reach the host's table.
+/// Children spawned from this thread inherit the namespace.
+pub fn enter_private_namespace() -> Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making / private in the new mount namespace")
+}
+
 /// Lazy unmount: holders keep their open files; new lookups see what is below.
 pub fn detach(target: &Path) -> Result<()> {
     umount2(target, MntFlags::MNT_DETACH).with_context(|| format!("umount -l {}", target.display()))

@@ -10,8 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
+use nix::mount::{umount2, MntFlags};
 use tmpfsctl::host::mountinfo::{MountEntry, MountTable};
 
 pub struct Sandbox {
@@ -22,20 +21,31 @@ pub struct Sandbox {
 
 /// Makes the calling thread's mount namespace private. Children spawned from
 /// this thread inherit it; the host's namespace never sees our mounts.
-fn enter_private_namespace() {
+pub fn enter_private_namespace() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "integration tests need root (they mount tmpfs)"
     );
-    unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .expect("make / private in the test namespace");
+    tmpfsctl::mount::enter_private_namespace().expect("private mount namespace for the test thread");
+}
+
+/// A temporary directory on a disk filesystem (not tmpfs), where page-cache
+/// residency can be dropped and observed and a disk can be benchmarked.
+pub fn disk_tempdir(prefix: &str) -> tempfile::TempDir {
+    let candidates = [
+        PathBuf::from("/var/tmp"),
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        PathBuf::from("/tmp"),
+    ];
+    for c in &candidates {
+        let Ok(sf) = nix::sys::statfs::statfs(c) else {
+            continue;
+        };
+        if sf.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+            return tempfile::Builder::new().prefix(prefix).tempdir_in(c).unwrap();
+        }
+    }
+    panic!("no disk (non-tmpfs) directory among {candidates:?}");
 }
 
 pub struct Run {
