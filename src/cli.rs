@@ -80,6 +80,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) to stdout.
+    Manpage,
     /// Page-cache residency of files and directory trees (like fincore, vmtouch).
     Residency {
         #[command(flatten)]
@@ -282,6 +286,19 @@ fn run(cli: Cli) -> Result<i32> {
             }
             let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
             Ok(if failed { exit::FAILED } else { exit::OK })
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut std::io::stdout());
+            Ok(exit::OK)
+        }
+        Command::Manpage => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd)
+                .section("8")
+                .render(&mut std::io::stdout())
+                .context("writing the manual page")?;
+            Ok(exit::OK)
         }
         Command::Residency { args, format } => residency::run(&args, format == Format::Json),
         Command::Bench { args, format } => diskbench::run(&args, format == Format::Json),
