@@ -11,7 +11,7 @@ use crate::error::exit;
 use crate::host::Host;
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
-use crate::{boot, diskbench, down, execute, observe, plan, report, residency, status, sync};
+use crate::{agent, boot, diskbench, down, execute, observe, plan, report, residency, status, sync};
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +70,24 @@ enum Command {
         names: Vec<String>,
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
+    },
+    /// Watch the spec's mounts and act on them: usage thresholds (warn, evict,
+    /// grow, fallback), memory pressure, periodic write-back; reloads the spec
+    /// on change or SIGHUP. Runs until SIGTERM (as a systemd Type=notify service).
+    Agent {
+        spec: PathBuf,
+        /// Usage poll interval such as 1s or 500ms [default: the spec's
+        /// `agent.interval`, else 1s].
+        #[arg(long, value_parser = parse_interval, value_name = "DURATION")]
+        interval: Option<Duration>,
+        /// Prometheus textfile to write, or `off` [default: the spec's
+        /// `agent.metrics`, else /var/lib/prometheus/node-exporter/tmpfsctl.prom
+        /// when that directory exists].
+        #[arg(long, value_parser = parse_metrics, value_name = "PATH")]
+        metrics: Option<spec::MetricsTarget>,
+        /// Poll only; do not wake early on fanotify write events.
+        #[arg(long)]
+        no_fanotify: bool,
     },
     /// Write back persisted mounts, then unmount managed tmpfs safely; the
     /// application is back on its disk directory.
@@ -180,6 +198,17 @@ fn need_root(what: &str) -> Result<()> {
         anyhow::bail!("`tmpfsctl {what}` mounts and unmounts filesystems and must run as root");
     }
     Ok(())
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    match spec::parse_duration_ms(text)? {
+        ms @ 100..=3_600_000 => Ok(Duration::from_millis(ms)),
+        _ => Err("the interval must be from 100ms to 1h".into()),
+    }
+}
+
+fn parse_metrics(text: &str) -> Result<spec::MetricsTarget, String> {
+    spec::metrics_target(text)
 }
 
 fn run(cli: Cli) -> Result<i32> {
@@ -302,6 +331,26 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Residency { args, format } => residency::run(&args, format == Format::Json),
         Command::Bench { args, format } => diskbench::run(&args, format == Format::Json),
+        Command::Agent {
+            spec,
+            interval,
+            metrics,
+            no_fanotify,
+        } => {
+            load(&spec, &host)?;
+            need_root("agent")?;
+            agent::run(
+                &spec,
+                host,
+                state,
+                agent::Options {
+                    interval,
+                    metrics,
+                    fanotify: !no_fanotify,
+                    wait,
+                },
+            )
+        }
         Command::Down { spec, names, format } => {
             let s = load(&spec, &host)?;
             need_root("down")?;

@@ -58,7 +58,12 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     Ok(out)
 }
 
-fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
+/// Takes one mount down: write-back first (persisted mounts; a failed one
+/// refuses), then a clean unmount, or when busy a lazy detach followed by a
+/// last write-back from the detached tree; then the side bind and staging
+/// point go and the state forgets the mount. Shared by `down` and the
+/// agent's fallback (`agent`), which sets its own marker afterwards.
+pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
     let table = host.mounts()?;
     let source = spec::source_for(name);
     let live = table

@@ -7,6 +7,7 @@
 //! mounts in `mount`, the tree copy in `copy`) → `report`.
 //! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
 
+pub mod agent;
 pub mod boot;
 pub mod cli;
 pub mod copy;
@@ -15,6 +16,7 @@ pub mod down;
 pub mod error;
 pub mod execute;
 pub mod host;
+pub mod metrics;
 pub mod mount;
 pub mod observe;
 pub mod plan;
@@ -24,3 +26,4 @@ pub mod spec;
 pub mod state;
 pub mod status;
 pub mod sync;
+pub mod watchdog;

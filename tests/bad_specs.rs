@@ -94,6 +94,22 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("duplicate key", one(&okp, "    size: 9MiB\n"), 6, "size", "duplicate"),
         case("yaml syntax", one(&okp, "    options: [nosuid, nodev\n"), 6, "options", "unclosed bracket"),
         case("tab indentation", one(&okp, "\tcreate: true\n"), 5, "size", "found a tab"),
+        case("threshold without %", one(&okp, "    watchdog: { high: 95 }\n"), 6, "mounts[0].watchdog.high", "% sign is missing"),
+        case("low above high", one(&okp, "    watchdog: { low: 96% }\n"), 6, "mounts[0].watchdog.low", "must be below high"),
+        case("inode warn above high", one(&okp, "    watchdog:\n      inodes: { warn: 99% }\n"), 7, "mounts[0].watchdog.inodes.warn", "above high"),
+        case("unknown action", one(&okp, "    watchdog: { action: [grow, explode] }\n"), 6, "mounts[0].watchdog.action[1]", "invalid action `explode`"),
+        case("evict on a persisted mount", one(&okp, "    persist: on-stop\n    watchdog: { action: evict }\n"), 7, "mounts[0].watchdog.action", "`evict` deletes files"),
+        case("fallback not last", one(&okp, "    watchdog: { action: [fallback, grow], max_size: 16MiB }\n"), 6, "mounts[0].watchdog.action[0]", "no action can follow"),
+        case("grow without max_size", one(&okp, "    watchdog: { action: grow }\n"), 6, "mounts[0].watchdog.action", "needs `max_size`"),
+        case("max_size not above size", one(&okp, "    watchdog: { action: grow, max_size: 4MiB }\n"), 6, "mounts[0].watchdog.max_size", "not above the mount's size"),
+        case("reoffload too soon", one(&okp, "    watchdog: { action: fallback, reoffload_after: 1s }\n"), 6, "mounts[0].watchdog.reoffload_after", "at least 10s"),
+        case("pressure evict on a persisted mount", one(&okp, "    persist: every 1h\n    watchdog: { pressure: [evict, fallback] }\n"), 7, "mounts[0].watchdog.pressure[0]", "is persisted"),
+        case("bad priority", one(&okp, "    watchdog: { priority: 500 }\n"), 6, "mounts[0].watchdog.priority", "invalid priority 500"),
+        case("unknown watchdog field", one(&okp, "    watchdog: { hihg: 90% }\n"), 6, "watchdog", "unknown field `hihg`"),
+        case("bad default watchdog", format!("version: 1\ndefaults:\n  watchdog: {{ action: explode }}\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 3, "defaults.watchdog.action", "invalid action"),
+        case("agent interval too short", format!("agent:\n  interval: 10ms\n{}", one(&okp, "")), 2, "agent.interval", "out of range"),
+        case("agent metrics relative", format!("agent:\n  metrics: x.prom\n{}", one(&okp, "")), 2, "agent.metrics", "absolute"),
+        case("agent unknown field", format!("agent:\n  intervall: 1s\n{}", one(&okp, "")), 2, "intervall", "unknown field `intervall`"),
     ];
     assert!(cases.len() >= 20);
 

@@ -88,7 +88,7 @@ Description=Collect what the test asserts, then power off
 After=multi-user.target consumer.service
 [Service]
 Type=oneshot
-ExecStart=/bin/sh -c 'o=@D@/report; findmnt -n -o FSTYPE,SOURCE,SIZE @D@/cache > $o.mount; stat -c "%%u:%%g %%a" @D@/cache > $o.root; cat @D@/cache/sub/from-disk > $o.seeded; for u in tmpfsctl-apply consumer; do systemctl show -P ExecMainExitTimestampMonotonic -P ExecMainStartTimestampMonotonic $u > $o.$u; done; systemctl is-active tmpfsctl-apply > $o.active; systemctl --no-pager --failed --plain > $o.failed; systemctl poweroff'
+ExecStart=/bin/sh -c 'o=@D@/report; findmnt -n -o FSTYPE,SOURCE,SIZE @D@/cache > $o.mount; stat -c "%%u:%%g %%a" @D@/cache > $o.root; cat @D@/cache/sub/from-disk > $o.seeded; for u in tmpfsctl-apply consumer; do systemctl show -P ExecMainExitTimestampMonotonic -P ExecMainStartTimestampMonotonic $u > $o.$u; done; systemctl is-active tmpfsctl-apply > $o.active; systemctl is-active tmpfsctl-agent > $o.agent; systemctl is-active tmpfsctl-down > $o.down; systemctl show -P After tmpfsctl-down > $o.down-after; systemctl --no-pager --failed --plain > $o.failed; systemctl poweroff'
 [Install]
 WantedBy=multi-user.target
 UNIT
@@ -104,6 +104,14 @@ check "managed path is our tmpfs, 16MiB" 'grep -q "^tmpfs  *tmpfsctl-cache  *16M
 check "tmpfs root has the disk directory's owner and mode" '[ "$(cat "$W/disk/report.root" 2>/dev/null)" = "1234:2345 750" ]' "$(cat "$W/disk/report.root" 2>&1)"
 check "tmpfs was seeded from the disk directory" '[ "$(cat "$W/disk/report.seeded" 2>/dev/null)" = seeded ]'
 check "apply unit is active" '[ "$(cat "$W/disk/report.active" 2>/dev/null)" = active ]'
+check "agent is active" '[ "$(cat "$W/disk/report.agent" 2>/dev/null)" = active ]'
+check "shutdown unit is active" '[ "$(cat "$W/disk/report.down" 2>/dev/null)" = active ]'
+# `systemctl show` quotes names with backslashes and doubles them.
+cache_unit=$(systemd-escape --path "$W/disk/cache" | sed 's/\\/\\\\/g').mount
+check "shutdown unit is ordered after the tmpfs and side-bind mount units" \
+    'grep -qF "$cache_unit" "$W/disk/report.down-after" && grep -qF run-tmpfsctl-lower-cache.mount "$W/disk/report.down-after"' \
+    "$(cat "$W/disk/report.down-after" 2>&1)"
+
 apply_done=$(sed -n 1p "$W/disk/report.tmpfsctl-apply" 2>/dev/null)
 consumer_start=$(sed -n 2p "$W/disk/report.consumer" 2>/dev/null)
 check "consumer started after apply finished ($apply_done < $consumer_start)" \
@@ -114,6 +122,28 @@ check "data written during the boot reached the disk at poweroff" \
 # systemd-machine-id-commit fails by design with a bound machine-id.
 check "no failed units" '[ -f "$W/disk/report.failed" ] && ! grep -v machine-id-commit "$W/disk/report.failed" | grep -q "\.service\|\.mount"' "$(cat "$W/disk/report.failed" 2>&1)"
 journal "$W/console-systemd.log"
+
+# --- a failed apply does not cancel the shutdown write-back ----------------
+rm -f "$W/disk/report."* "$W/disk/consumer-saw" "$W/disk/cache/from-boot"
+mkdir -p "$W/disk/big"
+head -c 8M /dev/zero > "$W/disk/big/too-big"
+cp "$W/cache.yaml" "$W/cache.yaml.good"
+cat >> "$W/cache.yaml" <<YAML
+  - name: big
+    path: $W/disk/big
+    size: 4MiB
+    on_failure: fail
+YAML
+"$BIN" boot install "$W/cache.yaml" --root "$R" --binary /opt/tmpfsctl/tmpfsctl \
+    --spec-path /etc/tmpfsctl/cache.yaml > "$W/install.log" 2>&1
+boot "$R" "$W/console-failed.log" systemd.journald.forward_to_console=1
+rc=$?
+check "container with a failing apply booted" '[ $rc -eq 0 ]'
+check "apply failed as the spec asks (on_failure: fail)" '[ "$(cat "$W/disk/report.active" 2>/dev/null)" = failed ]' "$(cat "$W/disk/report.active" 2>&1)"
+check "the mount that succeeded was still written back at poweroff" \
+    '[ "$(cat "$W/disk/cache/from-boot" 2>/dev/null)" = written-during-boot ]'
+journal "$W/console-failed.log"
+cp "$W/cache.yaml.good" "$W/cache.yaml"
 
 # --- fstab mode -----------------------------------------------------------
 rm -f "$W/disk/report."* "$W/disk/consumer-saw"

@@ -109,11 +109,23 @@ pub fn artifacts(cx: &Context, mode: Mode) -> Vec<Artifact> {
                     content: systemd::apply_unit(cx),
                     mode: 0o644,
                 },
-                Artifact::Link {
-                    path: unit_dir.join("sysinit.target.wants").join(systemd::APPLY_UNIT),
-                    target: Path::new("/").join(UNIT_DIR).join(systemd::APPLY_UNIT),
+                Artifact::File {
+                    path: unit_dir.join(systemd::DOWN_UNIT),
+                    content: systemd::down_unit(cx),
+                    mode: 0o644,
+                },
+                Artifact::File {
+                    path: unit_dir.join(systemd::AGENT_UNIT),
+                    content: systemd::agent_unit(cx),
+                    mode: 0o644,
                 },
             ];
+            for unit in [systemd::APPLY_UNIT, systemd::DOWN_UNIT, systemd::AGENT_UNIT] {
+                v.push(Artifact::Link {
+                    path: unit_dir.join("multi-user.target.wants").join(unit),
+                    target: Path::new("/").join(UNIT_DIR).join(unit),
+                });
+            }
             for c in cx.consumers() {
                 v.push(Artifact::File {
                     path: unit_dir.join(format!("{c}.d")).join("50-tmpfsctl.conf"),

@@ -22,7 +22,9 @@
 //! The primitives both walks share (opens, data copies, metadata, hard-link lookups,
 //! progress) live in `ops`, extended attributes in `xattrs`.
 
+mod durable;
 mod ops;
+mod scan;
 mod sync;
 mod xattrs;
 

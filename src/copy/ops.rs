@@ -383,8 +383,6 @@ pub(super) struct Transfer {
     pub(super) no_copy_file_range: bool,
     buf: Vec<u8>,
     pub(super) xattr_bufs: XattrBufs,
-    src_proc_path: Vec<u8>,
-    dst_proc_path: Vec<u8>,
 }
 
 impl Transfer {
@@ -521,11 +519,9 @@ impl Transfer {
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .map_err(dst_err("set owner of"))?;
-        let src = proc_path(&mut self.src_proc_path, src_dir, src_name);
-        let dst = proc_path(&mut self.dst_proc_path, dst_dir, dst_name);
         apply_xattrs(
-            XattrTarget::NoFollow(src),
-            XattrTarget::NoFollow(dst),
+            XattrTarget::At(src_dir, src_name),
+            XattrTarget::At(dst_dir, dst_name),
             &mut self.xattr_bufs,
             exact,
         )?;
@@ -551,21 +547,5 @@ impl Transfer {
         dst: BorrowedFd<'_>,
     ) -> Result<bool, Failed> {
         xattrs::same_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)
-    }
-
-    /// Whether the copied attributes of two entries, reached through their directories,
-    /// are the same.
-    pub(super) fn same_xattrs_at(
-        &mut self,
-        (src_dir, src_name): (BorrowedFd<'_>, &CStr),
-        (dst_dir, dst_name): (BorrowedFd<'_>, &CStr),
-    ) -> Result<bool, Failed> {
-        let src = proc_path(&mut self.src_proc_path, src_dir, src_name);
-        let dst = proc_path(&mut self.dst_proc_path, dst_dir, dst_name);
-        xattrs::same_xattrs(
-            XattrTarget::NoFollow(src),
-            XattrTarget::NoFollow(dst),
-            &mut self.xattr_bufs,
-        )
     }
 }

@@ -56,21 +56,27 @@
 //! they are skipped in the source and removed from the destination.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
-use nix::dir::{Dir, Type};
+use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
+use super::durable::{DstDir, Durable, Job};
 use super::ops::{
     dst_err, file_type, link_to_first_copy, open_dst_dir, open_src, open_src_typed, permissions, src_err,
     Failed, RelPath, Reporter, Transfer,
 };
+use super::scan::{self, is_temp, read_names, Event, Name, SrcEntry};
+use super::xattrs::{self, XattrTarget};
 use super::{open_root_dir, CopyError};
 
 /// Names starting with this are the write-back's temporaries: skipped in the source,
@@ -120,58 +126,60 @@ pub fn sync_tree(
 ) -> Result<SyncStats, CopyError> {
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
-    let mut syncer = Syncer {
-        reporter: Reporter::new(progress),
-        src_dev: src_st.st_dev,
-        dst_dev: dst_st.st_dev,
-        rel: RelPath::default(),
-        links: HashMap::new(),
-        claimed: HashSet::new(),
-        transfer: Transfer::default(),
-        temps: TempNames::new(),
-    };
-    syncer.run(src_fd, dst_fd)?;
-    syncer.reporter.report();
-    Ok(syncer.reporter.stats)
-}
-
-/// One name of a directory listing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Name {
-    name: CString,
-    dtype: Option<Type>,
+    std::thread::scope(|scope| {
+        let mut syncer = Syncer {
+            reporter: Reporter::new(progress),
+            dst_dev: dst_st.st_dev,
+            rel: RelPath::default(),
+            links: HashMap::new(),
+            claimed: HashSet::new(),
+            transfer: Transfer::default(),
+            temps: TempNames::new(),
+            scan: scan::start(scope, src_fd, src_st),
+            durable: Durable::start(scope),
+            waiting: HashMap::new(),
+        };
+        let walked = syncer.run(dst_fd);
+        let Syncer {
+            mut reporter,
+            durable,
+            scan,
+            ..
+        } = syncer;
+        // A scan still running stops at its next event.
+        drop(scan);
+        durable.finish(walked.err())?;
+        reporter.report();
+        Ok(reporter.stats)
+    })
 }
 
 /// What the walk does with one name of a directory pair.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum Step {
     /// Only the destination has it: removed. `temp`: a leftover temporary.
     Remove { name: Name, temp: bool },
     /// The source has it; `in_dst` whether the destination listed it too.
-    Sync { name: Name, in_dst: bool },
-}
-
-fn is_temp(name: &CStr) -> bool {
-    name.to_bytes().starts_with(TEMP_PREFIX.as_bytes())
+    Sync { entry: SrcEntry, in_dst: bool },
 }
 
 /// Merges the two listings of a directory pair: removals first (they free space for
-/// what is written), then the source's names in byte order. Reserved names are
-/// skipped in the source and removed from the destination.
-fn pair_listings(mut src: Vec<Name>, mut dst: Vec<Name>) -> Vec<Step> {
-    src.retain(|n| !is_temp(&n.name));
+/// what is written), then the source's names in byte order (the scan's order).
+/// Reserved names are skipped in the source and removed from the destination.
+fn pair_listings(mut src: Vec<SrcEntry>, mut dst: Vec<Name>) -> Vec<Step> {
+    src.retain(|e| !is_temp(&e.name));
     src.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     dst.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     let mut removals = Vec::new();
     let mut syncs = Vec::with_capacity(src.len());
     let mut theirs = dst.into_iter().peekable();
-    for name in src {
-        while let Some(other) = theirs.next_if(|d| d.name < name.name) {
+    for entry in src {
+        while let Some(other) = theirs.next_if(|d| d.name < entry.name) {
             let temp = is_temp(&other.name);
             removals.push(Step::Remove { name: other, temp });
         }
-        let in_dst = theirs.next_if(|d| d.name == name.name).is_some();
-        syncs.push(Step::Sync { name, in_dst });
+        let in_dst = theirs.next_if(|d| d.name == entry.name).is_some();
+        syncs.push(Step::Sync { entry, in_dst });
     }
     for other in theirs {
         let temp = is_temp(&other.name);
@@ -275,8 +283,8 @@ struct Group {
 
 /// One directory pair being synced.
 struct Frame {
-    src: Dir,
-    dst: Dir,
+    src: OwnedFd,
+    dst: Arc<DstDir>,
     steps: std::vec::IntoIter<Step>,
     /// The source directory's, applied after the contents; `None` for the root, whose
     /// metadata belongs to the caller.
@@ -288,9 +296,18 @@ struct Frame {
     rel_len: usize,
 }
 
+/// A directory the walk is done with, to be finished once every rename into it landed.
+struct Left {
+    src: OwnedFd,
+    dst: Arc<DstDir>,
+    meta: Option<FileStat>,
+    before: Option<FileStat>,
+    changed: bool,
+    rel: Vec<u8>,
+}
+
 struct Syncer<'p> {
     reporter: Reporter<'p, SyncStats>,
-    src_dev: u64,
     dst_dev: u64,
     rel: RelPath,
     /// Source inode (dev, ino) → its destination inode, for multiply-linked inodes.
@@ -299,6 +316,11 @@ struct Syncer<'p> {
     claimed: HashSet<u64>,
     transfer: Transfer,
     temps: TempNames,
+    /// The source, read ahead on the scan's thread.
+    scan: Receiver<Event>,
+    durable: Durable,
+    /// Directories left with renames still pending, by [`DstDir::key`].
+    waiting: HashMap<usize, Left>,
 }
 
 /// What syncing one step did to the parent directory and where the walk goes next.
@@ -318,74 +340,126 @@ impl Outcome {
     }
 }
 
-fn read_names(dir: &mut Dir) -> nix::Result<Vec<Name>> {
-    let mut names = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry?;
-        let name = entry.file_name();
-        if !matches!(name.to_bytes(), b"." | b"..") {
-            names.push(Name {
-                name: name.to_owned(),
-                dtype: entry.file_type(),
-            });
-        }
-    }
-    Ok(names)
-}
-
 fn vanished(f: &Failed) -> bool {
     f.errno() == Some(libc::ENOENT)
 }
 
+fn rel_path(rel: &[u8]) -> PathBuf {
+    if rel.is_empty() {
+        PathBuf::from(".")
+    } else {
+        PathBuf::from(OsStr::from_bytes(rel))
+    }
+}
+
 impl Syncer<'_> {
-    fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
-        let root = self
-            .frame(src, dst, None, None)
-            .map_err(|f| f.at(PathBuf::from(".")))?;
-        let mut stack = vec![root];
+    fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
+        let root = match self.next_event()? {
+            Event::Enter { fd, entries, .. } => self.frame(fd, entries, dst, None, None),
+            _ => unreachable!("the scan starts with the root"),
+        };
+        let mut stack = vec![root.map_err(|f| f.at(PathBuf::from(".")))?];
         while let Some(top) = stack.last_mut() {
             let Some(step) = top.steps.next() else {
                 let done = stack.pop().expect("the loop runs only while a frame is stacked");
-                self.leave(&done).map_err(|f| f.at(self.rel.path(None)))?;
+                self.expect_leave()?;
+                self.leave(done).map_err(|f| f.at(self.rel.path(None)))?;
                 if let Some(parent) = stack.last() {
                     self.rel.truncate(parent.rel_len);
                 }
                 continue;
             };
-            let (Step::Remove { name, .. } | Step::Sync { name, .. }) = &step;
-            let outcome = self
-                .step(&stack, &step)
-                .map_err(|f| f.at(self.rel.path(Some(&name.name))))?;
+            let name = match &step {
+                Step::Remove { name, .. } => name.name.clone(),
+                Step::Sync { entry, .. } => entry.name.clone(),
+            };
+            let outcome = match self.step(&stack, step) {
+                Ok(outcome) => outcome,
+                Err(Stop::Failed(f)) => return Err(f.at(self.rel.path(Some(&name)))),
+                Err(Stop::Error(e)) => return Err(e),
+            };
             let top = stack.last_mut().expect("step leaves the stack as it was");
             top.changed |= outcome.changed;
             if let Some(child) = outcome.enter {
                 stack.push(child);
             }
             self.reporter.entry_done();
+            self.finish_landed(false)?;
+        }
+        self.finish_landed(true)
+    }
+
+    /// The scan's next event; its errors end the walk.
+    fn next_event(&mut self) -> Result<Event, CopyError> {
+        match self.scan.recv() {
+            Ok(Event::Failed(f, path)) => Err(f.at(path)),
+            Ok(event) => Ok(event),
+            Err(_) => Err(src_err("read")(Errno::EPIPE).at(self.rel.path(None))),
+        }
+    }
+
+    fn expect_leave(&mut self) -> Result<(), CopyError> {
+        match self.next_event()? {
+            Event::Leave => Ok(()),
+            _ => unreachable!("the scan walks the directories the walk walks"),
+        }
+    }
+
+    /// Passes over the scan's events for a directory that is not walked after all,
+    /// its `Enter` already taken.
+    fn skip_scanned(&mut self) -> Result<(), CopyError> {
+        let mut depth = 1;
+        while depth > 0 {
+            match self.next_event()? {
+                Event::Enter { .. } => depth += 1,
+                Event::Leave => depth -= 1,
+                Event::Gone | Event::Failed(..) => {}
+            }
         }
         Ok(())
     }
 
-    /// Lists a directory pair (a directory created just now is known to be empty).
+    /// Finishes the directories whose renames all landed; with `all`, waits for every
+    /// one still waiting.
+    fn finish_landed(&mut self, all: bool) -> Result<(), CopyError> {
+        loop {
+            if self.durable.failed() {
+                return Ok(()); // The error is reported when the workers are done.
+            }
+            let key = if all && !self.waiting.is_empty() {
+                self.durable.done.recv().ok()
+            } else {
+                self.durable.done.try_recv().ok()
+            };
+            let Some(key) = key else { return Ok(()) };
+            let left = self
+                .waiting
+                .remove(&key)
+                .expect("only left directories are announced");
+            self.finish_dir(&left).map_err(|f| f.at(rel_path(&left.rel)))?;
+        }
+    }
+
+    /// Lists the destination side of a directory pair (a directory created just now is
+    /// known to be empty) and pairs it with the scanned source side.
     fn frame(
-        &self,
+        &mut self,
         src: OwnedFd,
+        entries: Vec<SrcEntry>,
         dst: OwnedFd,
         meta: Option<FileStat>,
         before: Option<FileStat>,
     ) -> Result<Frame, Failed> {
-        let mut src = Dir::from_fd(src).map_err(src_err("read directory"))?;
-        let mut dst = Dir::from_fd(dst).map_err(dst_err("read directory"))?;
-        let src_names = read_names(&mut src).map_err(src_err("read directory"))?;
-        let dst_names = if before.is_none() && meta.is_some() {
+        let created = before.is_none() && meta.is_some();
+        let dst_names = if created {
             Vec::new()
         } else {
-            read_names(&mut dst).map_err(dst_err("read directory"))?
+            read_names(&dst).map_err(dst_err("read directory"))?
         };
         Ok(Frame {
             src,
-            dst,
-            steps: pair_listings(src_names, dst_names).into_iter(),
+            dst: DstDir::new(dst),
+            steps: pair_listings(entries, dst_names).into_iter(),
             meta,
             before,
             changed: false,
@@ -393,85 +467,93 @@ impl Syncer<'_> {
         })
     }
 
-    fn step(&mut self, stack: &[Frame], step: &Step) -> Result<Outcome, Failed> {
+    fn step(&mut self, stack: &[Frame], step: Step) -> Result<Outcome, Stop> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
-        match step {
+        let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
+        let (entry, in_dst) = match step {
             Step::Remove { name, temp } => {
-                let removed = self.remove(parent.dst.as_fd(), &name.name, name.dtype)?;
-                if *temp {
+                let removed = self.remove(dst_dir, &name.name, name.dtype)?;
+                if temp {
                     self.reporter.stats.temp_removed += 1;
                 } else {
                     self.reporter.stats.deleted += removed;
                 }
-                Ok(Outcome::changed())
+                return Ok(Outcome::changed());
             }
-            Step::Sync { name, in_dst } => {
-                let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.as_fd());
-                let Some((s, src_fd)) = self.stat_source(src_dir, name)? else {
-                    return Ok(Outcome::default());
-                };
-                let d = if *in_dst {
-                    match stat::fstatat(dst_dir, name.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                        Ok(d) => Some(d),
-                        Err(Errno::ENOENT) => None,
-                        Err(e) => return Err(dst_err("stat")(e)),
-                    }
-                } else {
-                    None
-                };
-                match src_fd {
-                    Some(src_fd) => self.sync_dir(dst_dir, &name.name, src_fd, s, d),
-                    None => self.sync_leaf(stack, &name.name, &s, d),
-                }
+            Step::Sync { entry, in_dst } => (entry, in_dst),
+        };
+        let Some(s) = entry.st else {
+            return Ok(Outcome::default()); // Vanished: the next sync sees.
+        };
+        let name = entry.name.as_c_str();
+        let d = if in_dst {
+            match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(d) => Some(d),
+                Err(Errno::ENOENT) => None,
+                Err(e) => return Err(dst_err("stat")(e).into()),
             }
+        } else {
+            None
+        };
+        if file_type(&s) != libc::S_IFDIR {
+            let same_details = self.same_details(src_dir, dst_dir, &entry, &s, d.as_ref())?;
+            return Ok(self.sync_leaf(stack, name, &s, d, same_details)?);
+        }
+        match self.next_event()? {
+            Event::Enter {
+                fd,
+                st,
+                entries,
+                mount,
+            } => self.sync_dir(dst_dir, name, (fd, st, entries, mount), d),
+            // Vanished or replaced since it was listed: the next sync sees.
+            Event::Gone => Ok(Outcome::default()),
+            _ => unreachable!("the scan enters every directory it listed"),
         }
     }
 
-    /// Stats a source entry; directories are opened (and stated through the
-    /// descriptor). `None` when it vanished since the listing.
-    fn stat_source(
+    /// For two non-directories equal by stat, whether symlink targets and copied
+    /// attributes are equal too: one attribute listing of the destination entry in the
+    /// common case, where neither has any.
+    fn same_details(
         &mut self,
-        dir: BorrowedFd<'_>,
-        name: &Name,
-    ) -> Result<Option<(FileStat, Option<OwnedFd>)>, Failed> {
-        let name_c = name.name.as_c_str();
-        let mut is_dir = name.dtype == Some(Type::Directory);
-        if !is_dir {
-            let s = match stat::fstatat(dir, name_c, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(s) => s,
-                Err(Errno::ENOENT) => return Ok(None),
-                Err(e) => return Err(src_err("stat")(e)),
-            };
-            if file_type(&s) != libc::S_IFDIR {
-                return Ok(Some((s, None)));
-            }
-            is_dir = true;
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        entry: &SrcEntry,
+        s: &FileStat,
+        d: Option<&FileStat>,
+    ) -> Result<bool, Failed> {
+        if d.is_none_or(|d| compare_stats(s, d) != Diff::Same) {
+            return Ok(false);
         }
-        debug_assert!(is_dir);
-        let fd = match open_src_typed(dir, name_c, libc::S_IFDIR) {
-            Ok(fd) => fd,
-            Err(f) if vanished(&f) => return Ok(None),
-            // Replaced by a non-directory since the listing: the next sync sees it.
-            Err(f) if matches!(f.errno(), Some(libc::ENOTDIR | libc::ELOOP)) => return Ok(None),
-            Err(f) => return Err(f),
-        };
-        let s = stat::fstat(&fd).map_err(src_err("stat"))?;
-        Ok(Some((s, Some(fd))))
+        let name = entry.name.as_c_str();
+        if file_type(s) == libc::S_IFLNK {
+            let theirs = fcntl::readlinkat(dst_dir, name).map_err(dst_err("read symlink"))?;
+            if entry.target.as_ref() != Some(&theirs) {
+                return Ok(false);
+            }
+        }
+        let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
+        let bufs = &mut self.transfer.xattr_bufs;
+        match (&entry.xattrs, xattrs::copied_list(dst, bufs, false)?) {
+            (None, None) => Ok(true),
+            _ => xattrs::same_xattrs(src, dst, bufs),
+        }
     }
 
     fn sync_dir(
         &mut self,
         dst_dir: BorrowedFd<'_>,
         name: &CStr,
-        src: OwnedFd,
-        s: FileStat,
+        (src, s, entries, mount): (OwnedFd, FileStat, Vec<SrcEntry>, bool),
         d: Option<FileStat>,
-    ) -> Result<Outcome, Failed> {
+    ) -> Result<Outcome, Stop> {
         let mut changed = false;
         let (dst, before) = match d {
             Some(d) if file_type(&d) == libc::S_IFDIR => {
                 if d.st_dev != self.dst_dev {
                     // Another filesystem is mounted here: not ours to change.
+                    self.skip_scanned()?;
                     self.reporter.stats.unchanged += 1;
                     return Ok(Outcome::default());
                 }
@@ -493,13 +575,22 @@ impl Syncer<'_> {
                 )
             }
         };
-        if s.st_dev != self.src_dev {
+        if mount {
             // A mount point in the tmpfs: the directory itself is synced, but neither
             // entered nor emptied on disk.
-            self.finish_dir(src.as_fd(), dst.as_fd(), &s, before.as_ref(), false)?;
+            self.expect_leave()?;
+            let left = Left {
+                src,
+                dst: DstDir::new(dst),
+                meta: Some(s),
+                before,
+                changed: false,
+                rel: self.rel.joined(name),
+            };
+            self.finish_dir(&left)?;
             return Ok(Outcome { enter: None, changed });
         }
-        let mut frame = self.frame(src, dst, Some(s), before)?;
+        let mut frame = self.frame(src, entries, dst, Some(s), before)?;
         self.rel.push(name);
         frame.rel_len = self.rel.len();
         Ok(Outcome {
@@ -508,60 +599,68 @@ impl Syncer<'_> {
         })
     }
 
-    /// Applies a directory's metadata after its contents and makes the changes to its
-    /// names durable.
-    ///
-    /// A directory whose mtime differs only because the sync changed names in it counts
-    /// as unchanged: `before` is how it looked before (`None` if it was created).
-    fn leave(&mut self, frame: &Frame) -> Result<(), Failed> {
-        match &frame.meta {
-            Some(s) => self.finish_dir(
-                frame.src.as_fd(),
-                frame.dst.as_fd(),
-                s,
-                frame.before.as_ref(),
-                frame.changed,
-            ),
-            None if frame.changed => unistd::fsync(frame.dst.as_fd()).map_err(dst_err("fsync directory")),
-            None => Ok(()),
+    /// The walk is done with a directory: it is finished now, or once the renames
+    /// into it landed.
+    fn leave(&mut self, frame: Frame) -> Result<(), Failed> {
+        let left = Left {
+            src: frame.src,
+            dst: frame.dst,
+            meta: frame.meta,
+            before: frame.before,
+            changed: frame.changed,
+            rel: self.rel.as_bytes().to_vec(),
+        };
+        if left.dst.leave() {
+            self.finish_dir(&left)
+        } else {
+            self.waiting.insert(left.dst.key(), left);
+            Ok(())
         }
     }
 
-    fn finish_dir(
-        &mut self,
-        src: BorrowedFd<'_>,
-        dst: BorrowedFd<'_>,
-        s: &FileStat,
-        before: Option<&FileStat>,
-        changed: bool,
-    ) -> Result<(), Failed> {
-        let now = stat::fstat(dst).map_err(dst_err("stat"))?;
-        let same_xattrs = before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
-        let same = same_xattrs && same_meta(s, &now);
-        if !same {
-            self.transfer.set_metadata(src, dst, s, true)?;
+    /// Applies a directory's metadata after its contents, then has it fsynced if
+    /// names in it changed. The root's metadata belongs to the caller.
+    ///
+    /// A directory whose mtime differs only because the sync changed names in it counts
+    /// as unchanged: `before` is how it looked before (`None` if it was created).
+    fn finish_dir(&mut self, left: &Left) -> Result<(), Failed> {
+        let mut same = true;
+        if let Some(s) = &left.meta {
+            let (src, dst) = (left.src.as_fd(), left.dst.fd.as_fd());
+            let now = stat::fstat(dst).map_err(dst_err("stat"))?;
+            let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
+            same = same_xattrs && same_meta(s, &now);
+            if !same {
+                self.transfer.set_metadata(src, dst, s, true)?;
+            }
+            let stats = &mut self.reporter.stats;
+            match &left.before {
+                None => stats.dirs_created += 1,
+                Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
+                Some(_) => stats.metadata_updated += 1,
+            }
         }
-        let stats = &mut self.reporter.stats;
-        match before {
-            None => stats.dirs_created += 1,
-            Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
-            Some(_) => stats.metadata_updated += 1,
-        }
-        if changed || !same {
-            unistd::fsync(dst).map_err(dst_err("fsync directory"))?;
+        if left.changed || !same {
+            self.durable.submit(Job::FsyncDir {
+                dir: Arc::clone(&left.dst),
+                rel: rel_path(&left.rel),
+            });
         }
         Ok(())
     }
 
+    /// `same_details`: for two non-directories equal by stat, whether symlink targets
+    /// and attributes are equal too.
     fn sync_leaf(
         &mut self,
         stack: &[Frame],
         name: &CStr,
         s: &FileStat,
         d: Option<FileStat>,
+        same_details: bool,
     ) -> Result<Outcome, Failed> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
-        let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.as_fd());
+        let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         if let Some(d) = &d {
             if file_type(d) == libc::S_IFDIR && d.st_dev != self.dst_dev {
                 return Err(dst_err("replace the mount point")(Errno::EBUSY));
@@ -592,12 +691,9 @@ impl Syncer<'_> {
             ),
             None => (Diff::Data, Reuse::No),
         };
-        if diff != Diff::Data && reuse != Reuse::No {
-            if kind == libc::S_IFLNK && !self.same_target(src_dir, dst_dir, name)? {
-                diff = Diff::Data;
-            } else if diff == Diff::Same && !self.transfer.same_xattrs_at((src_dir, name), (dst_dir, name))? {
-                diff = Diff::Meta;
-            }
+        if diff == Diff::Same && !same_details {
+            // A symlink target or attributes differ: written anew or updated.
+            diff = Diff::Meta;
         }
         let mut action = decide(kind, diff, reuse);
         let mut outcome = Outcome::default();
@@ -613,38 +709,22 @@ impl Syncer<'_> {
         match action {
             Action::Keep => self.reporter.stats.unchanged += 1,
             Action::UpdateMetadata => {}
-            Action::Rewrite => match self.rewrite(src_dir, dst_dir, name, s, d.as_ref())? {
+            Action::Rewrite => match self.rewrite(src_dir, &parent.dst, name, s, d.as_ref())? {
                 Some(new_ino) => {
-                    ino = Some(new_ino);
+                    ino = new_ino;
                     outcome.changed = true;
                 }
                 None => return Ok(outcome),
             },
         }
         if s.st_nlink > 1 {
-            let ino = ino.expect("the entry exists now");
+            let ino = ino.expect("group members are put in place before the walk goes on");
             self.claimed.insert(ino);
             let path = self.rel.joined(name).into_boxed_slice();
             let remaining = s.st_nlink - 1;
             self.links.insert(key, Group { path, ino, remaining });
         }
         Ok(outcome)
-    }
-
-    fn same_target(
-        &mut self,
-        src_dir: BorrowedFd<'_>,
-        dst_dir: BorrowedFd<'_>,
-        name: &CStr,
-    ) -> Result<bool, Failed> {
-        let ours = match fcntl::readlinkat(src_dir, name) {
-            Ok(target) => target,
-            // Vanished or replaced: treated as changed, the rewrite sorts it out.
-            Err(Errno::ENOENT | Errno::EINVAL) => return Ok(false),
-            Err(e) => return Err(src_err("read symlink")(e)),
-        };
-        let theirs = fcntl::readlinkat(dst_dir, name).map_err(dst_err("read symlink"))?;
-        Ok(ours == theirs)
     }
 
     /// Updates owner, attributes, mode and times of a regular file in place, through a
@@ -677,24 +757,30 @@ impl Syncer<'_> {
             return Ok(Some(false));
         }
         // Reopening the checked inode through /proc cannot land on another one.
-        let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&path_fd));
+        let proc = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
         let dst = fcntl::open(proc.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(dst_err("open"))?;
         self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &s, true)?;
-        unistd::fsync(&dst).map_err(dst_err("fsync"))?;
+        self.durable.submit(Job::FsyncFile {
+            file: File::from(dst),
+            rel: self.rel.path(Some(name)),
+        });
         Ok(Some(true))
     }
 
-    /// Writes a non-directory anew under a temporary name and renames it over `name`.
-    /// Returns the new inode, or `None` when the source vanished or changed type.
+    /// Writes a non-directory anew under a temporary name and puts it in place of
+    /// `name`. Returns `None` when the source vanished or changed type, else the new
+    /// inode if it is in place already: a singly-linked regular file replacing a
+    /// non-directory is handed to the workers, which `fsync` it before renaming it.
     fn rewrite(
         &mut self,
         src_dir: BorrowedFd<'_>,
-        dst_dir: BorrowedFd<'_>,
+        dst: &Arc<DstDir>,
         name: &CStr,
         s: &FileStat,
         d: Option<&FileStat>,
-    ) -> Result<Option<u64>, Failed> {
+    ) -> Result<Option<Option<u64>>, Failed> {
+        let dst_dir = dst.fd.as_fd();
         let kind = file_type(s);
         let (temp, ino) = match kind {
             libc::S_IFREG => {
@@ -707,7 +793,7 @@ impl Syncer<'_> {
                 if file_type(&s) != libc::S_IFREG {
                     return Ok(None);
                 }
-                let (temp, fd) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
+                let (mut temp, fd) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
                     fcntl::openat(
                         dir,
                         temp,
@@ -720,16 +806,28 @@ impl Syncer<'_> {
                     )
                     .map_err(dst_err("create file"))
                 })?;
-                let dst = File::from(fd);
+                let file = File::from(fd);
                 let reporter = &mut self.reporter;
-                self.transfer.copy_data(&src, &dst, &s, &mut |n| {
+                self.transfer.copy_data(&src, &file, &s, &mut |n| {
                     reporter.stats.bytes_written += n;
                     reporter.report_if_due();
                 })?;
-                self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &s, true)?;
-                unistd::fsync(&dst).map_err(dst_err("fsync"))?;
-                let ino = stat::fstat(&dst).map_err(dst_err("stat"))?.st_ino;
+                self.transfer.set_metadata(src.as_fd(), file.as_fd(), &s, true)?;
                 self.reporter.stats.files_written += 1;
+                let replaces_dir = d.is_some_and(|d| file_type(d) == libc::S_IFDIR);
+                if s.st_nlink == 1 && !replaces_dir {
+                    temp.live = false;
+                    self.durable.submit(Job::Rename {
+                        dir: Arc::clone(dst),
+                        file,
+                        temp: std::mem::take(&mut temp.name),
+                        name: name.to_owned(),
+                        rel: self.rel.path(Some(name)),
+                    });
+                    return Ok(Some(None));
+                }
+                unistd::fsync(&file).map_err(dst_err("fsync"))?;
+                let ino = stat::fstat(&file).map_err(dst_err("stat"))?.st_ino;
                 (temp, ino)
             }
             libc::S_IFLNK => {
@@ -757,11 +855,11 @@ impl Syncer<'_> {
             }
         };
         self.replace(temp, name, d)?;
-        Ok(Some(ino))
+        Ok(Some(Some(ino)))
     }
 
-    /// Metadata of a new symlink or node (which cannot be opened); returns it with its
-    /// inode. Its data is part of the inode, made durable by the directory's fsync.
+    /// Metadata of a new symlink or node (which cannot be opened); returns its inode.
+    /// Its data is part of the inode, made durable by the directory's fsync.
     fn finish_node(
         &mut self,
         src_dir: BorrowedFd<'_>,
@@ -785,10 +883,10 @@ impl Syncer<'_> {
         first: &[u8],
         d: Option<&FileStat>,
     ) -> Result<(), Failed> {
-        let dst_dir = stack.last().expect("the root frame stays").dst.as_fd();
+        let dst_dir = stack.last().expect("the root frame stays").dst.fd.as_fd();
         let rel = self.rel.as_bytes();
         let (temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
-            link_to_first_copy(|i| stack[i].dst.as_fd(), rel, first, dir, temp)
+            link_to_first_copy(|i| stack[i].dst.fd.as_fd(), rel, first, dir, temp)
         })?;
         self.replace(temp, name, d)
     }
@@ -832,6 +930,25 @@ impl Syncer<'_> {
     }
 }
 
+/// Why a step stopped the walk: a failure at the step's path, or an error that
+/// already has its path (from the scan).
+enum Stop {
+    Failed(Failed),
+    Error(CopyError),
+}
+
+impl From<Failed> for Stop {
+    fn from(f: Failed) -> Self {
+        Stop::Failed(f)
+    }
+}
+
+impl From<CopyError> for Stop {
+    fn from(e: CopyError) -> Self {
+        Stop::Error(e)
+    }
+}
+
 fn dtype_of(st: &FileStat) -> Option<Type> {
     match file_type(st) {
         libc::S_IFDIR => Some(Type::Directory),
@@ -855,9 +972,7 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Fai
         if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != dev {
             return Err(dst_err("remove a mount point")(Errno::EBUSY));
         }
-        let mut listing = Dir::from_fd(fd.try_clone().map_err(dst_err("open directory to remove"))?)
-            .map_err(dst_err("read directory"))?;
-        let names = read_names(&mut listing).map_err(dst_err("read directory"))?;
+        let names = read_names(&fd).map_err(dst_err("read directory"))?;
         Ok(Level {
             dir: fd,
             names: names.into_iter(),
@@ -999,43 +1114,45 @@ mod tests {
 
     #[test]
     fn listings_merge_into_removals_then_source_names_in_byte_order() {
-        let file = Some(Type::File);
-        let dir = Some(Type::Directory);
+        let entry = |n: &[u8]| SrcEntry {
+            name: CString::new(n).expect("no NUL"),
+            st: None,
+            xattrs: None,
+            target: None,
+        };
         let src = vec![
-            name(b"b", file),
-            name(b"\xff", file),
-            name(b"a", dir),
-            name(b".tmpfsctl-wb.app", file),
-            name(b"d", None),
+            entry(b"b"),
+            entry(b"\xff"),
+            entry(b"a"),
+            entry(b".tmpfsctl-wb.app"),
+            entry(b"d"),
         ];
         let dst = vec![
-            name(b"c", dir),
-            name(b"a", file),
-            name(b".tmpfsctl-wb.0011223344556677", file),
+            name(b"c", Some(Type::Directory)),
+            name(b"a", Some(Type::File)),
+            name(b".tmpfsctl-wb.0011223344556677", Some(Type::File)),
             name(b"\xfe", None),
             name(b"d", Some(Type::Symlink)),
-            name(b"z", file),
+            name(b"z", Some(Type::File)),
         ];
-        let steps = pair_listings(src, dst);
-        let remove = |n: &[u8], dtype, temp| Step::Remove {
-            name: name(n, dtype),
-            temp,
-        };
-        let sync = |n: &[u8], dtype, in_dst| Step::Sync {
-            name: name(n, dtype),
-            in_dst,
-        };
+        let shown: Vec<String> = pair_listings(src, dst)
+            .iter()
+            .map(|step| match step {
+                Step::Remove { name, temp } => format!("remove {:?} {:?} {temp}", name.name, name.dtype),
+                Step::Sync { entry, in_dst } => format!("sync {:?} {in_dst}", entry.name),
+            })
+            .collect();
         assert_eq!(
-            steps,
-            vec![
-                remove(b".tmpfsctl-wb.0011223344556677", file, true),
-                remove(b"c", dir, false),
-                remove(b"z", file, false),
-                remove(b"\xfe", None, false),
-                sync(b"a", dir, true),
-                sync(b"b", file, false),
-                sync(b"d", None, true),
-                sync(b"\xff", file, false),
+            shown,
+            [
+                r#"remove ".tmpfsctl-wb.0011223344556677" Some(File) true"#,
+                r#"remove "c" Some(Directory) false"#,
+                r#"remove "z" Some(File) false"#,
+                r#"remove "\xfe" None false"#,
+                r#"sync "a" true"#,
+                r#"sync "b" false"#,
+                r#"sync "d" true"#,
+                r#"sync "\xff" false"#,
             ]
         );
         assert!(pair_listings(Vec::new(), Vec::new()).is_empty());

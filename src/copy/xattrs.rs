@@ -4,16 +4,75 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::ops::{dst_err, src_err, Failed};
+use super::ops::{dst_err, proc_path, src_err, Failed};
 
-/// Where extended attributes are read or written. Symlinks and nodes cannot be opened
-/// for that, so they are reached with the l*xattr calls on a
-/// [`proc_path`](super::ops::proc_path).
+/// Where extended attributes are read or written: an open file, or an entry by name in
+/// an open directory, never following a symlink there. Symlinks and nodes cannot be
+/// opened for that, and a comparison should not open every file.
 #[derive(Clone, Copy)]
 pub(super) enum XattrTarget<'a> {
     Fd(BorrowedFd<'a>),
-    NoFollow(&'a CStr),
+    At(BorrowedFd<'a>, &'a CStr),
+}
+
+/// `listxattrat(2)` (Linux 6.13) has the same number on every architecture with the
+/// unified syscall table.
+#[cfg(all(
+    target_pointer_width = "64",
+    any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64",
+        target_arch = "powerpc64",
+        target_arch = "s390x"
+    )
+))]
+const SYS_LISTXATTRAT: Option<libc::c_long> = Some(465);
+#[cfg(not(all(
+    target_pointer_width = "64",
+    any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64",
+        target_arch = "powerpc64",
+        target_arch = "s390x"
+    )
+)))]
+const SYS_LISTXATTRAT: Option<libc::c_long> = None;
+
+/// Set once the kernel turned `listxattrat` down.
+static NO_LISTXATTRAT: AtomicBool = AtomicBool::new(false);
+
+/// Lists the attributes of `name` in `dir` without following it: `listxattrat`, or
+/// `llistxattr` on `/proc/self/fd/<dir>/<name>` (which enters exactly `dir` and then
+/// only looks `name` up) on kernels before 6.13.
+fn list_at(dir: BorrowedFd<'_>, name: &CStr, ptr: *mut u8, len: usize) -> isize {
+    if let Some(nr) = SYS_LISTXATTRAT.filter(|_| !NO_LISTXATTRAT.load(Ordering::Relaxed)) {
+        // SAFETY: `ptr`/`len` describe writable memory (or are null/0), `name` is
+        // NUL-terminated and `dir` is open for the call.
+        let got = unsafe {
+            libc::syscall(
+                nr,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+                ptr,
+                len,
+            )
+        };
+        if got >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            return got as isize;
+        }
+        NO_LISTXATTRAT.store(true, Ordering::Relaxed);
+    }
+    let mut buf = Vec::new();
+    let path = proc_path(&mut buf, dir, name);
+    // SAFETY: as above; `path` is NUL-terminated.
+    unsafe { libc::llistxattr(path.as_ptr(), ptr.cast(), len) }
 }
 
 /// Reused across entries so the common case (no attributes) allocates nothing and
@@ -31,54 +90,70 @@ impl XattrTarget<'_> {
     fn list(self, buf: &mut Vec<u8>) -> io::Result<usize> {
         fill(buf, |ptr, len| match self {
             // SAFETY: `ptr`/`len` describe writable memory (or are null/0 to query the
-            // size), and the descriptor or path is valid for the call.
+            // size), and the descriptor is valid for the call.
             XattrTarget::Fd(fd) => unsafe { libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len) },
-            XattrTarget::NoFollow(path) => unsafe { libc::llistxattr(path.as_ptr(), ptr.cast(), len) },
+            XattrTarget::At(dir, entry) => list_at(dir, entry, ptr, len),
         })
     }
 
+    /// Runs `call` on the descriptor (`Ok`) or on the entry's no-follow path (`Err`).
+    fn with<R>(self, call: impl FnOnce(Result<libc::c_int, &CStr>) -> R) -> R {
+        match self {
+            XattrTarget::Fd(fd) => call(Ok(fd.as_raw_fd())),
+            XattrTarget::At(dir, entry) => {
+                let mut buf = Vec::new();
+                call(Err(proc_path(&mut buf, dir, entry)))
+            }
+        }
+    }
+
     fn get(self, name: &CStr, buf: &mut Vec<u8>) -> io::Result<usize> {
-        fill(buf, |ptr, len| match self {
-            // SAFETY: as in `list`; `name` is NUL-terminated.
-            XattrTarget::Fd(fd) => unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr.cast(), len) },
-            XattrTarget::NoFollow(path) => unsafe {
-                libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
-            },
+        self.with(|target| {
+            fill(buf, |ptr, len| match target {
+                // SAFETY: as in `list`; `name` and `path` are NUL-terminated.
+                Ok(fd) => unsafe { libc::fgetxattr(fd, name.as_ptr(), ptr.cast(), len) },
+                Err(path) => unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len) },
+            })
         })
     }
 
     fn set(self, name: &CStr, value: &[u8]) -> io::Result<()> {
         let (ptr, len) = (value.as_ptr().cast(), value.len());
-        let done = match self {
-            // SAFETY: `value` is readable for `len` bytes; `name` is NUL-terminated.
-            XattrTarget::Fd(fd) => unsafe { libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, len, 0) },
-            XattrTarget::NoFollow(path) => unsafe {
-                libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0)
-            },
-        };
-        check(done)
+        self.with(|target| {
+            check(match target {
+                // SAFETY: `value` is readable for `len` bytes; `name` and `path` are
+                // NUL-terminated.
+                Ok(fd) => unsafe { libc::fsetxattr(fd, name.as_ptr(), ptr, len, 0) },
+                Err(path) => unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0) },
+            })
+        })
     }
 
     fn remove(self, name: &CStr) -> io::Result<()> {
-        let done = match self {
-            // SAFETY: `name` and `path` are NUL-terminated; the descriptor is open.
-            XattrTarget::Fd(fd) => unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) },
-            XattrTarget::NoFollow(path) => unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) },
-        };
-        check(done)
+        self.with(|target| {
+            check(match target {
+                // SAFETY: `name` and `path` are NUL-terminated; the descriptor is open.
+                Ok(fd) => unsafe { libc::fremovexattr(fd, name.as_ptr()) },
+                Err(path) => unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) },
+            })
+        })
     }
 
     /// The names of the copied attributes; empty where the filesystem has none.
-    fn copied_names(self, buf: &mut Vec<u8>, on_source: bool) -> Result<Vec<&CStr>, Failed> {
+    /// The attribute list; empty where the filesystem has none.
+    fn raw_list(self, buf: &mut Vec<u8>, on_source: bool) -> Result<&[u8], Failed> {
         let len = match self.list(buf) {
             Ok(len) => len,
             Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => 0,
             Err(e) if on_source => return Err(src_err("list extended attributes of")(e)),
             Err(e) => return Err(dst_err("list extended attributes of")(e)),
         };
-        Ok(names(&buf[..len])
-            .filter(|name| tolerated_errors(name.to_bytes()).is_some())
-            .collect())
+        Ok(&buf[..len])
+    }
+
+    /// The names of the copied attributes.
+    fn copied_names(self, buf: &mut Vec<u8>, on_source: bool) -> Result<Vec<&CStr>, Failed> {
+        Ok(names(self.raw_list(buf, on_source)?).filter(is_copied).collect())
     }
 }
 
@@ -138,6 +213,10 @@ pub(super) fn tolerated_errors(name: &[u8]) -> Option<&'static [i32]> {
     }
 }
 
+fn is_copied(name: &&CStr) -> bool {
+    tolerated_errors(name.to_bytes()).is_some()
+}
+
 fn tolerated(name: &CStr, err: &io::Error) -> bool {
     let errno = err.raw_os_error().unwrap_or(0);
     tolerated_errors(name.to_bytes()).is_some_and(|t| t.contains(&errno))
@@ -191,6 +270,17 @@ pub(super) fn sync_xattrs(
         }
     }
     Ok(())
+}
+
+/// The raw attribute list of `target` if it names any attribute that is copied:
+/// `None` is the common case, and allocates nothing.
+pub(super) fn copied_list(
+    target: XattrTarget<'_>,
+    bufs: &mut XattrBufs,
+    on_source: bool,
+) -> Result<Option<Box<[u8]>>, Failed> {
+    let list = target.raw_list(&mut bufs.names, on_source)?;
+    Ok(names(list).any(|name| is_copied(&name)).then(|| list.into()))
 }
 
 /// Whether `src` and `dst` have the same copied attributes with the same values. Costs

@@ -5,7 +5,7 @@ use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
 use crate::observe::{AtPath, Leftover, Live, Lower, Observed, World};
-use crate::spec::{Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec};
+use crate::spec::{AgentSettings, Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec, Watchdog};
 
 const PAGE: u64 = 4096;
 const SECURE: Flags = Flags {
@@ -37,6 +37,7 @@ fn mspec() -> MountSpec {
         persist: Persist::None,
         on_failure: OnFailure::KeepDisk,
         before: vec![],
+        watchdog: Watchdog::default(),
     }
 }
 
@@ -568,6 +569,7 @@ fn whole_plan_cleans_leftovers_and_reports_orphans() {
         file: PathBuf::from("x.yaml"),
         max_total: u64::MAX,
         mounts: vec![mspec()],
+        agent: AgentSettings::default(),
     };
     let world = World {
         table: MountTable::default(),

@@ -5,9 +5,12 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{RawDefaults, RawMount, RawSpec};
+use super::raw::{NameList, RawAgent, RawDefaults, RawMount, RawSpec, RawWatchdog};
 use super::size::{self, SizeLit, COUNT_ACCEPTED, SIZE_ACCEPTED};
-use super::{Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec};
+use super::{
+    Action, AgentSettings, Atime, Flags, Huge, MetricsTarget, MountSpec, OnFailure, Persist, PressureAction,
+    Seed, Spec, Thresholds, Watchdog, DEFAULT_PRIORITY,
+};
 use crate::error::{Diagnostic, SpecError};
 
 /// Directories a tmpfs must never hide. Entries ending in `/` are refused
@@ -120,7 +123,9 @@ pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result
             }
         },
     };
-    let defaults = defaults(&mut cx, raw.defaults.unwrap_or_default());
+    let raw_defaults = raw.defaults.unwrap_or_default();
+    let defaults = defaults(&mut cx, &raw_defaults);
+    let agent = agent(&mut cx, raw.agent.as_ref(), mem_total);
     if raw.mounts.value.is_empty() {
         cx.at(
             &raw.mounts,
@@ -134,7 +139,8 @@ pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result
     let mut by_name: HashMap<String, usize> = HashMap::new();
     let mut budget_used: u64 = 0;
     for (i, m) in raw.mounts.value.iter().enumerate() {
-        let Some(spec) = mount(&mut cx, i, m, &defaults, mem_total) else {
+        let wd_defaults = raw_defaults.watchdog.as_ref();
+        let Some(spec) = mount(&mut cx, i, m, &defaults, wd_defaults, mem_total, max_total) else {
             continue;
         };
         let field = |f: &str| format!("mounts[{i}].{f}");
@@ -191,9 +197,18 @@ pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result
             file: file.to_path_buf(),
             max_total,
             mounts: mounts.into_iter().map(|(_, m)| m).collect(),
+            agent,
         })
     } else {
         cx.diags.sort_by_key(|d| (d.line, d.column));
+        // A bad `defaults` value is found once per mount that inherits it.
+        let mut seen = Vec::new();
+        cx.diags.retain(|d| {
+            let key = (d.line, d.column, d.field.clone(), d.message.clone());
+            let new = !seen.contains(&key);
+            seen.push(key);
+            new
+        });
         Err(SpecError {
             file: file.to_path_buf(),
             source_text: text.to_string(),
@@ -202,7 +217,7 @@ pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result
     }
 }
 
-fn defaults(cx: &mut Ctx, raw: RawDefaults) -> Defaults {
+fn defaults(cx: &mut Ctx, raw: &RawDefaults) -> Defaults {
     Defaults {
         flags: raw
             .options
@@ -214,7 +229,7 @@ fn defaults(cx: &mut Ctx, raw: RawDefaults) -> Defaults {
             .as_ref()
             .and_then(|h| huge(cx, "defaults.huge", h))
             .unwrap_or(Huge::Never),
-        noswap: raw.noswap.map(|b| b.value).unwrap_or(false),
+        noswap: raw.noswap.as_ref().map(|b| b.value).unwrap_or(false),
         seed: raw
             .seed
             .as_ref()
@@ -228,7 +243,15 @@ fn defaults(cx: &mut Ctx, raw: RawDefaults) -> Defaults {
     }
 }
 
-fn mount(cx: &mut Ctx, i: usize, m: &RawMount, d: &Defaults, mem_total: u64) -> Option<MountSpec> {
+fn mount(
+    cx: &mut Ctx,
+    i: usize,
+    m: &RawMount,
+    d: &Defaults,
+    wd_defaults: Option<&RawWatchdog>,
+    mem_total: u64,
+    max_total: u64,
+) -> Option<MountSpec> {
     let field = |f: &str| format!("mounts[{i}].{f}");
     let before = cx.diags.len();
 
@@ -310,6 +333,18 @@ fn mount(cx: &mut Ctx, i: usize, m: &RawMount, d: &Defaults, mem_total: u64) -> 
             ), Some("persist: none with seed: empty, or seed: copy"));
         }
     }
+    let watchdog = watchdog(
+        cx,
+        &WdCtx {
+            i,
+            mount: m.watchdog.as_ref(),
+            defaults: wd_defaults,
+            size,
+            persist,
+            mem_total,
+            max_total,
+        },
+    );
     let mut before_units = Vec::new();
     if let Some(list) = &m.before {
         for (k, u) in list.value.iter().enumerate() {
@@ -343,6 +378,7 @@ fn mount(cx: &mut Ctx, i: usize, m: &RawMount, d: &Defaults, mem_total: u64) -> 
         persist: persist?,
         on_failure: on_failure?,
         before: before_units,
+        watchdog: watchdog?,
     })
 }
 
@@ -665,6 +701,575 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     Ok(total)
 }
 
+/// `90s`, `250ms`, `1m30s`: a duration in milliseconds (units ms, s, m, h, d).
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("missing duration".into());
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let (num, after) = rest.split_at(digits);
+        let unit_len = after.find(|c: char| c.is_ascii_digit()).unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let mult: u64 = match unit {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => return Err(format!("`{num}` needs a unit (ms, s, m, h or d)")),
+            other => return Err(format!("unknown duration unit `{other}`")),
+        };
+        if num.is_empty() {
+            return Err(format!("`{unit}` needs a number before it"));
+        }
+        let n: u64 = num.parse().map_err(|_| "duration too long".to_string())?;
+        total = n
+            .checked_mul(mult)
+            .and_then(|x| total.checked_add(x))
+            .ok_or("duration too long")?;
+        rest = next;
+    }
+    Ok(total)
+}
+
+const PCT_ACCEPTED: &str = "a percentage with a % sign, above 0% and at most 100%, e.g. 80%";
+const ACTION_ACCEPTED: &str = "warn, evict, grow, fallback, or a list tried in order such as [grow, evict]; \
+     `warn` stands alone and `fallback` comes last";
+const PRESSURE_ACCEPTED: &str =
+    "none, or a list of evict, shrink, fallback tried in order, e.g. [evict, shrink, fallback]";
+const REOFFLOAD_ACCEPTED: &str = "never, or a duration of at least 10s such as 10m (units s, m, h, d)";
+const INTERVAL_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 1s, 500ms, 2s";
+const COOLDOWN_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 10s";
+const METRICS_ACCEPTED: &str =
+    "off, or an absolute path to a file such as /var/lib/prometheus/node-exporter/tmpfsctl.prom";
+const MAX_PRIORITY: u32 = 100;
+
+/// What watchdog validation needs to know about the mount.
+struct WdCtx<'a> {
+    i: usize,
+    mount: Option<&'a RawWatchdog>,
+    defaults: Option<&'a RawWatchdog>,
+    /// 0 when the size itself is invalid (already reported).
+    size: u64,
+    /// `None` when `persist` itself is invalid (already reported).
+    persist: Option<Persist>,
+    mem_total: u64,
+    max_total: u64,
+}
+
+/// A watchdog field as it applies to a mount: its own, else the defaults'.
+struct Pick<'a, T> {
+    v: &'a Spanned<T>,
+    field: String,
+    /// Set in the mount itself (not inherited from `defaults`).
+    own: bool,
+}
+
+impl<'a> WdCtx<'a> {
+    fn pick<T>(
+        &self,
+        name: &str,
+        get: impl Fn(&'a RawWatchdog) -> Option<&'a Spanned<T>>,
+    ) -> Option<Pick<'a, T>> {
+        if let Some(v) = self.mount.and_then(&get) {
+            return Some(Pick {
+                v,
+                field: format!("mounts[{}].watchdog.{name}", self.i),
+                own: true,
+            });
+        }
+        self.defaults.and_then(get).map(|v| Pick {
+            v,
+            field: format!("defaults.watchdog.{name}"),
+            own: false,
+        })
+    }
+}
+
+/// A name of a `NameList` with where it was written.
+struct Named<T> {
+    value: T,
+    loc: Location,
+    field: String,
+}
+
+/// Parses a name or list of names against `table`; unknown names and
+/// duplicates are reported.
+fn names<T: Copy + PartialEq>(
+    cx: &mut Ctx,
+    p: &Pick<'_, NameList>,
+    what: &str,
+    table: &[(&str, T)],
+    accepted: &str,
+) -> Option<Vec<Named<T>>> {
+    let items: Vec<(String, Location, String)> = match &p.v.value {
+        NameList::One(n) => vec![(n.clone(), p.v.referenced, p.field.clone())],
+        NameList::Many(list) => list
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.value.clone(), n.referenced, format!("{}[{k}]", p.field)))
+            .collect(),
+    };
+    if items.is_empty() {
+        cx.at(p.v, &p.field, format!("empty {what} list"), Some(accepted));
+        return None;
+    }
+    let mut out: Vec<Named<T>> = Vec::new();
+    let mut ok = true;
+    for (name, loc, field) in items {
+        match table.iter().find(|(n, _)| *n == name) {
+            None => {
+                cx.at_loc(&loc, &field, format!("invalid {what} `{name}`"), Some(accepted));
+                ok = false;
+            }
+            Some((_, v)) if out.iter().any(|o| o.value == *v) => {
+                cx.at_loc(
+                    &loc,
+                    &field,
+                    format!("{what} `{name}` is listed twice"),
+                    Some(accepted),
+                );
+                ok = false;
+            }
+            Some((_, v)) => out.push(Named {
+                value: *v,
+                loc,
+                field,
+            }),
+        }
+    }
+    ok.then_some(out)
+}
+
+fn percent(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<f64> {
+    let text = s.value.trim();
+    let why = match text.strip_suffix('%') {
+        None => format!("invalid percentage `{}`: the % sign is missing", s.value),
+        Some(n) => match n.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 && p.is_finite() => return Some(p),
+            Ok(_) => format!("invalid percentage `{}`: above 0% and at most 100%", s.value),
+            Err(_) => format!("invalid percentage `{}`: `{n}` is not a number", s.value),
+        },
+    };
+    cx.at(s, field, why, Some(PCT_ACCEPTED));
+    None
+}
+
+/// warn/high/low of one kind, falling back to `base` for unset ones.
+fn thresholds(
+    cx: &mut Ctx,
+    picks: [Option<Pick<'_, String>>; 3],
+    base: Thresholds,
+    of_what: &str,
+) -> Option<Thresholds> {
+    let [w, h, l] = picks;
+    let before = cx.diags.len();
+    let mut val = |p: &Option<Pick<'_, String>>| p.as_ref().map(|p| percent(cx, &p.field, p.v));
+    let (wv, hv, lv) = (val(&w), val(&h), val(&l));
+    // Unset values follow `high`: warn at most high, low at most 3/4 of it.
+    let high = hv.flatten().unwrap_or(base.high);
+    let t = Thresholds {
+        warn: wv.flatten().unwrap_or(base.warn.min(high)),
+        high,
+        low: lv.flatten().unwrap_or(base.low.min(high * 0.75)),
+    };
+    if cx.diags.len() != before {
+        return None;
+    }
+    // Blame the value written nearest to the mount: its own, else the one set.
+    let blame = |a: &Option<Pick<'_, String>>, b: &Option<Pick<'_, String>>| -> Option<(Location, String)> {
+        let own = |p: &Option<Pick<'_, String>>| {
+            p.as_ref()
+                .filter(|p| p.own)
+                .map(|p| (p.v.referenced, p.field.clone()))
+        };
+        let any = |p: &Option<Pick<'_, String>>| p.as_ref().map(|p| (p.v.referenced, p.field.clone()));
+        own(a).or_else(|| own(b)).or_else(|| any(a)).or_else(|| any(b))
+    };
+    if t.low >= t.high {
+        if let Some((loc, field)) = blame(&l, &h) {
+            cx.at_loc(
+                &loc,
+                &field,
+                format!(
+                    "low {}% must be below high {}% (of the {of_what}); the gap is the hysteresis",
+                    t.low, t.high
+                ),
+                Some("low < high, e.g. high: 95%, low: 70%"),
+            );
+        }
+    }
+    if t.warn > t.high {
+        if let Some((loc, field)) = blame(&w, &h) {
+            cx.at_loc(
+                &loc,
+                &field,
+                format!(
+                    "warn {}% is above high {}% (of the {of_what}); it would never warn first",
+                    t.warn, t.high
+                ),
+                Some("warn <= high, e.g. warn: 80%, high: 95%"),
+            );
+        }
+    }
+    (cx.diags.len() == before).then_some(t)
+}
+
+fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
+    let before = cx.diags.len();
+    let bytes = thresholds(
+        cx,
+        [
+            w.pick("warn", |r| r.warn.as_ref()),
+            w.pick("high", |r| r.high.as_ref()),
+            w.pick("low", |r| r.low.as_ref()),
+        ],
+        Thresholds::DEFAULT,
+        "size",
+    );
+    let inodes = thresholds(
+        cx,
+        [
+            w.pick("inodes.warn", |r| r.inodes.as_ref()?.warn.as_ref()),
+            w.pick("inodes.high", |r| r.inodes.as_ref()?.high.as_ref()),
+            w.pick("inodes.low", |r| r.inodes.as_ref()?.low.as_ref()),
+        ],
+        bytes.unwrap_or(Thresholds::DEFAULT),
+        "inode limit",
+    );
+
+    let volatile = w.persist.map(|p| p == Persist::None);
+    let evict_needs_volatile = |cx: &mut Ctx, loc: &Location, field: &str| {
+        if volatile == Some(false) {
+            cx.at_loc(
+                loc,
+                field,
+                format!(
+                    "`evict` deletes files, but mounts[{}] is persisted (`persist` is not none): the deletions would reach the disk copy",
+                    w.i
+                ),
+                Some("evict only on volatile caches (persist: none); for persisted mounts grow, shrink or fallback"),
+            );
+        }
+    };
+
+    let action_pick = w.pick("action", |r| r.action.as_ref());
+    let parsed = match &action_pick {
+        None => Some(Vec::new()),
+        Some(p) => names(cx, p, "action", &Action::ALL, ACTION_ACCEPTED),
+    };
+    // When the list itself is bad, checks that depend on it stay quiet.
+    let known = parsed.is_some();
+    let actions: Vec<Named<Action>> = parsed.unwrap_or_default();
+    let n = actions.len();
+    for (k, a) in actions.iter().enumerate() {
+        match a.value {
+            Action::Warn if n > 1 => cx.at_loc(
+                &a.loc,
+                &a.field,
+                "`warn` only logs and cannot be combined with other actions".into(),
+                Some(ACTION_ACCEPTED),
+            ),
+            Action::Fallback if k + 1 < n => cx.at_loc(
+                &a.loc,
+                &a.field,
+                "`fallback` takes the mount out of RAM; no action can follow it".into(),
+                Some(ACTION_ACCEPTED),
+            ),
+            Action::Evict => evict_needs_volatile(cx, &a.loc, &a.field),
+            _ => {}
+        }
+    }
+    let chain: Vec<Action> = if actions.is_empty() {
+        vec![Action::Warn]
+    } else {
+        actions.iter().map(|a| a.value).collect()
+    };
+    let has = |x: Action| chain.contains(&x);
+    let lacks = |x: Action| known && !chain.contains(&x);
+
+    let max_size = match w.pick("max_size", |r| r.max_size.as_ref()) {
+        None => None,
+        Some(p) => match size::parse_size(&p.v.value) {
+            Err(why) => {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    format!("invalid size `{}`: {why}", p.v.value),
+                    Some(SIZE_ACCEPTED),
+                );
+                None
+            }
+            Ok(lit) => {
+                let max = lit.resolve(w.mem_total);
+                if p.own && lacks(Action::Grow) {
+                    cx.at(
+                        p.v,
+                        &p.field,
+                        "`max_size` has no effect without `grow` in `action`".into(),
+                        Some(ACTION_ACCEPTED),
+                    );
+                } else if w.size > 0 && max <= w.size && has(Action::Grow) {
+                    cx.at(
+                        p.v,
+                        &p.field,
+                        format!(
+                            "max_size {} is not above the mount's size {}; grow would have no room",
+                            size::format_bytes(max),
+                            size::format_bytes(w.size)
+                        ),
+                        Some("a size above `size` (a percentage is of RAM)"),
+                    );
+                } else if max > w.max_total && has(Action::Grow) {
+                    cx.at(
+                        p.v,
+                        &p.field,
+                        format!(
+                            "max_size {} exceeds the RAM budget max_total {}",
+                            size::format_bytes(max),
+                            size::format_bytes(w.max_total)
+                        ),
+                        Some("at most `max_total` (default 50% of MemTotal)"),
+                    );
+                }
+                Some(max)
+            }
+        },
+    };
+    if let Some(g) = actions.iter().find(|a| a.value == Action::Grow) {
+        if max_size.is_none() && cx.diags.len() == before {
+            cx.at_loc(
+                &g.loc,
+                &g.field,
+                "`grow` needs `max_size`, the size it may grow to".into(),
+                Some("a `max_size` above `size` in the same watchdog (or in defaults.watchdog)"),
+            );
+        }
+    }
+
+    let default_step = SizeLit::Percent(25.0).resolve(w.size).max(1);
+    let grow_step = match w.pick("grow_step", |r| r.grow_step.as_ref()) {
+        None => default_step,
+        Some(p) => {
+            if p.own && lacks(Action::Grow) {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    "`grow_step` has no effect without `grow` in `action`".into(),
+                    Some(ACTION_ACCEPTED),
+                );
+            }
+            match size::parse_size(&p.v.value) {
+                // A percentage is of the mount's size, not of RAM.
+                Ok(lit) => lit.resolve(w.size).max(1),
+                Err(why) => {
+                    cx.at(
+                        p.v,
+                        &p.field,
+                        format!("invalid grow step `{}`: {why}", p.v.value),
+                        Some("a size such as 64MiB, or a percentage of the mount's size such as 25%"),
+                    );
+                    default_step
+                }
+            }
+        }
+    };
+
+    let pressure_pick = w.pick("pressure", |r| r.pressure.as_ref());
+    let mut pressure_known = true;
+    let pressure: Vec<PressureAction> = match &pressure_pick {
+        None if volatile == Some(true) => {
+            vec![
+                PressureAction::Evict,
+                PressureAction::Shrink,
+                PressureAction::Fallback,
+            ]
+        }
+        None => vec![PressureAction::Shrink, PressureAction::Fallback],
+        Some(p) if matches!(&p.v.value, NameList::One(n) if n == "none") => Vec::new(),
+        Some(p) if matches!(&p.v.value, NameList::Many(l) if l.is_empty()) => Vec::new(),
+        Some(p) => {
+            let list = names(cx, p, "pressure action", &PressureAction::ALL, PRESSURE_ACCEPTED);
+            pressure_known = list.is_some();
+            let list = list.unwrap_or_default();
+            for a in list.iter().filter(|a| a.value == PressureAction::Evict) {
+                evict_needs_volatile(cx, &a.loc, &a.field);
+            }
+            list.into_iter().map(|a| a.value).collect()
+        }
+    };
+
+    let reoffload_after = match w.pick("reoffload_after", |r| r.reoffload_after.as_ref()) {
+        None => None,
+        Some(p) => {
+            if p.own
+                && lacks(Action::Fallback)
+                && pressure_known
+                && !pressure.contains(&PressureAction::Fallback)
+            {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    "`reoffload_after` has no effect: neither `action` nor `pressure` has `fallback`".into(),
+                    Some(ACTION_ACCEPTED),
+                );
+            }
+            let v = p.v.value.trim();
+            if v == "never" {
+                None
+            } else {
+                match parse_duration(v) {
+                    Ok(secs) if secs >= 10 => Some(secs),
+                    Ok(_) => {
+                        cx.at(
+                            p.v,
+                            &p.field,
+                            format!(
+                                "invalid reoffload_after `{}`: at least 10s, or the mount would flap",
+                                p.v.value
+                            ),
+                            Some(REOFFLOAD_ACCEPTED),
+                        );
+                        None
+                    }
+                    Err(why) => {
+                        cx.at(
+                            p.v,
+                            &p.field,
+                            format!("invalid reoffload_after `{}`: {why}", p.v.value),
+                            Some(REOFFLOAD_ACCEPTED),
+                        );
+                        None
+                    }
+                }
+            }
+        }
+    };
+
+    let priority = match w.pick("priority", |r| r.priority.as_ref()) {
+        None => DEFAULT_PRIORITY,
+        Some(p) if p.v.value > MAX_PRIORITY => {
+            cx.at(
+                p.v,
+                &p.field,
+                format!("invalid priority {}", p.v.value),
+                Some("a whole number from 0 (acted on first under memory pressure) to 100"),
+            );
+            DEFAULT_PRIORITY
+        }
+        Some(p) => p.v.value,
+    };
+
+    if cx.diags.len() != before {
+        return None;
+    }
+    Some(Watchdog {
+        bytes: bytes?,
+        inodes: inodes?,
+        max_size: max_size.filter(|_| has(Action::Grow)),
+        actions: chain,
+        grow_step,
+        reoffload_after,
+        pressure,
+        priority,
+    })
+}
+
+fn agent(cx: &mut Ctx, raw: Option<&RawAgent>, mem_total: u64) -> AgentSettings {
+    let mut a = AgentSettings::defaults(mem_total);
+    let Some(raw) = raw else {
+        return a;
+    };
+    let duration = |cx: &mut Ctx, s: &Spanned<String>, field: &str, accepted: &str| -> Option<u64> {
+        match parse_duration_ms(&s.value) {
+            Ok(ms) if (100..=3_600_000).contains(&ms) => Some(ms),
+            Ok(_) => {
+                cx.at(
+                    s,
+                    field,
+                    format!("invalid {field} `{}`: out of range", s.value),
+                    Some(accepted),
+                );
+                None
+            }
+            Err(why) => {
+                cx.at(
+                    s,
+                    field,
+                    format!("invalid {field} `{}`: {why}", s.value),
+                    Some(accepted),
+                );
+                None
+            }
+        }
+    };
+    let ram_size = |cx: &mut Ctx, s: &Spanned<String>, field: &str| -> Option<u64> {
+        match size::parse_size(&s.value) {
+            Ok(lit) => Some(lit.resolve(mem_total)),
+            Err(why) => {
+                cx.at(
+                    s,
+                    field,
+                    format!("invalid size `{}`: {why}", s.value),
+                    Some(SIZE_ACCEPTED),
+                );
+                None
+            }
+        }
+    };
+    if let Some(s) = &raw.interval {
+        a.interval_ms = duration(cx, s, "agent.interval", INTERVAL_ACCEPTED).unwrap_or(a.interval_ms);
+    }
+    if let Some(s) = &raw.cooldown {
+        a.cooldown_ms = duration(cx, s, "agent.cooldown", COOLDOWN_ACCEPTED).unwrap_or(a.cooldown_ms);
+    }
+    if let Some(s) = &raw.min_available {
+        a.min_available = ram_size(cx, s, "agent.min_available").unwrap_or(a.min_available);
+    }
+    if let Some(s) = &raw.grow_floor {
+        a.grow_floor = ram_size(cx, s, "agent.grow_floor").unwrap_or(a.grow_floor);
+    }
+    if let Some(s) = &raw.max_pressure {
+        a.max_pressure = percent(cx, "agent.max_pressure", s).unwrap_or(a.max_pressure);
+    }
+    if let Some(s) = &raw.metrics {
+        a.metrics = match metrics_target(&s.value) {
+            Ok(t) => t,
+            Err(why) => {
+                cx.at(s, "agent.metrics", why, Some(METRICS_ACCEPTED));
+                a.metrics
+            }
+        };
+    }
+    a
+}
+
+/// `off` or an absolute, normalised path that is not a directory.
+pub fn metrics_target(text: &str) -> Result<MetricsTarget, String> {
+    if text == "off" {
+        return Ok(MetricsTarget::Off);
+    }
+    let p = Path::new(text);
+    let normal = p
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !p.is_absolute() || !normal || p.components().collect::<PathBuf>().as_os_str() != p.as_os_str() {
+        return Err(format!(
+            "invalid metrics path `{text}`: not an absolute, normalised path"
+        ));
+    }
+    if p.is_dir() {
+        return Err(format!(
+            "invalid metrics path `{text}`: it is a directory; name the file"
+        ));
+    }
+    Ok(MetricsTarget::File(p.to_path_buf()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -743,5 +1348,31 @@ mod tests {
         assert!(parse_duration("m").unwrap_err().contains("needs a number"));
         assert!(parse_duration("5w").unwrap_err().contains("unit `w`"));
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn durations_in_milliseconds() {
+        assert_eq!(parse_duration_ms("1s"), Ok(1000));
+        assert_eq!(parse_duration_ms("250ms"), Ok(250));
+        assert_eq!(parse_duration_ms("1m30s"), Ok(90_000));
+        assert_eq!(parse_duration_ms("1s500ms"), Ok(1500));
+        assert_eq!(parse_duration_ms("2h"), Ok(7_200_000));
+        assert!(parse_duration_ms("5").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration_ms("ms").unwrap_err().contains("needs a number"));
+        assert!(parse_duration_ms("3w").unwrap_err().contains("unit `w`"));
+        assert!(parse_duration_ms("").is_err());
+        assert!(parse_duration_ms("99999999999999999999d").is_err());
+    }
+
+    #[test]
+    fn metrics_targets() {
+        assert_eq!(metrics_target("off"), Ok(MetricsTarget::Off));
+        assert_eq!(
+            metrics_target("/x/y.prom"),
+            Ok(MetricsTarget::File("/x/y.prom".into()))
+        );
+        for bad in ["x.prom", "/x/../y.prom", "/x//y", "/", "/tmp"] {
+            assert!(metrics_target(bad).is_err(), "{bad}");
+        }
     }
 }

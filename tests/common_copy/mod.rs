@@ -280,11 +280,6 @@ pub fn set_distinct_times(root: &Path) {
 /// mtimes: relatime then never updates it when the copy reads a symlink or a file, so
 /// source and copy atimes stay comparable.
 pub fn set_future_atimes(root: &Path) {
-    let future = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs() as i64
-        + 86_400;
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
         for entry in fs::read_dir(&dir).expect("read_dir") {
@@ -292,16 +287,26 @@ pub fn set_future_atimes(root: &Path) {
             if entry.file_type().expect("type").is_dir() {
                 pending.push(entry.path());
             }
-            utimensat(
-                nix::fcntl::AT_FDCWD,
-                &entry.path(),
-                &TimeSpec::new(future, 0),
-                &TimeSpec::UTIME_OMIT,
-                UtimensatFlags::NoFollowSymlink,
-            )
-            .expect("set atime");
+            set_future_atime(&entry.path());
         }
     }
+}
+
+/// [`set_future_atimes`] for one entry.
+pub fn set_future_atime(path: &Path) {
+    let future = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+        + 86_400;
+    utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &TimeSpec::new(future, 0),
+        &TimeSpec::UTIME_OMIT,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .expect("set atime");
 }
 
 /// Everything `cp -a`/`rsync -aHAX` promise to keep, for one entry.
@@ -523,8 +528,9 @@ pub fn assert_in_sync(src: &Path, dst: &Path) -> (Tree, Tree) {
     (src_tree, dst_tree)
 }
 
-/// Inode number of every entry below `root`, by relative path.
-pub fn inodes(root: &Path) -> BTreeMap<Vec<u8>, u64> {
+/// Inode number and file type of every entry below `root`, by relative path (the
+/// type too, as a filesystem may give a freed inode number to the next new entry).
+pub fn inodes(root: &Path) -> BTreeMap<Vec<u8>, (u64, u32)> {
     let mut found = BTreeMap::new();
     let mut pending = vec![Vec::new()];
     while let Some(dir) = pending.pop() {
@@ -539,7 +545,7 @@ pub fn inodes(root: &Path) -> BTreeMap<Vec<u8>, u64> {
             if md.is_dir() {
                 pending.push(rel.clone());
             }
-            found.insert(rel, md.ino());
+            found.insert(rel, (md.ino(), md.mode() & libc::S_IFMT));
         }
     }
     found

@@ -1,0 +1,332 @@
+//! Eviction: deletes least-recently-used regular files of a volatile cache.
+//!
+//! The tree is walked from the agent's held descriptor of the tmpfs root;
+//! every directory is opened relative to it with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)`, so an application that swaps a
+//! directory for a symlink mid-walk cannot make the agent (root) delete
+//! anything outside the cache, and mounts below the root are not entered.
+//! Directories, symlinks and special files are never deleted.
+//!
+//! Files open for writing are skipped: deleting one frees nothing until the
+//! writer closes it, and an application that writes a temporary file and then
+//! renames it into place (nginx's proxy_temp with `use_temp_path=off`) would
+//! fail the rename. They are found by scanning `/proc/PID/fd` (through the
+//! host's proc root) for descriptors on this filesystem whose
+//! `/proc/PID/fdinfo` flags have O_WRONLY or O_RDWR (a descriptor whose flags
+//! cannot be read counts as writing). Writable shared memory
+//! mappings are not detected; deleting such a file is harmless (the mapping
+//! keeps its pages until unmapped), it only frees nothing at once.
+
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use nix::dir::{Dir, Type};
+use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::host::usage::Usage;
+use crate::host::Host;
+use crate::watchdog::{pick_evictions, Candidate, EvictTarget};
+
+/// What an eviction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evicted {
+    pub files: u64,
+    pub bytes: u64,
+    /// Regular files skipped because a process has them open for writing.
+    pub skipped_open: u64,
+    /// Files that vanished or changed between the scan and the delete.
+    pub raced: u64,
+}
+
+struct File {
+    dir: usize,
+    name: OsString,
+    ino: u64,
+}
+
+/// Directories found by the walk: (parent index, name); index 0 is the root.
+struct Tree {
+    dirs: Vec<(usize, OsString)>,
+    files: Vec<File>,
+    candidates: Vec<Candidate>,
+}
+
+impl Tree {
+    fn rel(&self, mut dir: usize) -> PathBuf {
+        let mut parts = Vec::new();
+        while dir != 0 {
+            let (parent, name) = &self.dirs[dir];
+            parts.push(name.clone());
+            dir = *parent;
+        }
+        let mut p = PathBuf::from(".");
+        for part in parts.iter().rev() {
+            p.push(part);
+        }
+        p
+    }
+}
+
+fn beneath(root: BorrowedFd<'_>, rel: &std::path::Path) -> nix::Result<OwnedFd> {
+    openat2(
+        root,
+        rel,
+        OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            ),
+    )
+}
+
+fn ns(sec: i64, nsec: i64) -> i128 {
+    sec as i128 * 1_000_000_000 + nsec as i128
+}
+
+fn scan(root: BorrowedFd<'_>, open_for_write: &HashSet<u64>, skipped_open: &mut u64) -> Result<Tree> {
+    let root_dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
+    let mut t = Tree {
+        dirs: vec![(0, OsString::from("."))],
+        files: Vec::new(),
+        candidates: Vec::new(),
+    };
+    let mut stack = vec![0usize];
+    while let Some(d) = stack.pop() {
+        let fd = match beneath(root, &t.rel(d)) {
+            Ok(fd) => fd,
+            // Removed or replaced by the application meanwhile: skip it.
+            Err(_) if d != 0 => continue,
+            Err(e) => return Err(e).context("opening the tmpfs root"),
+        };
+        let mut dir = Dir::from_fd(fd).context("reading a directory")?;
+        let mut entries: Vec<(OsString, Option<Type>)> = Vec::new();
+        for e in dir.iter() {
+            let Ok(e) = e else { continue };
+            let name = OsStr::from_bytes(e.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            entries.push((name.to_os_string(), e.file_type()));
+        }
+        for (name, ty) in entries {
+            if matches!(ty, Some(t) if t != Type::Directory && t != Type::File) {
+                continue;
+            }
+            let Ok(st) = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            if st.st_dev != root_dev {
+                continue;
+            }
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            if kind == SFlag::S_IFDIR {
+                t.dirs.push((d, name));
+                stack.push(t.dirs.len() - 1);
+            } else if kind == SFlag::S_IFREG {
+                if open_for_write.contains(&st.st_ino) {
+                    *skipped_open += 1;
+                    continue;
+                }
+                t.candidates.push(candidate(&st));
+                t.files.push(File {
+                    dir: d,
+                    name,
+                    ino: st.st_ino,
+                });
+            }
+        }
+    }
+    Ok(t)
+}
+
+fn candidate(st: &FileStat) -> Candidate {
+    let last = ns(st.st_atime, st.st_atime_nsec).max(ns(st.st_mtime, st.st_mtime_nsec));
+    let last_name = st.st_nlink <= 1;
+    Candidate {
+        last_use: last,
+        bytes: if last_name { st.st_blocks as u64 * 512 } else { 0 },
+        frees_inode: last_name,
+    }
+}
+
+/// Inodes of regular files on device `dev` that some process has open for
+/// writing, found through `/proc/PID/fd` and `/proc/PID/fdinfo`.
+pub fn open_for_write(host: &Host, dev: u64) -> HashSet<u64> {
+    let mut out = HashSet::new();
+    let Ok(procs) = std::fs::read_dir(host.proc_root()) else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let base = p.path();
+        let Ok(fds) = std::fs::read_dir(base.join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            // Sockets, pipes and anonymous inodes are not paths: skip them
+            // without a stat.
+            match std::fs::read_link(fd.path()) {
+                Ok(target) if target.as_os_str().as_bytes().first() == Some(&b'/') => {}
+                _ => continue,
+            }
+            let Ok(md) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            use std::os::unix::fs::MetadataExt;
+            if md.dev() != dev || !md.is_file() {
+                continue;
+            }
+            // Unreadable flags (no CAP_SYS_PTRACE for another user's process):
+            // assume writing, and keep the file.
+            let info = base.join("fdinfo").join(fd.file_name());
+            if std::fs::read_to_string(info)
+                .ok()
+                .and_then(|t| fdinfo_flags(&t))
+                .is_none_or(|f| f & libc::O_ACCMODE != libc::O_RDONLY)
+            {
+                out.insert(md.ino());
+            }
+        }
+    }
+    out
+}
+
+/// The `flags:` field of /proc/PID/fdinfo/N (octal).
+pub fn fdinfo_flags(text: &str) -> Option<i32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| i32::from_str_radix(v.trim(), 8).ok())
+}
+
+/// Deletes least-recently-used files below `root` until usage is at or
+/// below `target`; `usage` re-measures the filesystem.
+pub fn evict(
+    root: BorrowedFd<'_>,
+    host: &Host,
+    target: EvictTarget,
+    usage: &dyn Fn() -> Result<Usage>,
+) -> Result<Evicted> {
+    let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
+    let writing = open_for_write(host, dev);
+    let mut out = Evicted::default();
+    let tree = scan(root, &writing, &mut out.skipped_open)?;
+    let now = usage()?;
+    let (need_bytes, need_inodes) = target.need(&now);
+    let order = pick_evictions(&tree.candidates, need_bytes, need_inodes);
+    let mut current_dir: Option<(usize, OwnedFd)> = None;
+    for (n, i) in order.into_iter().enumerate() {
+        // The estimate can be off (sparse files, concurrent writes): measure
+        // every so often and stop as soon as the target is reached.
+        if n > 0 && n % 64 == 0 {
+            let u = usage()?;
+            if target.need(&u) == (0, 0) {
+                break;
+            }
+        }
+        let f = &tree.files[i];
+        if current_dir.as_ref().is_none_or(|(d, _)| *d != f.dir) {
+            current_dir = beneath(root, &tree.rel(f.dir)).ok().map(|fd| (f.dir, fd));
+        }
+        let Some((_, dfd)) = &current_dir else {
+            out.raced += 1;
+            continue;
+        };
+        // The name must still be the regular file that was scanned.
+        match fstatat(dfd.as_fd(), f.name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if st.st_ino == f.ino
+                    && SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG =>
+            {
+                match unlinkat(dfd.as_fd(), f.name.as_os_str(), UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) => {
+                        out.files += 1;
+                        out.bytes += tree.candidates[i].bytes;
+                    }
+                    Err(_) => out.raced += 1,
+                }
+            }
+            _ => out.raced += 1,
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn fdinfo_flags_are_octal() {
+        let t = "pos:\t0\nflags:\t0100002\nmnt_id:\t30\n";
+        assert_eq!(fdinfo_flags(t), Some(0o100002));
+        assert_eq!(fdinfo_flags(t).unwrap() & libc::O_ACCMODE, libc::O_RDWR);
+        assert_eq!(fdinfo_flags("pos: 0\n"), None);
+    }
+
+    #[test]
+    fn evicts_oldest_files_and_skips_open_writers_and_non_files() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        let set_time = |p: &std::path::Path, secs: i64| {
+            let t = nix::sys::time::TimeSpec::new(secs, 0);
+            nix::sys::stat::utimensat(
+                nix::fcntl::AT_FDCWD,
+                p,
+                &t,
+                &t,
+                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+            )
+            .unwrap();
+        };
+        for (name, age) in [("old", 100), ("a/mid", 200), ("a/b/new", 300), ("a/writing", 50)] {
+            std::fs::write(root.join(name), vec![1u8; 8192]).unwrap();
+            set_time(&root.join(name), age);
+        }
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        let _writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(root.join("a/writing"))
+            .unwrap();
+        let fd = std::fs::File::open(root).unwrap();
+        let host = Host::default();
+        // Pretend two files' worth has to go.
+        let count = std::cell::Cell::new(4u64);
+        let usage = || -> Result<Usage> {
+            Ok(Usage {
+                size: 1 << 30,
+                used: count.get() * 8192,
+                inodes: 100,
+                inodes_used: 1,
+            })
+        };
+        let target = EvictTarget {
+            bytes: 2 * 8192,
+            inodes: 100,
+        };
+        let r = evict(fd.as_fd(), &host, target, &usage).unwrap();
+        count.set(2);
+        assert_eq!(r.skipped_open, 1, "{r:?}");
+        assert_eq!(r.files, 2, "{r:?}");
+        assert!(!root.join("old").exists() && !root.join("a/mid").exists());
+        assert!(root.join("a/b/new").exists(), "the most recent file stays");
+        assert!(root.join("a/writing").exists(), "open for writing: kept");
+        assert!(
+            root.join("link").symlink_metadata().is_ok(),
+            "symlinks are never deleted"
+        );
+        assert!(root.join("a/b").is_dir(), "directories stay");
+    }
+}

@@ -1,0 +1,206 @@
+//! Makes the write-back's temporaries durable and puts them in place, off the walk's
+//! thread: `fsync` waits for the disk, and several waiting together share one journal
+//! commit, so a few workers turn a thousand commits into a few dozen while the walk
+//! goes on comparing.
+//!
+//! Order per file is unchanged: data and metadata are written by the walk, then a
+//! worker `fsync`s the temporary and only then renames it over its final name. A
+//! directory's metadata is applied (by the walk) after the last rename into it
+//! finished, and its `fsync` is queued after that.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use nix::fcntl;
+use nix::unistd::{self, UnlinkatFlags};
+
+use super::ops::dst_err;
+use super::CopyError;
+
+/// Workers: enough concurrent `fsync`s to fill a journal commit; they mostly sleep.
+pub(super) const WORKERS: usize = 8;
+/// Jobs queued at most, bounding open descriptors (one temporary each).
+const QUEUE: usize = 128;
+
+/// A destination directory shared with the workers renaming into it.
+pub(super) struct DstDir {
+    pub(super) fd: OwnedFd,
+    renames: Mutex<Renames>,
+}
+
+#[derive(Default)]
+struct Renames {
+    pending: usize,
+    /// The walk is done with the directory and waits for the renames.
+    left: bool,
+}
+
+impl DstDir {
+    pub(super) fn new(fd: OwnedFd) -> Arc<Self> {
+        Arc::new(DstDir {
+            fd,
+            renames: Mutex::default(),
+        })
+    }
+
+    /// A key for the walk's table of directories waiting for their renames.
+    pub(super) fn key(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+
+    /// The walk is done with the directory: true if no rename into it is still
+    /// pending, else its key is sent on the completion channel after the last one.
+    pub(super) fn leave(&self) -> bool {
+        let mut renames = self.renames.lock().expect("no worker panics holding it");
+        renames.left = true;
+        renames.pending == 0
+    }
+}
+
+pub(super) enum Job {
+    /// `fsync` the finished temporary `file`, then rename `temp` over `name` in `dir`.
+    Rename {
+        dir: Arc<DstDir>,
+        file: File,
+        temp: CString,
+        name: CString,
+        /// Relative path of `name`, for an error.
+        rel: PathBuf,
+    },
+    /// `fsync` a directory whose names or metadata changed.
+    FsyncDir { dir: Arc<DstDir>, rel: PathBuf },
+    /// `fsync` a file whose metadata was updated in place.
+    FsyncFile { file: File, rel: PathBuf },
+}
+
+/// What the walk and the workers share.
+#[derive(Default)]
+struct Shared {
+    error: Mutex<Option<CopyError>>,
+    /// Set on the first error, by either side: the workers then only clean up.
+    aborted: AtomicBool,
+}
+
+impl Shared {
+    fn fail(&self, failure: CopyError) {
+        self.aborted.store(true, Ordering::Relaxed);
+        self.error
+            .lock()
+            .expect("no worker panics holding it")
+            .get_or_insert(failure);
+    }
+}
+
+/// The walk's end of the workers.
+pub(super) struct Durable {
+    jobs: Option<SyncSender<Job>>,
+    /// Keys of directories whose last pending rename finished after the walk left them.
+    pub(super) done: Receiver<usize>,
+    shared: Arc<Shared>,
+}
+
+impl Durable {
+    /// Starts the workers in `scope`; they end once the `Durable` is dropped and the
+    /// queue is drained.
+    pub(super) fn start<'s>(scope: &'s std::thread::Scope<'s, '_>) -> Self {
+        let (jobs, queue) = mpsc::sync_channel(QUEUE);
+        let (done_tx, done) = mpsc::channel();
+        let queue = Arc::new(Mutex::new(queue));
+        let shared = Arc::new(Shared::default());
+        for _ in 0..WORKERS {
+            let (queue, done_tx, shared) = (Arc::clone(&queue), done_tx.clone(), Arc::clone(&shared));
+            scope.spawn(move || work(&queue, &done_tx, &shared));
+        }
+        Durable {
+            jobs: Some(jobs),
+            done,
+            shared,
+        }
+    }
+
+    pub(super) fn submit(&self, job: Job) {
+        if let Job::Rename { dir, .. } = &job {
+            dir.renames.lock().expect("no worker panics holding it").pending += 1;
+        }
+        self.jobs
+            .as_ref()
+            .expect("jobs are submitted before the end")
+            .send(job)
+            .expect("the workers live as long as the queue");
+    }
+
+    /// Whether a worker ran into an error; [`Self::finish`] returns it.
+    pub(super) fn failed(&self) -> bool {
+        self.shared.aborted.load(Ordering::Relaxed)
+    }
+
+    /// Lets the workers finish the queue and end; returns the first error. After
+    /// `error` (the walk's own), queued temporaries are removed instead of renamed.
+    pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<(), CopyError> {
+        if let Some(error) = error {
+            self.shared.fail(error);
+        }
+        self.jobs = None;
+        // The workers hold the other ends of `done`: it disconnects when all ended.
+        while self.done.recv().is_ok() {}
+        match self.shared.error.lock().expect("the workers ended").take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
+    loop {
+        let job = queue.lock().expect("no worker panics holding it").recv();
+        let Ok(job) = job else { return };
+        let failed_before = shared.aborted.load(Ordering::Relaxed);
+        let failure = match job {
+            Job::Rename {
+                dir,
+                file,
+                temp,
+                name,
+                rel,
+            } => {
+                let result = if failed_before {
+                    Ok(())
+                } else {
+                    unistd::fsync(&file).map_err(dst_err("fsync")).and_then(|()| {
+                        fcntl::renameat(dir.fd.as_fd(), temp.as_c_str(), dir.fd.as_fd(), name.as_c_str())
+                            .map_err(dst_err("rename into place"))
+                    })
+                };
+                if failed_before || result.is_err() {
+                    // Best effort: the next sync removes what is left.
+                    let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
+                }
+                drop(file);
+                let mut renames = dir.renames.lock().expect("no worker panics holding it");
+                renames.pending -= 1;
+                if renames.pending == 0 && renames.left {
+                    // The walk may already be gone after an error; nobody to tell then.
+                    let _ = done.send(dir.key());
+                }
+                result.err().map(|f| f.at(rel))
+            }
+            _ if failed_before => None,
+            Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
+                .map_err(dst_err("fsync directory"))
+                .err()
+                .map(|f| f.at(rel)),
+            Job::FsyncFile { file, rel } => unistd::fsync(&file)
+                .map_err(dst_err("fsync"))
+                .err()
+                .map(|f| f.at(rel)),
+        };
+        if let Some(failure) = failure {
+            shared.fail(failure);
+        }
+    }
+}

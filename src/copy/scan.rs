@@ -1,0 +1,251 @@
+//! The write-back's source side, read on a thread of its own ahead of the walk: the
+//! comparison is nothing but system calls, half of them on the source, so a second core
+//! takes that half. The scan only reads the source tree; everything on the destination
+//! is left to the walk.
+//!
+//! The scan goes depth-first through the same directories in the same order as the
+//! walk (names sorted by bytes, reserved names left out, other filesystems not
+//! entered) and streams one [`Event`] per directory entered and left, through a
+//! bounded queue that also bounds the descriptors in flight.
+
+use std::ffi::{CStr, CString, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags, OFlag};
+use nix::sys::stat::{self, FileStat};
+
+use super::ops::{file_type, open_src, src_err, Failed, RelPath};
+use super::xattrs::{self, XattrBufs, XattrTarget};
+
+/// Events queued at most.
+const QUEUE: usize = 256;
+
+/// Names starting with this are the write-back's temporaries.
+pub(super) fn is_temp(name: &CStr) -> bool {
+    name.to_bytes().starts_with(super::TEMP_PREFIX.as_bytes())
+}
+
+/// One name of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Name {
+    pub(super) name: CString,
+    pub(super) dtype: Option<Type>,
+}
+
+/// Lists a directory through a second descriptor, keeping `fd` for the `*at` calls.
+pub(super) fn read_names(fd: &OwnedFd) -> nix::Result<Vec<Name>> {
+    let clone = fd
+        .try_clone()
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    let mut dir = Dir::from_fd(clone)?;
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if !matches!(name.to_bytes(), b"." | b"..") {
+            names.push(Name {
+                name: name.to_owned(),
+                dtype: entry.file_type(),
+            });
+        }
+    }
+    Ok(names)
+}
+
+/// A source name as the scan found it.
+#[derive(Debug)]
+pub(super) struct SrcEntry {
+    pub(super) name: CString,
+    /// `None`: vanished since the listing. A directory's is replaced by the stat of
+    /// its descriptor in its [`Event::Enter`].
+    pub(super) st: Option<FileStat>,
+    /// The attribute list, when it holds any attribute that is copied.
+    pub(super) xattrs: Option<Box<[u8]>>,
+    /// A symlink's target.
+    pub(super) target: Option<OsString>,
+}
+
+pub(super) enum Event {
+    /// A source directory, opened without following a symlink and stated through the
+    /// descriptor, with its names sorted. `mount`: on another filesystem, so not
+    /// entered (`entries` is empty). Every directory among the entries of an `Enter`
+    /// gets its own `Enter` … `Leave` (or `Gone`) in turn, in the entries' order.
+    Enter {
+        fd: OwnedFd,
+        st: FileStat,
+        entries: Vec<SrcEntry>,
+        mount: bool,
+    },
+    Leave,
+    /// The directory vanished or was replaced before it could be opened.
+    Gone,
+    /// Reading the source failed at this path; nothing follows.
+    Failed(Failed, PathBuf),
+}
+
+/// Starts the scan of `root` in `scope`. It ends at the end of the tree, at its first
+/// error, or as soon as the receiver is dropped.
+pub(super) fn start<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    root: OwnedFd,
+    root_st: FileStat,
+) -> Receiver<Event> {
+    let (events, receiver) = mpsc::sync_channel(QUEUE);
+    scope.spawn(move || {
+        let mut scan = Scan {
+            events,
+            dev: root_st.st_dev,
+            rel: RelPath::default(),
+            bufs: XattrBufs::default(),
+        };
+        if let Err((failed, path)) = scan.walk(root, root_st) {
+            let _ = scan.events.send(Event::Failed(failed, path));
+        }
+    });
+    receiver
+}
+
+struct Scan {
+    events: SyncSender<Event>,
+    dev: u64,
+    rel: RelPath,
+    bufs: XattrBufs,
+}
+
+/// The walk stopped listening (it failed or finished early).
+struct Hangup;
+
+/// A scan level: the directory's own descriptor and its subdirectories still to enter.
+struct Level {
+    fd: OwnedFd,
+    subdirs: std::vec::IntoIter<CString>,
+    rel_len: usize,
+}
+
+impl Scan {
+    fn send(&self, event: Event) -> Result<(), Hangup> {
+        self.events.send(event).map_err(|_| Hangup)
+    }
+
+    fn walk(&mut self, root: OwnedFd, root_st: FileStat) -> Result<(), (Failed, PathBuf)> {
+        let Some(first) = self.enter(root, root_st).map_err(|f| (f, self.rel.path(None)))? else {
+            return Ok(());
+        };
+        let mut stack = vec![first];
+        while let Some(level) = stack.last_mut() {
+            let Some(name) = level.subdirs.next() else {
+                stack.pop();
+                if self.send(Event::Leave).is_err() {
+                    return Ok(());
+                }
+                if let Some(parent) = stack.last() {
+                    self.rel.truncate(parent.rel_len);
+                }
+                continue;
+            };
+            let opened = match open_src(level.fd.as_fd(), &name, OFlag::O_DIRECTORY) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {
+                    if self.send(Event::Gone).is_err() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Err(e) => return Err((src_err("open directory")(e), self.rel.path(Some(&name)))),
+            };
+            let st = stat::fstat(&opened)
+                .map_err(src_err("stat"))
+                .map_err(|f| (f, self.rel.path(Some(&name))))?;
+            self.rel.push(&name);
+            match self.enter(opened, st) {
+                Ok(Some(child)) => stack.push(child),
+                Ok(None) => return Ok(()),
+                Err(f) => return Err((f, self.rel.path(None))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a directory and sends its `Enter`; returns the level to walk, or `None`
+    /// when the walk hung up. A directory on another filesystem is sent empty and left
+    /// at once.
+    fn enter(&mut self, fd: OwnedFd, st: FileStat) -> Result<Option<Level>, Failed> {
+        let rel_len = self.rel.len();
+        if st.st_dev != self.dev {
+            let empty = Level {
+                fd: fd.try_clone().map_err(src_err("open directory"))?,
+                subdirs: Vec::new().into_iter(),
+                rel_len,
+            };
+            let mount = Event::Enter {
+                fd,
+                st,
+                entries: Vec::new(),
+                mount: true,
+            };
+            return Ok(self.send(mount).ok().map(|()| empty));
+        }
+        let mut names = read_names(&fd).map_err(src_err("read directory"))?;
+        names.retain(|n| !is_temp(&n.name));
+        names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let mut entries = Vec::with_capacity(names.len());
+        let mut subdirs = Vec::new();
+        for Name { name, .. } in names {
+            let entry = self.scan_entry(fd.as_fd(), name)?;
+            if entry.st.is_some_and(|st| file_type(&st) == libc::S_IFDIR) {
+                subdirs.push(entry.name.clone());
+            }
+            entries.push(entry);
+        }
+        let own = fd.try_clone().map_err(src_err("open directory"))?;
+        let level = Level {
+            fd: own,
+            subdirs: subdirs.into_iter(),
+            rel_len,
+        };
+        let event = Event::Enter {
+            fd,
+            st,
+            entries,
+            mount: false,
+        };
+        Ok(self.send(event).ok().map(|()| level))
+    }
+
+    /// One `fstatat`, the attribute list and a symlink's target.
+    fn scan_entry(&mut self, dir: BorrowedFd<'_>, name: CString) -> Result<SrcEntry, Failed> {
+        let mut entry = SrcEntry {
+            name,
+            st: None,
+            xattrs: None,
+            target: None,
+        };
+        let name = entry.name.as_c_str();
+        let st = match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => return Ok(entry),
+            Err(e) => return Err(src_err("stat")(e)),
+        };
+        let kind = file_type(&st);
+        if kind == libc::S_IFLNK {
+            match fcntl::readlinkat(dir, name) {
+                Ok(target) => entry.target = Some(target),
+                Err(Errno::ENOENT | Errno::EINVAL) => return Ok(entry),
+                Err(e) => return Err(src_err("read symlink")(e)),
+            }
+        }
+        if kind != libc::S_IFDIR {
+            match xattrs::copied_list(XattrTarget::At(dir, name), &mut self.bufs, true) {
+                Ok(list) => entry.xattrs = list,
+                Err(f) if f.errno() == Some(libc::ENOENT) => return Ok(entry),
+                Err(f) => return Err(f),
+            }
+        }
+        entry.st = Some(st);
+        Ok(entry)
+    }
+}

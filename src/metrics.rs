@@ -1,0 +1,486 @@
+//! Prometheus text exposition of the agent's view, for node-exporter's
+//! textfile collector. Rendering is pure; `write` replaces the file
+//! atomically (temporary file + rename), so the collector never reads half a
+//! file. The temporary name does not end in `.prom`, so it is never collected.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::host::usage::Usage;
+use crate::watchdog::{Level, MemView};
+
+/// What the agent knows about a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountState {
+    /// The tmpfs is in place and watched.
+    Offloaded,
+    /// The agent took it out of RAM (watchdog or memory pressure); the
+    /// application runs on the disk directory.
+    Fallback,
+    /// apply could not offload it; the application runs on the disk directory.
+    Degraded,
+    /// Not mounted (taken down, or not applied yet).
+    Absent,
+    /// Something else is mounted at the path.
+    Foreign,
+}
+
+impl MountState {
+    pub const ALL: [MountState; 5] = [
+        MountState::Offloaded,
+        MountState::Fallback,
+        MountState::Degraded,
+        MountState::Absent,
+        MountState::Foreign,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MountState::Offloaded => "offloaded",
+            MountState::Fallback => "fallback",
+            MountState::Degraded => "degraded",
+            MountState::Absent => "absent",
+            MountState::Foreign => "foreign",
+        }
+    }
+}
+
+/// Actions counted per mount, in the order they are exported.
+pub const ACTIONS: [&str; 7] = ["warn", "evict", "grow", "shrink", "fallback", "reoffload", "sync"];
+
+/// One mount's figures.
+#[derive(Debug, Clone)]
+pub struct MountMetrics {
+    pub name: String,
+    pub path: PathBuf,
+    pub state: MountState,
+    pub level: Level,
+    /// `None` when not offloaded.
+    pub usage: Option<Usage>,
+    /// Actions taken since the agent started, by kind (see [`ACTIONS`]).
+    pub actions: BTreeMap<&'static str, u64>,
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+    /// The last write-back: unix time it finished, seconds it took, success.
+    pub last_sync: Option<(u64, f64, bool)>,
+    pub syncs_ok: u64,
+    pub syncs_failed: u64,
+}
+
+impl MountMetrics {
+    pub fn new(name: &str, path: &Path) -> MountMetrics {
+        MountMetrics {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            state: MountState::Absent,
+            level: Level::Ok,
+            usage: None,
+            actions: ACTIONS.iter().map(|a| (*a, 0)).collect(),
+            evicted_files: 0,
+            evicted_bytes: 0,
+            last_sync: None,
+            syncs_ok: 0,
+            syncs_failed: 0,
+        }
+    }
+
+    pub fn count(&mut self, action: &'static str) {
+        *self.actions.entry(action).or_insert(0) += 1;
+    }
+}
+
+/// Everything exported.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub mounts: Vec<MountMetrics>,
+    pub mem: Option<MemView>,
+    pub under_pressure: bool,
+    pub fanotify: bool,
+    /// Reloads by result: `ok`, `invalid` (spec rejected, old one kept), `failed`.
+    pub reloads: BTreeMap<&'static str, u64>,
+    pub start_time: u64,
+}
+
+/// Label value escaping of the text format: backslash, double quote, newline.
+fn label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+struct Out(String);
+
+impl Out {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{k}=\"{}\"", label(v));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+
+    /// A family with one sample per mount that has a value.
+    fn per_mount(
+        &mut self,
+        s: &Snapshot,
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: impl Fn(&MountMetrics) -> Option<String>,
+    ) {
+        let rows: Vec<(&str, String)> = s
+            .mounts
+            .iter()
+            .filter_map(|m| value(m).map(|v| (m.name.as_str(), v)))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        self.head(name, kind, help);
+        for (n, v) in rows {
+            self.sample(name, &[("name", n)], v);
+        }
+    }
+}
+
+fn b(x: bool) -> u8 {
+    u8::from(x)
+}
+
+/// The exposition text. `heartbeat` (unix seconds) goes into its own gauge
+/// at the end, so callers can compare the rest to skip unchanged writes.
+pub fn render(s: &Snapshot, heartbeat: Option<u64>) -> String {
+    let mut o = Out(String::new());
+    if !s.mounts.is_empty() {
+        o.head(
+            "tmpfsctl_mount_info",
+            "gauge",
+            "Managed mounts of the spec (always 1), with their paths.",
+        );
+        for m in &s.mounts {
+            o.sample(
+                "tmpfsctl_mount_info",
+                &[("name", &m.name), ("path", &m.path.to_string_lossy())],
+                1,
+            );
+        }
+        o.head(
+            "tmpfsctl_mount_state",
+            "gauge",
+            "1 for the state the mount is in: offloaded, fallback (taken out of RAM by the agent), degraded, absent, foreign.",
+        );
+        for m in &s.mounts {
+            for st in MountState::ALL {
+                o.sample(
+                    "tmpfsctl_mount_state",
+                    &[("name", &m.name), ("state", st.name())],
+                    b(m.state == st),
+                );
+            }
+        }
+        o.head(
+            "tmpfsctl_mount_level",
+            "gauge",
+            "1 for the usage level of the mount: ok, warn (at or above warn), high (at or above high, until back at low).",
+        );
+        for m in &s.mounts {
+            for l in Level::ALL {
+                o.sample(
+                    "tmpfsctl_mount_level",
+                    &[("name", &m.name), ("level", l.name())],
+                    b(m.level == l),
+                );
+            }
+        }
+    }
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_size_bytes",
+        "gauge",
+        "Size limit of the tmpfs.",
+        |m| m.usage.map(|u| u.size.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_used_bytes",
+        "gauge",
+        "Bytes in use in the tmpfs.",
+        |m| m.usage.map(|u| u.used.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_inodes",
+        "gauge",
+        "Inode limit of the tmpfs.",
+        |m| m.usage.map(|u| u.inodes.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_inodes_used",
+        "gauge",
+        "Inodes in use in the tmpfs.",
+        |m| m.usage.map(|u| u.inodes_used.to_string()),
+    );
+    if !s.mounts.is_empty() {
+        o.head(
+            "tmpfsctl_mount_actions_total",
+            "counter",
+            "Actions the agent took since it started, by kind.",
+        );
+        for m in &s.mounts {
+            for (a, n) in &m.actions {
+                o.sample(
+                    "tmpfsctl_mount_actions_total",
+                    &[("name", &m.name), ("action", a)],
+                    n,
+                );
+            }
+        }
+    }
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_evicted_files_total",
+        "counter",
+        "Files deleted by eviction since the agent started.",
+        |m| Some(m.evicted_files.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_evicted_bytes_total",
+        "counter",
+        "Bytes freed by eviction since the agent started.",
+        |m| Some(m.evicted_bytes.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_last_sync_timestamp_seconds",
+        "gauge",
+        "Unix time the last write-back to disk finished.",
+        |m| m.last_sync.map(|(at, _, _)| at.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_last_sync_duration_seconds",
+        "gauge",
+        "How long the last write-back to disk took.",
+        |m| m.last_sync.map(|(_, secs, _)| format!("{secs:.6}")),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_last_sync_success",
+        "gauge",
+        "1 if the last write-back to disk succeeded, 0 if it failed.",
+        |m| m.last_sync.map(|(_, _, ok)| b(ok).to_string()),
+    );
+    if !s.mounts.is_empty() {
+        o.head(
+            "tmpfsctl_mount_syncs_total",
+            "counter",
+            "Write-backs run by the agent since it started, by result.",
+        );
+        for m in &s.mounts {
+            o.sample(
+                "tmpfsctl_mount_syncs_total",
+                &[("name", &m.name), ("result", "ok")],
+                m.syncs_ok,
+            );
+            o.sample(
+                "tmpfsctl_mount_syncs_total",
+                &[("name", &m.name), ("result", "failed")],
+                m.syncs_failed,
+            );
+        }
+    }
+    if let Some(mem) = &s.mem {
+        o.head("tmpfsctl_memory_total_bytes", "gauge", "MemTotal of the host.");
+        o.sample("tmpfsctl_memory_total_bytes", &[], mem.mem_total);
+        o.head(
+            "tmpfsctl_memory_available_bytes",
+            "gauge",
+            "MemAvailable of the host.",
+        );
+        o.sample("tmpfsctl_memory_available_bytes", &[], mem.mem_available);
+        if let Some(p) = mem.psi_some_avg10 {
+            o.head(
+                "tmpfsctl_memory_pressure_some_avg10",
+                "gauge",
+                "PSI memory some avg10: share of the last 10 s some task stalled on memory, in percent.",
+            );
+            o.sample("tmpfsctl_memory_pressure_some_avg10", &[], format!("{p:.2}"));
+        }
+    }
+    o.head(
+        "tmpfsctl_memory_pressure_active",
+        "gauge",
+        "1 while the memory-pressure guard sees MemAvailable below min_available or PSI above max_pressure.",
+    );
+    o.sample("tmpfsctl_memory_pressure_active", &[], b(s.under_pressure));
+    o.head(
+        "tmpfsctl_agent_fanotify",
+        "gauge",
+        "1 if usage checks wake on fanotify write events, 0 if the agent polls only.",
+    );
+    o.sample("tmpfsctl_agent_fanotify", &[], b(s.fanotify));
+    o.head(
+        "tmpfsctl_agent_reloads_total",
+        "counter",
+        "Spec reloads by result: ok, invalid (rejected; the old spec stays in force), failed.",
+    );
+    for r in ["ok", "invalid", "failed"] {
+        o.sample(
+            "tmpfsctl_agent_reloads_total",
+            &[("result", r)],
+            s.reloads.get(r).copied().unwrap_or(0),
+        );
+    }
+    o.head(
+        "tmpfsctl_agent_start_time_seconds",
+        "gauge",
+        "Unix time the agent started.",
+    );
+    o.sample("tmpfsctl_agent_start_time_seconds", &[], s.start_time);
+    if let Some(t) = heartbeat {
+        o.head(
+            "tmpfsctl_agent_heartbeat_timestamp_seconds",
+            "gauge",
+            "Unix time this file was written; the agent rewrites it at least every 5 s.",
+        );
+        o.sample("tmpfsctl_agent_heartbeat_timestamp_seconds", &[], t);
+    }
+    o.0
+}
+
+/// Replaces `path` with `text` atomically (mode 0644). No fsync: after a
+/// crash an old or missing file is harmless, and the agent rewrites it.
+pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        let mut m = MountMetrics::new("nginx", Path::new("/var/cache/nginx"));
+        m.state = MountState::Offloaded;
+        m.level = Level::Warn;
+        m.usage = Some(Usage {
+            size: 1 << 20,
+            used: 512 << 10,
+            inodes: 100,
+            inodes_used: 7,
+        });
+        m.count("evict");
+        m.evicted_files = 3;
+        m.last_sync = Some((1_700_000_000, 0.25, true));
+        m.syncs_ok = 1;
+        let odd = MountMetrics::new("odd", Path::new("/srv/a \"quoted\"\\dir\nx"));
+        Snapshot {
+            mounts: vec![m, odd],
+            mem: Some(MemView {
+                mem_total: 1 << 34,
+                mem_available: 1 << 33,
+                psi_some_avg10: Some(1.5),
+            }),
+            under_pressure: false,
+            fanotify: true,
+            reloads: [("ok", 2)].into_iter().collect(),
+            start_time: 1_699_999_000,
+        }
+    }
+
+    #[test]
+    fn renders_families_with_help_type_and_escaped_labels() {
+        let text = render(&snapshot(), Some(1_700_000_001));
+        for line in [
+            "# TYPE tmpfsctl_mount_used_bytes gauge",
+            "tmpfsctl_mount_used_bytes{name=\"nginx\"} 524288",
+            "tmpfsctl_mount_state{name=\"nginx\",state=\"offloaded\"} 1",
+            "tmpfsctl_mount_state{name=\"odd\",state=\"absent\"} 1",
+            "tmpfsctl_mount_level{name=\"nginx\",level=\"warn\"} 1",
+            "tmpfsctl_mount_actions_total{name=\"nginx\",action=\"evict\"} 1",
+            "tmpfsctl_mount_actions_total{name=\"odd\",action=\"fallback\"} 0",
+            "tmpfsctl_mount_last_sync_success{name=\"nginx\"} 1",
+            "tmpfsctl_mount_last_sync_duration_seconds{name=\"nginx\"} 0.250000",
+            "tmpfsctl_mount_info{name=\"odd\",path=\"/srv/a \\\"quoted\\\"\\\\dir\\nx\"} 1",
+            "tmpfsctl_memory_pressure_some_avg10 1.50",
+            "tmpfsctl_agent_reloads_total{result=\"ok\"} 2",
+            "tmpfsctl_agent_reloads_total{result=\"invalid\"} 0",
+            "tmpfsctl_agent_heartbeat_timestamp_seconds 1700000001",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // No size sample for a mount that is not offloaded.
+        assert!(!text.contains("tmpfsctl_mount_size_bytes{name=\"odd\"}"));
+        // Every family has exactly one HELP and one TYPE.
+        let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+        assert_eq!(types, helps);
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "a family appears twice");
+    }
+
+    #[test]
+    fn heartbeat_is_last_so_the_rest_compares() {
+        let s = snapshot();
+        let a = render(&s, Some(1));
+        let b = render(&s, Some(2));
+        assert_ne!(a, b);
+        assert_eq!(render(&s, None), render(&s, None));
+        assert!(a.starts_with(&render(&s, None)));
+    }
+
+    #[test]
+    fn write_replaces_atomically() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.prom");
+        write(&p, "a 1\n").unwrap();
+        write(&p, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a 2\n");
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, ["t.prom"], "no temporary file left");
+    }
+}

@@ -1,0 +1,902 @@
+//! The agent's decisions, as pure functions of (usage, what happened before,
+//! thresholds, memory state). No syscalls here: `agent` measures, asks, and
+//! carries out; everything that decides is unit-tested below.
+//!
+//! Per mount, usage is compared with `warn`, `high` and `low`, for bytes and
+//! for inodes (whichever is fuller counts):
+//!
+//! - **Level** `ok` → `warn` at `warn`, → `high` at `high`. A level is left
+//!   only at or below `low` (hysteresis), so a mount hovering around a
+//!   threshold does not flap, log or act over and over.
+//! - **Actions** run whenever usage is at or above `high`, in the order of
+//!   the `action` chain: the current *stage* first; a stage that cannot help
+//!   (grow at `max_size`, below the memory floor or under pressure; evict that
+//!   found too little to delete) hands over to the next one. At or below
+//!   `low` the mount is re-armed and the chain starts again from its first
+//!   action.
+//! - **Memory pressure** (MemAvailable below `min_available`, or PSI memory
+//!   `some avg10` above `max_pressure`) is answered across mounts, gentlest
+//!   action first: evict (lowest priority first), then shrink, then fallback;
+//!   one action per `cooldown`, so the kernel's figures can show its effect.
+
+use serde::Serialize;
+
+use crate::host::usage::Usage;
+use crate::spec::{Action, AgentSettings, PressureAction, Thresholds, Watchdog};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    #[default]
+    Ok,
+    Warn,
+    High,
+}
+
+impl Level {
+    pub const ALL: [Level; 3] = [Level::Ok, Level::Warn, Level::High];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Warn => "warn",
+            Level::High => "high",
+        }
+    }
+}
+
+/// Percentages of one usage sample. An unlimited (size 0) count is 0%.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fill {
+    pub bytes: f64,
+    pub inodes: f64,
+}
+
+impl Fill {
+    pub fn of(u: &Usage) -> Fill {
+        Fill {
+            bytes: u.used_pct(),
+            inodes: u.inodes_pct(),
+        }
+    }
+
+    fn at_or_above(&self, w: &Watchdog, pick: fn(&Thresholds) -> f64) -> bool {
+        self.bytes >= pick(&w.bytes) || self.inodes >= pick(&w.inodes)
+    }
+
+    fn at_or_below_low(&self, w: &Watchdog) -> bool {
+        self.bytes <= w.bytes.low && self.inodes <= w.inodes.low
+    }
+
+    /// Out of `warn`: below `warn` and at or below `low`, for both kinds.
+    fn clear_of_warn(&self, w: &Watchdog) -> bool {
+        let clear = |pct: f64, t: &Thresholds| pct < t.warn && pct <= t.low;
+        clear(self.bytes, &w.bytes) && clear(self.inodes, &w.inodes)
+    }
+}
+
+/// What the watchdog remembers of a mount between two checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tracker {
+    pub level: Level,
+    /// Index into the `action` chain of the action in force.
+    pub stage: usize,
+    /// The chain ran out during this excursion (logged once).
+    pub exhausted: bool,
+    /// `warn` (the action) was reported during this excursion.
+    pub warned: bool,
+}
+
+/// Host-wide facts a decision may depend on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemView {
+    pub mem_total: u64,
+    pub mem_available: u64,
+    /// PSI memory `some avg10` in percent; `None` without PSI.
+    pub psi_some_avg10: Option<f64>,
+}
+
+/// What growing may use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// The spec's `max_total`.
+    pub max_total: u64,
+    /// Sum of the live sizes of all mounts of the spec.
+    pub total_size: u64,
+    /// `grow` keeps MemAvailable minus the growth at or above this.
+    pub grow_floor: u64,
+    /// The pressure guard is active: nothing grows.
+    pub under_pressure: bool,
+    pub page_size: u64,
+}
+
+/// What a check of one mount found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// `Some((from, to))` when the level changed.
+    pub transition: Option<(Level, Level)>,
+    pub act: Option<Act>,
+    /// Stages skipped on the way, with why (logged).
+    pub skipped: Vec<(Action, String)>,
+    /// Usage is at or above `high` and no action is left (reported once).
+    pub exhausted: bool,
+}
+
+/// An action to carry out now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Act {
+    /// Report that usage reached `high` (the `warn` action).
+    Warn,
+    /// Delete least-recently-used files until usage is at or below these.
+    Evict {
+        target: EvictTarget,
+    },
+    /// Remount with this size (and nr_inodes, when the spec sets it).
+    Grow {
+        size: u64,
+        nr_inodes: Option<u64>,
+    },
+    Fallback,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictTarget {
+    /// Used bytes to get down to.
+    pub bytes: u64,
+    /// Used inodes to get down to.
+    pub inodes: u64,
+}
+
+impl EvictTarget {
+    /// The `low` watermark of `u`'s size and inode limit.
+    pub fn low(w: &Watchdog, u: &Usage) -> EvictTarget {
+        EvictTarget {
+            bytes: (u.size as f64 * w.bytes.low / 100.0) as u64,
+            inodes: if u.inodes == 0 {
+                u64::MAX
+            } else {
+                (u.inodes as f64 * w.inodes.low / 100.0) as u64
+            },
+        }
+    }
+
+    /// How much must go: (bytes, inodes).
+    pub fn need(&self, u: &Usage) -> (u64, u64) {
+        (
+            u.used.saturating_sub(self.bytes),
+            u.inodes_used.saturating_sub(self.inodes),
+        )
+    }
+}
+
+/// The limits of the live mount, as `decide` needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `size` of the spec.
+    pub spec_size: u64,
+    /// `inodes` of the spec (`None`: the kernel's, left alone).
+    pub spec_inodes: Option<u64>,
+}
+
+/// One check of one mount: updates `t` and says what to do.
+pub fn decide(w: &Watchdog, t: &mut Tracker, u: &Usage, lim: Limits, mem: &MemView, b: &Budget) -> Verdict {
+    let fill = Fill::of(u);
+    let before = t.level;
+    let high = fill.at_or_above(w, |t| t.high);
+    t.level = if high {
+        Level::High
+    } else if fill.at_or_below_low(w) && fill.clear_of_warn(w) {
+        Level::Ok
+    } else if fill.at_or_below_low(w) {
+        Level::Warn
+    } else if before == Level::High {
+        Level::High
+    } else if fill.at_or_above(w, |t| t.warn) || (before == Level::Warn && !fill.clear_of_warn(w)) {
+        Level::Warn
+    } else {
+        Level::Ok
+    };
+    if fill.at_or_below_low(w) {
+        // Re-armed: the next excursion starts the chain from the beginning.
+        t.stage = 0;
+        t.exhausted = false;
+        t.warned = false;
+    }
+    let mut v = Verdict {
+        transition: (t.level != before).then_some((before, t.level)),
+        act: None,
+        skipped: Vec::new(),
+        exhausted: false,
+    };
+    if !high {
+        return v;
+    }
+    while let Some(&action) = w.actions.get(t.stage) {
+        match action {
+            Action::Warn => {
+                if !t.warned {
+                    t.warned = true;
+                    v.act = Some(Act::Warn);
+                }
+                return v;
+            }
+            Action::Evict => {
+                v.act = Some(Act::Evict {
+                    target: EvictTarget::low(w, u),
+                });
+                return v;
+            }
+            Action::Grow => match grow_size(w, u, lim, mem, b) {
+                Ok((size, nr_inodes)) => {
+                    v.act = Some(Act::Grow { size, nr_inodes });
+                    return v;
+                }
+                Err(why) => {
+                    v.skipped.push((Action::Grow, why));
+                    t.stage += 1;
+                }
+            },
+            Action::Fallback => {
+                v.act = Some(Act::Fallback);
+                return v;
+            }
+        }
+    }
+    if !t.exhausted {
+        t.exhausted = true;
+        v.exhausted = true;
+    }
+    v
+}
+
+/// After an action ran: `after` is the usage it left. An eviction that could
+/// not get usage below `high` hands over to the next action of the chain.
+pub fn after_action(w: &Watchdog, t: &mut Tracker, act: &Act, after: &Usage) {
+    if let Act::Evict { .. } = act {
+        if Fill::of(after).at_or_above(w, |t| t.high) {
+            t.stage += 1;
+        }
+    }
+}
+
+fn round_up(bytes: u64, page: u64) -> u64 {
+    let page = page.max(1);
+    bytes.div_ceil(page) * page
+}
+
+/// The next size of a growing mount, or why it cannot grow.
+pub fn grow_size(
+    w: &Watchdog,
+    u: &Usage,
+    lim: Limits,
+    mem: &MemView,
+    b: &Budget,
+) -> Result<(u64, Option<u64>), String> {
+    use crate::spec::size::format_bytes;
+    let Some(max) = w.max_size else {
+        return Err("no max_size".into());
+    };
+    let max = round_up(max, b.page_size);
+    if u.size >= max {
+        return Err(format!("already at max_size {}", format_bytes(max)));
+    }
+    if b.under_pressure {
+        return Err("the host is under memory pressure".into());
+    }
+    let step = round_up(w.grow_step.max(1), b.page_size);
+    let size = (u.size + step).min(max);
+    let added = size - u.size;
+    if mem.mem_available < b.grow_floor.saturating_add(added) {
+        return Err(format!(
+            "MemAvailable {} would fall below the grow floor {}",
+            format_bytes(mem.mem_available.saturating_sub(added)),
+            format_bytes(b.grow_floor)
+        ));
+    }
+    if b.total_size.saturating_add(added) > b.max_total {
+        return Err(format!(
+            "the mounts would total {}, above max_total {}",
+            format_bytes(b.total_size + added),
+            format_bytes(b.max_total)
+        ));
+    }
+    // A spec that limits inodes keeps the ratio of inodes to bytes it set.
+    let nr_inodes = lim.spec_inodes.map(|_| {
+        let per_byte = u.inodes as f64 / u.size.max(1) as f64;
+        ((size as f64 * per_byte).ceil() as u64).max(u.inodes)
+    });
+    Ok((size, nr_inodes))
+}
+
+/// A smaller size for a mount the agent grew: back toward the spec's size,
+/// but never so small that the present contents would sit above `high`.
+/// `None` when there is nothing to give back.
+pub fn shrink_size(w: &Watchdog, u: &Usage, lim: Limits, page: u64) -> Option<(u64, Option<u64>)> {
+    let spec = round_up(lim.spec_size, page);
+    let needed = round_up((u.used as f64 * 100.0 / w.bytes.high).ceil() as u64, page);
+    let size = spec.max(needed);
+    if size >= u.size {
+        return None;
+    }
+    let nr_inodes = lim.spec_inodes.map(|spec_inodes| {
+        let per_byte = u.inodes as f64 / u.size.max(1) as f64;
+        let scaled = (size as f64 * per_byte).ceil() as u64;
+        let needed = (u.inodes_used as f64 * 100.0 / w.inodes.high).ceil() as u64;
+        scaled.max(spec_inodes).max(needed).min(u.inodes)
+    });
+    Some((size, nr_inodes))
+}
+
+/// A file that eviction may delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    /// Last use: the later of atime and mtime, in nanoseconds.
+    pub last_use: i128,
+    /// Bytes the tmpfs gets back when it goes (0 for a hard link with other names).
+    pub bytes: u64,
+    /// It frees an inode (its last name).
+    pub frees_inode: bool,
+}
+
+/// Picks, least recently used first, the candidates to delete to free
+/// `need_bytes` and `need_inodes`. Returns indices into `c`, in deletion order.
+pub fn pick_evictions(c: &[Candidate], need_bytes: u64, need_inodes: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..c.len()).collect();
+    order.sort_by_key(|&i| c[i].last_use);
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    let mut out = Vec::new();
+    for i in order {
+        if bytes >= need_bytes && inodes >= need_inodes {
+            break;
+        }
+        bytes += c[i].bytes;
+        inodes += u64::from(c[i].frees_inode);
+        out.push(i);
+    }
+    out
+}
+
+/// Is the host short of memory, and why.
+pub fn pressure(mem: &MemView, s: &AgentSettings) -> Option<String> {
+    use crate::spec::size::format_bytes;
+    if mem.mem_available < s.min_available {
+        return Some(format!(
+            "MemAvailable {} is below min_available {}",
+            format_bytes(mem.mem_available),
+            format_bytes(s.min_available)
+        ));
+    }
+    match mem.psi_some_avg10 {
+        Some(p) if p > s.max_pressure => Some(format!(
+            "memory pressure (PSI some avg10) {p:.2}% is above max_pressure {}%",
+            s.max_pressure
+        )),
+        _ => None,
+    }
+}
+
+/// A mount as the pressure guard sees it.
+#[derive(Debug, Clone)]
+pub struct PressureView<'a> {
+    /// Position in the spec.
+    pub index: usize,
+    pub watchdog: &'a Watchdog,
+    pub usage: Usage,
+    pub limits: Limits,
+}
+
+/// What the guard does now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// No pressure.
+    Calm,
+    /// Pressure, but the last action is younger than `cooldown`.
+    Cooling,
+    /// Act on the mount at `index` of the spec.
+    Act {
+        index: usize,
+        action: PressureAction,
+        act: Act,
+    },
+    /// Pressure, and no mount has anything left to give.
+    Exhausted,
+}
+
+/// The guard's decision. `since_last_ms`: time since its last action (`None`:
+/// it never acted).
+pub fn guard(
+    mem: &MemView,
+    s: &AgentSettings,
+    mounts: &[PressureView<'_>],
+    since_last_ms: Option<u64>,
+    page: u64,
+) -> Guard {
+    if pressure(mem, s).is_none() {
+        return Guard::Calm;
+    }
+    if since_last_ms.is_some_and(|ms| ms < s.cooldown_ms) {
+        return Guard::Cooling;
+    }
+    let mut order: Vec<&PressureView<'_>> = mounts.iter().collect();
+    // Lowest priority first; among equals, the one later in the spec.
+    order.sort_by_key(|m| (m.watchdog.priority, std::cmp::Reverse(m.index)));
+    for action in [
+        PressureAction::Evict,
+        PressureAction::Shrink,
+        PressureAction::Fallback,
+    ] {
+        for m in order.iter().filter(|m| m.watchdog.pressure.contains(&action)) {
+            let act = match action {
+                PressureAction::Evict => {
+                    let target = EvictTarget::low(m.watchdog, &m.usage);
+                    let (b, i) = target.need(&m.usage);
+                    (b > 0 || i > 0).then_some(Act::Evict { target })
+                }
+                PressureAction::Shrink => shrink_size(m.watchdog, &m.usage, m.limits, page)
+                    .map(|(size, nr_inodes)| Act::Grow { size, nr_inodes }),
+                PressureAction::Fallback => Some(Act::Fallback),
+            };
+            if let Some(act) = act {
+                return Guard::Act {
+                    index: m.index,
+                    action,
+                    act,
+                };
+            }
+        }
+    }
+    Guard::Exhausted
+}
+
+/// Seconds until the next periodic write-back is due: a period after the
+/// last one. Never synced: a full period from now (the disk copy is what the
+/// tmpfs was seeded from).
+pub fn sync_due_in(period_secs: u64, last_sync_at: Option<u64>, now: u64) -> u64 {
+    match last_sync_at {
+        None => period_secs,
+        Some(at) => (at + period_secs).saturating_sub(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn wd(actions: &[Action]) -> Watchdog {
+        Watchdog {
+            actions: actions.to_vec(),
+            grow_step: 25 * MIB,
+            max_size: actions.contains(&Action::Grow).then_some(200 * MIB),
+            ..Watchdog::default()
+        }
+    }
+
+    fn usage(size: u64, used: u64) -> Usage {
+        Usage {
+            size,
+            used,
+            inodes: 10_000,
+            inodes_used: 10,
+        }
+    }
+
+    fn mem(avail: u64) -> MemView {
+        MemView {
+            mem_total: 16 * GIB,
+            mem_available: avail,
+            psi_some_avg10: Some(0.0),
+        }
+    }
+
+    fn budget() -> Budget {
+        Budget {
+            max_total: 8 * GIB,
+            total_size: 100 * MIB,
+            grow_floor: GIB,
+            under_pressure: false,
+            page_size: 4096,
+        }
+    }
+
+    const LIM: Limits = Limits {
+        spec_size: 100 * MIB,
+        spec_inodes: None,
+    };
+
+    fn check(w: &Watchdog, t: &mut Tracker, size: u64, used: u64) -> Verdict {
+        decide(w, t, &usage(size, used), LIM, &mem(8 * GIB), &budget())
+    }
+
+    #[test]
+    fn levels_rise_at_thresholds_and_fall_only_at_low() {
+        let w = wd(&[Action::Warn]);
+        let mut t = Tracker::default();
+        let trace: Vec<(u64, Level)> = [10, 79, 80, 90, 75, 71, 70, 79, 95, 90, 80, 71, 70, 60]
+            .iter()
+            .map(|&pct| {
+                check(&w, &mut t, 100 * MIB, pct * MIB);
+                (pct, t.level)
+            })
+            .collect();
+        use Level::*;
+        let want = [
+            (10, Ok),
+            (79, Ok),
+            (80, Warn),
+            (90, Warn),
+            (75, Warn),
+            (71, Warn),
+            (70, Ok),
+            (79, Ok),
+            (95, High),
+            (90, High),
+            (80, High),
+            (71, High),
+            (70, Ok),
+            (60, Ok),
+        ];
+        assert_eq!(trace, want);
+    }
+
+    #[test]
+    fn transitions_are_reported_once() {
+        let w = wd(&[Action::Warn]);
+        let mut t = Tracker::default();
+        assert_eq!(
+            check(&w, &mut t, 100 * MIB, 85 * MIB).transition,
+            Some((Level::Ok, Level::Warn))
+        );
+        assert_eq!(check(&w, &mut t, 100 * MIB, 86 * MIB).transition, None);
+        let v = check(&w, &mut t, 100 * MIB, 96 * MIB);
+        assert_eq!(v.transition, Some((Level::Warn, Level::High)));
+        assert_eq!(v.act, Some(Act::Warn), "warn action at high");
+        assert_eq!(
+            check(&w, &mut t, 100 * MIB, 97 * MIB).act,
+            None,
+            "once per excursion"
+        );
+        check(&w, &mut t, 100 * MIB, 50 * MIB);
+        assert_eq!(
+            check(&w, &mut t, 100 * MIB, 96 * MIB).act,
+            Some(Act::Warn),
+            "re-armed at low"
+        );
+    }
+
+    #[test]
+    fn inodes_count_like_bytes() {
+        let w = wd(&[Action::Evict]);
+        let mut t = Tracker::default();
+        let u = Usage {
+            size: 100 * MIB,
+            used: MIB,
+            inodes: 1000,
+            inodes_used: 960,
+        };
+        let v = decide(&w, &mut t, &u, LIM, &mem(8 * GIB), &budget());
+        assert_eq!(t.level, Level::High);
+        let Some(Act::Evict { target }) = v.act else {
+            panic!("{v:?}")
+        };
+        assert_eq!(target.inodes, 700);
+        assert_eq!(target.need(&u), (0, 260));
+    }
+
+    #[test]
+    fn evict_targets_low_and_hands_over_when_it_cannot_reach_below_high() {
+        let w = wd(&[Action::Evict, Action::Fallback]);
+        let mut t = Tracker::default();
+        let v = check(&w, &mut t, 100 * MIB, 96 * MIB);
+        let Some(act @ Act::Evict { target }) = v.act else {
+            panic!("{v:?}")
+        };
+        assert_eq!(target.bytes, 70 * MIB);
+        // Everything left was open for writing: still at 96%.
+        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB));
+        assert_eq!(check(&w, &mut t, 100 * MIB, 96 * MIB).act, Some(Act::Fallback));
+    }
+
+    #[test]
+    fn a_partial_eviction_keeps_the_stage() {
+        let w = wd(&[Action::Evict, Action::Fallback]);
+        let mut t = Tracker::default();
+        let v = check(&w, &mut t, 100 * MIB, 96 * MIB);
+        after_action(&w, &mut t, v.act.as_ref().unwrap(), &usage(100 * MIB, 80 * MIB));
+        assert_eq!(t.stage, 0);
+        assert!(matches!(
+            check(&w, &mut t, 100 * MIB, 95 * MIB).act,
+            Some(Act::Evict { .. })
+        ));
+    }
+
+    #[test]
+    fn grow_steps_up_to_max_size_then_the_next_action() {
+        let w = wd(&[Action::Grow, Action::Evict]);
+        let mut t = Tracker::default();
+        let mut size = 100 * MIB;
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            let v = check(&w, &mut t, size, size / 100 * 96);
+            match v.act {
+                Some(Act::Grow { size: s, nr_inodes }) => {
+                    assert_eq!(nr_inodes, None, "inodes unset in the spec stay the kernel's");
+                    size = s;
+                    sizes.push(s / MIB);
+                }
+                Some(Act::Evict { .. }) => {
+                    assert_eq!(v.skipped.len(), 1, "{v:?}");
+                    assert!(v.skipped[0].1.contains("max_size"), "{v:?}");
+                    sizes.push(0);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(sizes, [125, 150, 175, 200, 0]);
+    }
+
+    #[test]
+    fn grow_stays_within_memory_budget_and_pressure() {
+        let w = wd(&[Action::Grow]);
+        let u = usage(100 * MIB, 96 * MIB);
+        let ok = grow_size(&w, &u, LIM, &mem(8 * GIB), &budget());
+        assert_eq!(ok, Ok((125 * MIB, None)));
+        let low_mem = grow_size(&w, &u, LIM, &mem(GIB + 10 * MIB), &budget());
+        assert!(low_mem.unwrap_err().contains("grow floor"));
+        let b = Budget {
+            total_size: 8 * GIB - MIB,
+            ..budget()
+        };
+        assert!(grow_size(&w, &u, LIM, &mem(8 * GIB), &b)
+            .unwrap_err()
+            .contains("max_total"));
+        let b = Budget {
+            under_pressure: true,
+            ..budget()
+        };
+        assert!(grow_size(&w, &u, LIM, &mem(8 * GIB), &b)
+            .unwrap_err()
+            .contains("pressure"));
+        // The last step stops at max_size.
+        let u = usage(190 * MIB, 189 * MIB);
+        assert_eq!(
+            grow_size(&w, &u, LIM, &mem(8 * GIB), &budget()),
+            Ok((200 * MIB, None))
+        );
+    }
+
+    #[test]
+    fn grow_keeps_the_inode_ratio_a_spec_set() {
+        let w = wd(&[Action::Grow]);
+        let u = Usage {
+            size: 100 * MIB,
+            used: 10 * MIB,
+            inodes: 1000,
+            inodes_used: 990,
+        };
+        let lim = Limits {
+            spec_size: 100 * MIB,
+            spec_inodes: Some(1000),
+        };
+        assert_eq!(
+            grow_size(&w, &u, lim, &mem(8 * GIB), &budget()),
+            Ok((125 * MIB, Some(1250)))
+        );
+    }
+
+    #[test]
+    fn a_chain_that_runs_out_is_reported_once_and_rearms_at_low() {
+        let w = wd(&[Action::Grow]);
+        let mut t = Tracker::default();
+        let v = check(&w, &mut t, 200 * MIB, 199 * MIB);
+        assert!(v.exhausted && v.act.is_none(), "{v:?}");
+        assert!(!check(&w, &mut t, 200 * MIB, 199 * MIB).exhausted);
+        check(&w, &mut t, 200 * MIB, 10 * MIB);
+        assert_eq!(t, Tracker::default());
+    }
+
+    #[test]
+    fn shrink_gives_back_growth_but_keeps_room_for_the_contents() {
+        let w = wd(&[Action::Grow]);
+        let page = 4096;
+        assert_eq!(
+            shrink_size(&w, &usage(200 * MIB, 10 * MIB), LIM, page),
+            Some((100 * MIB, None))
+        );
+        // 150 MiB in use must stay below high (95%).
+        let (size, _) = shrink_size(&w, &usage(200 * MIB, 150 * MIB), LIM, page).unwrap();
+        assert!(size > 157 * MIB && size < 158 * MIB, "{size}");
+        assert_eq!(
+            shrink_size(&w, &usage(100 * MIB, 10 * MIB), LIM, page),
+            None,
+            "never below spec"
+        );
+        assert_eq!(shrink_size(&w, &usage(200 * MIB, 195 * MIB), LIM, page), None);
+    }
+
+    #[test]
+    fn evictions_are_least_recently_used_first_until_enough() {
+        let c = [
+            Candidate {
+                last_use: 30,
+                bytes: 10,
+                frees_inode: true,
+            },
+            Candidate {
+                last_use: 10,
+                bytes: 10,
+                frees_inode: true,
+            },
+            Candidate {
+                last_use: 20,
+                bytes: 0,
+                frees_inode: false,
+            },
+            Candidate {
+                last_use: 40,
+                bytes: 100,
+                frees_inode: true,
+            },
+        ];
+        assert_eq!(pick_evictions(&c, 15, 0), [1, 2, 0]);
+        assert_eq!(pick_evictions(&c, 0, 0), Vec::<usize>::new());
+        assert_eq!(pick_evictions(&c, 0, 2), [1, 2, 0]);
+        assert_eq!(pick_evictions(&c, 1000, 0), [1, 2, 0, 3], "all there is");
+    }
+
+    fn settings() -> AgentSettings {
+        AgentSettings {
+            min_available: GIB,
+            max_pressure: 20.0,
+            cooldown_ms: 10_000,
+            ..AgentSettings::default()
+        }
+    }
+
+    #[test]
+    fn pressure_from_mem_available_or_psi() {
+        let s = settings();
+        assert_eq!(pressure(&mem(2 * GIB), &s), None);
+        assert!(pressure(&mem(GIB - 1), &s).unwrap().contains("MemAvailable"));
+        let psi = MemView {
+            psi_some_avg10: Some(20.5),
+            ..mem(2 * GIB)
+        };
+        assert!(pressure(&psi, &s).unwrap().contains("PSI"));
+        let no_psi = MemView {
+            psi_some_avg10: None,
+            ..mem(2 * GIB)
+        };
+        assert_eq!(pressure(&no_psi, &s), None);
+    }
+
+    #[test]
+    fn guard_goes_gentlest_first_lowest_priority_first_with_cooldown() {
+        use PressureAction::*;
+        let vol = Watchdog {
+            pressure: vec![Evict, Shrink, Fallback],
+            priority: 50,
+            ..wd(&[Action::Evict])
+        };
+        let grown = Watchdog {
+            pressure: vec![Shrink, Fallback],
+            priority: 10,
+            ..wd(&[Action::Grow])
+        };
+        let keep = Watchdog {
+            pressure: vec![],
+            priority: 0,
+            ..wd(&[Action::Warn])
+        };
+        let views = |vol_used: u64, grown_size: u64| {
+            vec![
+                PressureView {
+                    index: 0,
+                    watchdog: &keep,
+                    usage: usage(100 * MIB, 99 * MIB),
+                    limits: LIM,
+                },
+                PressureView {
+                    index: 1,
+                    watchdog: &vol,
+                    usage: usage(100 * MIB, vol_used),
+                    limits: LIM,
+                },
+                PressureView {
+                    index: 2,
+                    watchdog: &grown,
+                    usage: usage(grown_size, 10 * MIB),
+                    limits: LIM,
+                },
+            ]
+        };
+        let s = settings();
+        let short = mem(GIB / 2);
+        assert_eq!(
+            guard(&mem(4 * GIB), &s, &views(90 * MIB, 200 * MIB), None, 4096),
+            Guard::Calm
+        );
+        assert_eq!(
+            guard(&short, &s, &views(90 * MIB, 200 * MIB), Some(5000), 4096),
+            Guard::Cooling
+        );
+        // Evicting the volatile cache comes before shrinking the lower-priority one.
+        let g = guard(&short, &s, &views(90 * MIB, 200 * MIB), Some(10_000), 4096);
+        assert!(
+            matches!(
+                g,
+                Guard::Act {
+                    index: 1,
+                    action: Evict,
+                    ..
+                }
+            ),
+            "{g:?}"
+        );
+        // Nothing left to evict: shrink the grown mount.
+        let g = guard(&short, &s, &views(70 * MIB, 200 * MIB), None, 4096);
+        assert_eq!(
+            g,
+            Guard::Act {
+                index: 2,
+                action: Shrink,
+                act: Act::Grow {
+                    size: 100 * MIB,
+                    nr_inodes: None
+                }
+            }
+        );
+        // Nothing to shrink: fall back, priority 10 before priority 50.
+        let g = guard(&short, &s, &views(70 * MIB, 100 * MIB), None, 4096);
+        assert!(
+            matches!(
+                g,
+                Guard::Act {
+                    index: 2,
+                    action: Fallback,
+                    ..
+                }
+            ),
+            "{g:?}"
+        );
+        let g = guard(&short, &s, &views(70 * MIB, 100 * MIB)[..2], None, 4096);
+        assert!(
+            matches!(
+                g,
+                Guard::Act {
+                    index: 1,
+                    action: Fallback,
+                    ..
+                }
+            ),
+            "{g:?}"
+        );
+        assert_eq!(
+            guard(&short, &s, &views(70 * MIB, 100 * MIB)[..1], None, 4096),
+            Guard::Exhausted
+        );
+    }
+
+    #[test]
+    fn equal_priorities_act_on_the_later_mount_first() {
+        let a = Watchdog::default();
+        let v = |index| PressureView {
+            index,
+            watchdog: &a,
+            usage: usage(100 * MIB, 10 * MIB),
+            limits: LIM,
+        };
+        let g = guard(&mem(0), &settings(), &[v(0), v(1), v(2)], None, 4096);
+        assert!(matches!(g, Guard::Act { index: 2, .. }), "{g:?}");
+    }
+
+    #[test]
+    fn periodic_sync_is_due_a_period_after_the_last() {
+        assert_eq!(sync_due_in(900, None, 1000), 900);
+        assert_eq!(sync_due_in(900, Some(1000), 1100), 800);
+        assert_eq!(sync_due_in(900, Some(1000), 5000), 0);
+    }
+}

@@ -1,0 +1,791 @@
+//! `tmpfsctl agent` against the real kernel: each test runs the agent as a
+//! child process in the test thread's private mount namespace (see
+//! common/mod.rs), drives usage with real writes, and waits (generous
+//! deadlines, no timing assertions) until the metrics file shows the
+//! expected state. Every metrics file is checked with `promtool check
+//! metrics` when promtool is installed (required when CI is set).
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Sandbox;
+use tmpfsctl::host::usage::Usage;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const MIB: u64 = 1 << 20;
+
+/// Samples of a metrics file, keyed by the series as written
+/// (`name{label="v",...}`).
+#[derive(Debug, Default, Clone)]
+struct Metrics(HashMap<String, f64>);
+
+impl Metrics {
+    fn parse(text: &str) -> Metrics {
+        Metrics(
+            text.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .filter_map(|l| {
+                    let (k, v) = l.rsplit_once(' ')?;
+                    Some((k.to_string(), v.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, series: &str) -> f64 {
+        self.0.get(series).copied().unwrap_or(f64::NAN)
+    }
+
+    fn state(&self, mount: &str) -> Option<&str> {
+        ["offloaded", "fallback", "degraded", "absent", "foreign"]
+            .into_iter()
+            .find(|s| self.get(&format!("tmpfsctl_mount_state{{name=\"{mount}\",state=\"{s}\"}}")) == 1.0)
+    }
+
+    fn actions(&self, mount: &str, action: &str) -> f64 {
+        self.get(&format!(
+            "tmpfsctl_mount_actions_total{{name=\"{mount}\",action=\"{action}\"}}"
+        ))
+    }
+
+    fn used(&self, mount: &str) -> f64 {
+        self.get(&format!("tmpfsctl_mount_used_bytes{{name=\"{mount}\"}}"))
+    }
+
+    fn size(&self, mount: &str) -> f64 {
+        self.get(&format!("tmpfsctl_mount_size_bytes{{name=\"{mount}\"}}"))
+    }
+}
+
+/// A running agent; killed (and its log shown) if the test ends first.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+    metrics: PathBuf,
+}
+
+impl Agent {
+    fn start(sb: &Sandbox, spec: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Agent {
+        let log = sb.path("agent.log");
+        let metrics = sb.path("metrics.prom");
+        let mut c = sb.cmd();
+        c.arg("agent")
+            .arg(spec)
+            .arg("--metrics")
+            .arg(&metrics)
+            .args(["--interval", "200ms"])
+            .args(extra)
+            .env("TMPFSCTL_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let child = c.spawn().expect("spawn tmpfsctl agent");
+        Agent { child, log, metrics }
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn metrics(&self) -> Metrics {
+        Metrics::parse(&fs::read_to_string(&self.metrics).unwrap_or_default())
+    }
+
+    /// Polls the metrics file until `cond` holds.
+    fn wait_for(&mut self, what: &str, cond: impl Fn(&Metrics) -> bool) -> Metrics {
+        let start = Instant::now();
+        loop {
+            let m = self.metrics();
+            if cond(&m) {
+                return m;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "agent exited ({st}) while waiting for {what}\n--- log\n{}",
+                    self.log()
+                );
+            }
+            if start.elapsed() > DEADLINE {
+                panic!(
+                    "timed out waiting for {what}\n--- metrics\n{}\n--- log\n{}",
+                    fs::read_to_string(&self.metrics).unwrap_or_default(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_log(&mut self, what: &str) {
+        let start = Instant::now();
+        while !self.log().contains(what) {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "agent exited ({st}) while waiting for {what:?} in its log\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "timed out waiting for {what:?} in the log\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// SIGTERM, then the exit status (within the deadline).
+    fn stop(&mut self) -> i32 {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                promtool_check(&self.metrics);
+                return st.code().unwrap_or(-1);
+            }
+            assert!(start.elapsed() < DEADLINE, "agent did not stop\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            if std::thread::panicking() {
+                eprintln!("--- agent log\n{}", self.log());
+            }
+        }
+    }
+}
+
+/// `promtool check metrics` on a metrics file: the exposition format and
+/// Prometheus' naming rules.
+fn promtool_check(path: &Path) {
+    let Ok(text) = fs::read(path) else { return };
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "promtool is required in CI (Debian package prometheus): {e}"
+            );
+            eprintln!("promtool not found ({e}); metrics format not checked");
+            return;
+        }
+    };
+    child.stdin.take().unwrap().write_all(&text).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- file\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&text)
+    );
+}
+
+fn spec_one(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
+    sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 8MiB\n{extra}",
+            cache.display()
+        ),
+    )
+}
+
+/// Writes `n` files of `size` bytes, each a little older than the next, so
+/// least-recently-used order is the order written.
+fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
+    for i in 0..n {
+        let p = dir.join(format!("{prefix}{i:03}"));
+        fs::write(&p, vec![0x5a; size]).unwrap();
+        let t = nix::sys::time::TimeSpec::new(1_000_000 + i as i64, 0);
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &p,
+            &t,
+            &t,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+    }
+}
+
+fn wait_offloaded(agent: &mut Agent, name: &str) -> Metrics {
+    agent.wait_for(&format!("{name} offloaded"), |m| {
+        m.state(name) == Some("offloaded")
+    })
+}
+
+#[test]
+fn evict_deletes_oldest_files_down_to_low() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { warn: 50%, high: 80%, low: 40%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    // 7 MiB in 1 MiB files crosses 80% of 8 MiB.
+    fill(&cache, "f", 7, MIB as usize);
+    let m = agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    let u = Usage::of(&cache).unwrap();
+    assert!(
+        u.used <= 8 * MIB * 40 / 100,
+        "usage {u:?} not at or below low\n{}",
+        agent.log()
+    );
+    assert!(m.used("c") <= (8 * MIB * 40 / 100) as f64);
+    // Least recently used first: the newest files are the ones left.
+    assert!(cache.join("f006").exists() && cache.join("f005").exists());
+    assert!(!cache.join("f000").exists() && !cache.join("f001").exists());
+    assert_eq!(m.state("c"), Some("offloaded"));
+    let log = agent.log();
+    assert!(log.contains("-> high"), "{log}");
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn evict_by_polling_alone_and_by_inodes() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    inodes: 200\n    watchdog: { high: 90%, low: 50%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &["--no-fanotify"], &[]);
+    wait_offloaded(&mut agent, "c");
+    assert!(agent.log().contains("polling usage only"));
+    assert_eq!(agent.metrics().get("tmpfsctl_agent_fanotify"), 0.0);
+    // Small files: bytes stay low, inodes reach 90% of 200 with the last one.
+    let mut n = 0;
+    while Usage::of(&cache).unwrap().inodes_pct() < 90.0 {
+        fill(&cache, &format!("i{n:03}-"), 1, 10);
+        n += 1;
+    }
+    agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    let u = Usage::of(&cache).unwrap();
+    assert!(u.inodes_used <= 100, "{u:?}\n{}", agent.log());
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn evict_keeps_files_open_for_writing() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 80%, low: 20%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    // The oldest file is held open for writing by another process.
+    fill(&cache, "f", 1, MIB as usize);
+    let mut writer = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec 3>>{}/f000; exec sleep 600", cache.display()))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    fill(&cache, "g", 6, MIB as usize);
+    agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    let _ = writer.kill();
+    let _ = writer.wait();
+    assert!(
+        cache.join("f000").exists(),
+        "a file open for writing is never evicted\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("open for writing were kept"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn warn_only_logs_and_counts() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    watchdog: { warn: 25%, high: 50%, low: 10% }\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fill(&cache, "f", 3, MIB as usize);
+    agent.wait_for("level warn", |m| {
+        m.get("tmpfsctl_mount_level{name=\"c\",level=\"warn\"}") == 1.0
+    });
+    fill(&cache, "g", 2, MIB as usize);
+    let m = agent.wait_for("the warn action", |m| m.actions("c", "warn") == 1.0);
+    assert_eq!(m.get("tmpfsctl_mount_level{name=\"c\",level=\"high\"}"), 1.0);
+    assert_eq!(m.actions("c", "evict"), 0.0);
+    assert!(cache.join("f000").exists(), "warn deletes nothing");
+    assert!(agent.log().contains("action warn: nothing else is done"));
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn grow_in_steps_to_max_size_then_evict() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 1234, 2345, 0o750);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    options: [nosuid, nodev, noexec]\n    watchdog:\n      high: 80%\n      low: 40%\n      action: [grow, evict]\n      max_size: 12MiB\n      grow_step: 2MiB\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fill(&cache, "a", 7, MIB as usize); // 7 of 8: grow to 10
+    agent.wait_for("a grow to 10MiB", |m| m.size("c") == (10 * MIB) as f64);
+    // One write each from here, so each check sees the whole step.
+    fill(&cache, "b", 1, 2 * MIB as usize); // 9 of 10: grow to 12
+    agent.wait_for("a grow to 12MiB", |m| m.size("c") == (12 * MIB) as f64);
+    // The remount repeated every flag and kept the root.
+    let top = sb.top(&cache).unwrap();
+    for f in ["nosuid", "nodev", "noexec"] {
+        assert!(top.has_mount_option(f), "{f} dropped by the remount: {top:?}");
+    }
+    assert_eq!(common::owner_of(&cache), (1234, 2345));
+    assert_eq!(common::mode_of(&cache), 0o750);
+    fill(&cache, "c", 1, 2 * MIB as usize); // 11 of 12, at max: evict to 40%
+    let m = agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    assert_eq!(m.actions("c", "grow"), 2.0);
+    let u = Usage::of(&cache).unwrap();
+    assert_eq!(u.size, 12 * MIB);
+    assert!(u.used <= 12 * MIB * 40 / 100, "{u:?}\n{}", agent.log());
+    assert!(
+        agent.log().contains("grow skipped: already at max_size"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn fallback_with_a_busy_writer_keeps_the_writer_working_and_the_data() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    fs::write(cache.join("seeded"), "from disk").unwrap();
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fs::write(cache.join("written-in-ram"), "keep me").unwrap();
+
+    // A writer that holds its file open and appends all the time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let log_path = cache.join("app.log");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .unwrap();
+    let stop2 = stop.clone();
+    let writer = std::thread::spawn(move || -> std::io::Result<u64> {
+        let mut n = 0u64;
+        while !stop2.load(Ordering::Relaxed) {
+            f.write_all(format!("line {n}\n").as_bytes())?;
+            n += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        f.sync_all()?;
+        Ok(n)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&cache, "big", 5, MIB as usize); // 5 of 8 MiB: past 60%
+    let m = agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    assert_eq!(m.actions("c", "fallback"), 1.0);
+    assert!(sb.top(&cache).is_none(), "the tmpfs is gone from the path");
+    // The writer keeps going on its open file for a while, without errors.
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let lines = writer.join().unwrap().expect("the writer saw no error");
+    assert!(lines > 10);
+    // New files land on the disk directory.
+    fs::write(cache.join("after-fallback"), "on disk").unwrap();
+    assert!(sb.top(&cache).is_none());
+    // What was in RAM reached the disk: seeded, written, and the log up to
+    // the fallback.
+    assert_eq!(
+        fs::read_to_string(cache.join("written-in-ram")).unwrap(),
+        "keep me"
+    );
+    assert_eq!(fs::read_to_string(cache.join("seeded")).unwrap(), "from disk");
+    assert_eq!(fs::metadata(cache.join("big004")).unwrap().len(), MIB);
+    let on_disk = fs::read_to_string(&log_path).unwrap();
+    assert!(on_disk.starts_with("line 0\nline 1\n"), "{on_disk:.100}");
+    assert_eq!(
+        fs::read_to_string(cache.join("after-fallback")).unwrap(),
+        "on disk"
+    );
+    // status shows why.
+    let st = sb.run(["status".as_ref(), spec.as_os_str()]);
+    st.code(0).stdout_has("fell back");
+    let log = agent.log();
+    assert!(log.contains("fell back to the disk directory"), "{log}");
+    assert!(
+        m.get("tmpfsctl_mount_last_sync_success{name=\"c\"}") == 1.0,
+        "the write-back before the fallback is in the metrics\n{m:?}"
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn fallback_then_reoffload_after_when_the_contents_fit() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 60%, low: 30%, action: fallback, reoffload_after: 10s }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fill(&cache, "big", 5, MIB as usize);
+    agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    // Volatile: the RAM contents are gone with the tmpfs; the disk directory
+    // is what the application sees now.
+    assert!(!cache.join("big000").exists());
+    // Too much on disk to come back: postponed, not flapping.
+    fill(&cache, "disk", 6, MIB as usize);
+    agent.wait_log("not re-offloaded");
+    for i in 0..6 {
+        fs::remove_file(cache.join(format!("disk{i:03}"))).unwrap();
+    }
+    fs::write(cache.join("small"), "x").unwrap();
+    // Edit the schedule: the next try is in another 10s.
+    let m = agent.wait_for("the re-offload", |m| m.actions("c", "reoffload") == 1.0);
+    assert_eq!(m.state("c"), Some("offloaded"));
+    assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-c");
+    assert_eq!(
+        fs::read_to_string(cache.join("small")).unwrap(),
+        "x",
+        "seeded again"
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn sigterm_writes_persisted_mounts_back_and_exits_0() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fs::write(cache.join("late"), "written just before stop").unwrap();
+    let lower = sb.state.join("lower/c");
+    assert!(!lower.join("late").exists());
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    assert_eq!(
+        fs::read_to_string(lower.join("late")).unwrap(),
+        "written just before stop",
+        "SIGTERM wrote the mount back\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        sb.top(&cache).unwrap().source,
+        "tmpfsctl-c",
+        "the tmpfs stays (down takes it away)"
+    );
+    let m = agent.metrics();
+    assert_eq!(m.get("tmpfsctl_mount_syncs_total{name=\"c\",result=\"ok\"}"), 1.0);
+}
+
+#[test]
+fn persist_every_writes_back_on_schedule() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    persist: every 10s\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fs::write(cache.join("periodic"), "v1").unwrap();
+    let m = agent.wait_for("a periodic write-back", |m| m.actions("c", "sync") >= 1.0);
+    assert_eq!(
+        fs::read_to_string(sb.state.join("lower/c/periodic")).unwrap(),
+        "v1"
+    );
+    assert_eq!(m.get("tmpfsctl_mount_last_sync_success{name=\"c\"}"), 1.0);
+    assert!(m.get("tmpfsctl_mount_last_sync_timestamp_seconds{name=\"c\"}") > 1.6e9);
+    assert!(m.get("tmpfsctl_mount_last_sync_duration_seconds{name=\"c\"}") >= 0.0);
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn reload_applies_a_valid_spec_and_keeps_the_old_one_when_invalid() {
+    let sb = Sandbox::new();
+    let a = sb.cache_dir("a", 0, 0, 0o755);
+    let b = sb.cache_dir("b", 0, 0, 0o755);
+    let v1 = format!(
+        "version: 1\nmounts:\n  - name: a\n    path: {}\n    size: 8MiB\n    watchdog: {{ high: 90%, low: 20%, action: evict }}\n",
+        a.display()
+    );
+    let spec = sb.write_spec("cache.yaml", &v1);
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "a");
+
+    // A valid change, written the way editors do (temporary file + rename):
+    // a grows online, b is new.
+    let v2 = format!(
+        "{}  - name: b\n    path: {}\n    size: 4MiB\n",
+        v1.replace("size: 8MiB", "size: 16MiB"),
+        b.display()
+    );
+    fs::write(sb.path("cache.yaml.tmp"), &v2).unwrap();
+    fs::rename(sb.path("cache.yaml.tmp"), &spec).unwrap();
+    let m = agent.wait_for("reload of v2", |m| {
+        m.state("b") == Some("offloaded") && m.size("a") == (16 * MIB) as f64
+    });
+    assert_eq!(m.get("tmpfsctl_agent_reloads_total{result=\"ok\"}"), 1.0);
+
+    // An invalid spec: logged with its diagnostic; the old one stays.
+    fs::write(&spec, v2.replace("size: 4MiB", "size: 12 parsecs")).unwrap();
+    let m = agent.wait_for("the invalid reload", |m| {
+        m.get("tmpfsctl_agent_reloads_total{result=\"invalid\"}") == 1.0
+    });
+    agent.wait_log("invalid size `12 parsecs`");
+    let log = agent.log();
+    assert!(log.contains("the spec in force stays"), "{log}");
+    assert!(
+        log.contains(&format!("{}:9:11", spec.display())),
+        "diagnostic with file:line:col\n{log}"
+    );
+    assert_eq!(m.state("a"), Some("offloaded"));
+    assert_eq!(m.state("b"), Some("offloaded"));
+    // ... and is still enforced: a's thresholds act.
+    fill(&a, "f", 15, MIB as usize);
+    agent.wait_for("eviction under the old spec", |m| m.actions("a", "evict") >= 1.0);
+
+    // SIGHUP re-reads: still invalid.
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    agent.wait_for("the SIGHUP reload", |m| {
+        m.get("tmpfsctl_agent_reloads_total{result=\"invalid\"}") == 2.0
+    });
+    // Fixed: the valid spec (b at 6MiB) is applied.
+    fs::write(&spec, v2.replace("size: 4MiB", "size: 6MiB")).unwrap();
+    agent.wait_for("b resized", |m| m.size("b") == (6 * MIB) as f64);
+    assert_eq!(
+        agent.metrics().get("tmpfsctl_agent_reloads_total{result=\"ok\"}"),
+        2.0
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+/// A fixture /proc: meminfo and pressure/memory are files the test writes;
+/// self/mountinfo is the real one (a symlink resolved by the agent itself).
+struct FakeProc {
+    dir: PathBuf,
+}
+
+impl FakeProc {
+    fn new(sb: &Sandbox) -> FakeProc {
+        let dir = sb.path("proc");
+        fs::create_dir_all(dir.join("self")).unwrap();
+        fs::create_dir_all(dir.join("pressure")).unwrap();
+        std::os::unix::fs::symlink("/proc/self/mountinfo", dir.join("self/mountinfo")).unwrap();
+        let p = FakeProc { dir };
+        p.set(8 << 30, 0.0);
+        p
+    }
+
+    fn set(&self, mem_available: u64, psi: f64) {
+        let write = |name: &str, text: String| {
+            let tmp = self.dir.join(format!("{name}.tmp"));
+            fs::write(&tmp, text).unwrap();
+            fs::rename(&tmp, self.dir.join(name)).unwrap();
+        };
+        write(
+            "meminfo",
+            format!(
+                "MemTotal:       16777216 kB\nMemFree:        1000 kB\nMemAvailable:   {} kB\nShmem:          1000 kB\n",
+                mem_available / 1024
+            ),
+        );
+        write(
+            "pressure/memory",
+            format!("some avg10={psi:.2} avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"),
+        );
+    }
+}
+
+#[test]
+fn memory_pressure_evicts_then_falls_back_lowest_priority_first() {
+    let sb = Sandbox::new();
+    let vol = sb.cache_dir("vol", 0, 0, 0o755);
+    let keep = sb.cache_dir("keep", 0, 0, 0o755);
+    let fake = FakeProc::new(&sb);
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nagent:\n  min_available: 1GiB\n  max_pressure: 20%\n  cooldown: 300ms\nmounts:\n  - name: keep\n    path: {}\n    size: 8MiB\n    persist: on-stop\n    watchdog: {{ priority: 60 }}\n  - name: vol\n    path: {}\n    size: 8MiB\n    watchdog: {{ high: 99%, low: 25%, priority: 10 }}\n",
+            keep.display(),
+            vol.display()
+        ),
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[("TMPFSCTL_PROC", &fake.dir)]);
+    wait_offloaded(&mut agent, "keep");
+    wait_offloaded(&mut agent, "vol");
+    fill(&vol, "v", 6, MIB as usize);
+    fs::write(keep.join("precious"), "persisted").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        agent.metrics().actions("vol", "evict"),
+        0.0,
+        "no pressure, no action"
+    );
+
+    // MemAvailable drops below the floor: the volatile cache is evicted
+    // first, then the mounts fall back, lowest priority first.
+    fake.set(512 << 20, 0.0);
+    let m = agent.wait_for("pressure active", |m| {
+        m.get("tmpfsctl_memory_pressure_active") == 1.0
+    });
+    assert_eq!(m.get("tmpfsctl_memory_available_bytes"), (512u64 << 20) as f64);
+    agent.wait_for("vol evicted", |m| m.actions("vol", "evict") >= 1.0);
+    let m = agent.wait_for("both fell back", |m| {
+        m.state("vol") == Some("fallback") && m.state("keep") == Some("fallback")
+    });
+    assert_eq!(
+        m.actions("keep", "evict"),
+        0.0,
+        "a persisted mount is never evicted"
+    );
+    assert_eq!(
+        fs::read_to_string(keep.join("precious")).unwrap(),
+        "persisted",
+        "written back first"
+    );
+    let log = agent.log();
+    let (v, k) = (log.find("vol: fell back"), log.find("keep: fell back"));
+    assert!(
+        v.is_some() && k.is_some() && v < k,
+        "priority 10 before 60\n{log}"
+    );
+    agent.wait_log("no mount has anything left to give");
+
+    // Pressure over: calm again; the mounts stay on disk (no reoffload_after).
+    fake.set(8 << 30, 0.0);
+    agent.wait_for("pressure over", |m| {
+        m.get("tmpfsctl_memory_pressure_active") == 0.0
+    });
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn psi_above_the_limit_triggers_the_guard() {
+    let sb = Sandbox::new();
+    let vol = sb.cache_dir("vol", 0, 0, 0o755);
+    let fake = FakeProc::new(&sb);
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nagent:\n  max_pressure: 20%\n  cooldown: 10s\nmounts:\n  - name: vol\n    path: {}\n    size: 8MiB\n    watchdog: {{ high: 99%, low: 25%, pressure: [evict] }}\n",
+            vol.display()
+        ),
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[("TMPFSCTL_PROC", &fake.dir)]);
+    wait_offloaded(&mut agent, "vol");
+    fill(&vol, "v", 6, MIB as usize);
+    fake.set(8 << 30, 35.5);
+    let m = agent.wait_for("PSI eviction", |m| m.actions("vol", "evict") >= 1.0);
+    assert_eq!(m.get("tmpfsctl_memory_pressure_some_avg10"), 35.5);
+    assert!(Usage::of(&vol).unwrap().used <= 2 * MIB);
+    // pressure: [evict] only: never falls back.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(agent.metrics().state("vol"), Some("offloaded"));
+    assert!(agent.log().contains("PSI some avg10"), "{}", agent.log());
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn an_invalid_spec_at_start_exits_2_with_the_diagnostic() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { action: evict }\n    persist: on-stop\n",
+    );
+    let r = sb.run(["agent".as_ref(), spec.as_os_str()]);
+    r.code(2)
+        .stderr_has("`evict` deletes files")
+        .stderr_has("field: mounts[0].watchdog.action");
+    assert!(sb.mounts().is_empty());
+}
+
+/// Files the application creates on the disk directory while a busy persisted
+/// mount falls back must all survive. They do not yet: `down_one`'s second
+/// write-back (from the detached tree, after the lazy detach) mirrors the
+/// detached tree onto what is now the live disk directory, deleting names
+/// created there meanwhile (about 1 file in 500 here). See docs/agent.md.
+#[test]
+#[ignore = "known race in down's post-detach write-back; fixed when that pass stops deleting"]
+fn fallback_of_a_busy_persisted_mount_loses_no_file_created_meanwhile() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let _hold = fs::File::create(cache.join("held")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let dir = cache.clone();
+    let creator = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !stop2.load(Ordering::Relaxed) {
+            fs::write(dir.join(format!("new{n:06}")), "x").unwrap();
+            n += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        n
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    fill(&cache, "big", 5, MIB as usize);
+    agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let n = creator.join().unwrap();
+    let missing: Vec<u64> = (0..n)
+        .filter(|i| !cache.join(format!("new{i:06}")).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "created {n}; lost after the fallback: {missing:?}"
+    );
+    assert_eq!(agent.stop(), 0);
+}
