@@ -171,6 +171,10 @@ pub fn main() -> i32 {
                 eprintln!("error: {e}");
                 return exit::BAD_INPUT;
             }
+            if e.downcast_ref::<crate::error::UnknownName>().is_some() {
+                eprintln!("error: {e}");
+                return exit::BAD_INPUT;
+            }
             if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
                 eprintln!("error: {e}");
                 return exit::BUSY;
@@ -361,7 +365,7 @@ fn run(cli: Cli) -> Result<i32> {
                 Format::Json => print_json(&r),
             }
             let failed = r.iter().any(|d| {
-                d.result == down::DownOutcome::Refused
+                matches!(d.result, down::DownOutcome::Refused | down::DownOutcome::Failed)
                     || d.syncs.iter().any(|s| s.result == sync::SyncOutcome::Failed)
             });
             Ok(if failed { exit::FAILED } else { exit::OK })

@@ -8,9 +8,11 @@ use std::os::fd::AsRawFd;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::error::UnknownName;
 use crate::host::procs::Holder;
 use crate::host::Host;
 use crate::mount;
+use crate::observe;
 use crate::spec::{self, Persist, Spec};
 use crate::state::State;
 use crate::sync::{self, SyncOutcome, SyncResult};
@@ -26,6 +28,8 @@ pub enum DownOutcome {
     NotMounted,
     /// Not taken down; see reason.
     Refused,
+    /// An error stopped it part way; see reason. Later mounts were still tried.
+    Failed,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -51,9 +55,23 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     } else {
         names.to_vec()
     };
+    let table = host.mounts()?;
+    UnknownName::check(spec, &targets, |n| {
+        table
+            .by_source(&spec::source_for(n))
+            .any(|e| !e.mount_point.starts_with(state.dir()))
+    })?;
     let mut out = Vec::new();
     for name in targets {
-        out.push(down_one(spec, &name, host, state)?);
+        // One mount's error must not keep the others from being written back.
+        out.push(down_one(spec, &name, host, state).unwrap_or_else(|e| DownResult {
+            name: name.clone(),
+            path: spec.mount(&name).map(|m| m.path.clone()),
+            result: DownOutcome::Failed,
+            holders: Vec::new(),
+            reason: Some(format!("{e:#}")),
+            syncs: Vec::new(),
+        }));
     }
     Ok(out)
 }
@@ -66,9 +84,16 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
 pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
     let table = host.mounts()?;
     let source = spec::source_for(name);
-    let live = table
-        .by_source(&source)
-        .find(|e| !e.mount_point.starts_with(state.dir()))
+    // The tmpfs at the spec's path, not a bind of it elsewhere (a chroot).
+    let at_spec_path = spec
+        .mount(name)
+        .and_then(|m| table.stack_at(&m.path).into_iter().find(|e| e.source == source));
+    let live = at_spec_path
+        .or_else(|| {
+            table
+                .by_source(&source)
+                .find(|e| !e.mount_point.starts_with(state.dir()))
+        })
         .cloned();
     let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
     let mut res = DownResult {
@@ -80,15 +105,25 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
         syncs: Vec::new(),
     };
 
-    if spec.mount(name).is_none() && live.is_none() {
-        let known: Vec<&str> = spec.mounts.iter().map(|m| m.name.as_str()).collect();
-        anyhow::bail!(
-            "no mount named `{name}` in {} and no managed tmpfs {source} is mounted; known names: {}",
-            spec.file.display(),
-            known.join(", ")
-        );
-    }
     if let Some(e) = &live {
+        if let Some(top) = table.top_at(&e.mount_point).filter(|t| t.id != e.id) {
+            res.result = DownOutcome::Refused;
+            res.reason = Some(format!(
+                "{} is covered by another mount ({} from {}); take that down first",
+                e.mount_point.display(),
+                top.fstype,
+                top.source
+            ));
+            return Ok(res);
+        }
+        if persisted.is_some() && !observe::lower_reaches_disk(&table, e.dev, &state.lower(name)) {
+            res.result = DownOutcome::Refused;
+            res.reason = Some(format!(
+                "the disk directory is not reachable through {} (missing, stacked or shared side bind); run `tmpfsctl apply` to restore it, then `down` again — nothing was written back or unmounted",
+                state.lower(name).display()
+            ));
+            return Ok(res);
+        }
         if persisted.is_none()
             && spec.mount(name).is_none()
             && state.record(name).is_some_and(|r| r.persist != "none")

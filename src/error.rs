@@ -18,6 +18,35 @@ pub mod exit {
     pub const BUSY: i32 = 4;
 }
 
+/// A mount name on the command line that the spec does not have (and that no
+/// managed tmpfs carries): bad input, exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("no mount named `{name}` in {}; known names: {}", file.display(), known.join(", "))]
+pub struct UnknownName {
+    pub name: String,
+    pub file: PathBuf,
+    pub known: Vec<String>,
+}
+
+impl UnknownName {
+    pub fn check<'a>(
+        spec: &crate::spec::Spec,
+        names: impl IntoIterator<Item = &'a String>,
+        also: impl Fn(&str) -> bool,
+    ) -> Result<(), UnknownName> {
+        for n in names {
+            if spec.mount(n).is_none() && !also(n) {
+                return Err(UnknownName {
+                    name: n.clone(),
+                    file: spec.file.clone(),
+                    known: spec.mounts.iter().map(|m| m.name.clone()).collect(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One problem in a spec, located at a YAML node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Diagnostic {

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::copy;
-use crate::mount::{self, RootAttrs};
+use crate::mount::{self, PinnedDir, RootAttrs};
 use crate::plan::{Blocked, MountPlan, Plan, Step};
 use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, OnFailure, Persist, Spec};
@@ -90,8 +90,12 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &Options) -> Result<
     }
     let mut cleanup = Vec::new();
     for step in plan.prepare.iter().chain(&plan.cleanup) {
-        run_step(step, "", opts, &mut Vec::new()).with_context(|| step.describe())?;
-        cleanup.push(step.describe());
+        // A failed clean-up must not keep the mounts from being applied; a
+        // failed preparation shows up again in the mounts that need it.
+        match run_step(step, "", opts, &mut Vec::new(), &mut None) {
+            Ok(_) => cleanup.push(step.describe()),
+            Err(e) => cleanup.push(format!("{} FAILED: {e:#}", step.describe())),
+        }
         failpoint(step, "");
     }
     let mut results = Vec::new();
@@ -144,9 +148,10 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> 
     let mut undo = Vec::new();
     let mut done = Vec::new();
     let mut seeded = None;
+    let mut pinned = None;
     for step in &mp.steps {
         let started = Instant::now();
-        match run_step(step, &m.name, opts, &mut undo) {
+        match run_step(step, &m.name, opts, &mut undo, &mut pinned) {
             Ok(stats) => {
                 if let Some(s) = stats {
                     seeded = Some(Seeded {
@@ -220,29 +225,49 @@ fn roll_back(undo: Vec<Undo>) -> Result<()> {
     first_err.map_or(Ok(()), Err)
 }
 
+/// The managed directory, opened once without following symlinks: every
+/// later step of the mount acts on that directory, not on whatever the path
+/// names by then.
+fn pin<'a>(pinned: &'a mut Option<PinnedDir>, path: &Path) -> Result<&'a PinnedDir> {
+    if pinned.is_none() {
+        *pinned = Some(PinnedDir::open(path)?);
+    }
+    Ok(pinned.as_ref().expect("set just above"))
+}
+
 fn run_step(
     step: &Step,
     name: &str,
     opts: &Options,
     undo: &mut Vec<Undo>,
+    pinned: &mut Option<PinnedDir>,
 ) -> Result<Option<copy::CopyStats>> {
     match step {
         Step::DetachStage { stage } => mount::detach(stage)?,
-        Step::DetachLower { lower } => mount::detach(lower)?,
+        Step::DetachLower { lower } => mount::detach_all(lower)?,
         Step::RemoveLeftover { path, mounted } => {
             if *mounted {
                 mount::detach(path)?;
             }
             remove_empty_dir(path)?;
         }
-        Step::PrivateStateDir { dir } => {
-            mkdir_private(dir)?;
-            mount::bind_private(dir, dir)?;
+        Step::PrivateStateDir { dir, mounted } => {
+            if *mounted {
+                mount::make_private(dir)?;
+            } else {
+                mkdir_private(dir)?;
+                mount::bind_private(dir, dir)?;
+            }
         }
-        Step::CreateDir { path, root } => create_dir(path, *root)?,
+        Step::PrivateLower { lower } => mount::make_private(lower)?,
+        Step::RestoreLower { path, lower, scratch } => restore_lower(path, lower, scratch)?,
+        Step::CreateDir { path, root } => {
+            create_dir(path)?;
+            set_root(&pin(pinned, path)?.proc_path(), *root)?;
+        }
         Step::BindLower { path, lower } => {
             mkdir_private(lower)?;
-            mount::bind_private(path, lower)?;
+            mount::bind_private(&pin(pinned, path)?.proc_path(), lower)?;
             undo.push(Undo::Detach(lower.clone()));
         }
         Step::MountStage {
@@ -256,7 +281,7 @@ fn run_step(
         }
         Step::Seed { from, to } => return seed(from, to, name, opts).map(Some),
         Step::MoveIntoPlace { stage, path } => {
-            mount::move_mount(stage, path)?;
+            mount::move_mount(stage, &pin(pinned, path)?.proc_path())?;
             // The tmpfs is in place; a later failure must not tear it down.
             undo.retain(|Undo::Detach(p)| p != stage);
         }
@@ -268,7 +293,7 @@ fn run_step(
             };
             anyhow::anyhow!("remount failed: {e}{hint}")
         })?,
-        Step::SetRoot { path, to, .. } => set_root(path, *to)?,
+        Step::SetRoot { path, to, .. } => set_root(&pin(pinned, path)?.proc_path(), *to)?,
     }
     Ok(None)
 }
@@ -319,6 +344,21 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<copy::Copy
     stats
 }
 
+/// See `Step::RestoreLower`. The scratch bind is private before anything is
+/// taken from it, and is gone afterwards (a leftover after a crash).
+fn restore_lower(path: &Path, lower: &Path, scratch: &Path) -> Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let base = path
+        .file_name()
+        .context("the managed path has a last component")?;
+    mkdir_private(scratch)?;
+    mount::bind_private(parent, scratch)?;
+    let result = mkdir_private(lower).and_then(|_| mount::bind_private(&scratch.join(base), lower));
+    mount::detach(scratch)?;
+    remove_empty_dir(scratch)?;
+    result
+}
+
 fn mkdir_private(dir: &Path) -> Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -327,7 +367,7 @@ fn mkdir_private(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-fn create_dir(path: &Path, root: RootAttrs) -> Result<()> {
+fn create_dir(path: &Path) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -341,11 +381,12 @@ fn create_dir(path: &Path, root: RootAttrs) -> Result<()> {
         }
         _ => {}
     }
-    set_root(path, root)
+    Ok(())
 }
 
+/// `path` is a pinned directory's /proc magic link (never a symlink to follow).
 fn set_root(path: &Path, a: RootAttrs) -> Result<()> {
-    std::os::unix::fs::lchown(path, Some(a.uid), Some(a.gid))
+    std::os::unix::fs::chown(path, Some(a.uid), Some(a.gid))
         .with_context(|| format!("chown {}:{} {}", a.uid, a.gid, path.display()))?;
     // After chown, which clears setuid/setgid bits.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(a.mode))

@@ -134,6 +134,48 @@ pub fn unmount_if_idle(target: &Path) -> Result<bool> {
     }
 }
 
+/// A directory opened (as O_PATH) without following any symlink on the
+/// way. Mounting onto, binding from and chown/chmod of `proc_path()` act on
+/// the directory that was checked, even if a symlink is swapped in later.
+pub struct PinnedDir {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl PinnedDir {
+    pub fn open(path: &Path) -> Result<PinnedDir> {
+        use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag, AT_FDCWD};
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let fd = openat2(AT_FDCWD, path, how).with_context(|| {
+            format!(
+                "opening {} without following symlinks (is a symlink on the way?)",
+                path.display()
+            )
+        })?;
+        Ok(PinnedDir { fd })
+    }
+
+    /// The magic link that names exactly this directory.
+    pub fn proc_path(&self) -> std::path::PathBuf {
+        use std::os::fd::AsRawFd;
+        format!("/proc/self/fd/{}", self.fd.as_raw_fd()).into()
+    }
+}
+
+/// Detaches every mount stacked at `target`.
+pub fn detach_all(target: &Path) -> Result<()> {
+    // A stack deeper than this is not something a crash leaves behind.
+    for _ in 0..64 {
+        match umount2(target, MntFlags::MNT_DETACH) {
+            Ok(()) => {}
+            Err(Errno::EINVAL) => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("umount -l {}", target.display())),
+        }
+    }
+    anyhow::bail!("{} still has mounts after 64 detaches", target.display())
+}
+
 /// Moves the calling thread into a new mount namespace with every mount
 /// private, so nothing mounted from here on can reach the host's table.
 /// Children spawned from this thread inherit the namespace.

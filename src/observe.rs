@@ -62,10 +62,51 @@ pub struct Observed {
 #[serde(rename_all = "kebab-case")]
 pub enum Lower {
     Absent,
-    /// Bound, and (when checkable) the same directory as the managed path.
+    /// One private bind that leads to the disk directory.
     Bound,
-    /// Bound to something that is not the managed path's directory.
+    /// The right bind, but still in a peer group (a crash between bind and
+    /// make-private): a tmpfs moved onto the path would propagate onto it.
+    Shared,
+    /// Stacked, showing the tmpfs, or leading elsewhere: rebuild it.
     Stale,
+}
+
+/// Whether the side bind of a live tmpfs (device `tmpfs_dev`) is one private
+/// bind that is not the tmpfs itself: the only state in which writing back
+/// through it reaches the disk directory.
+pub fn lower_reaches_disk(table: &MountTable, tmpfs_dev: (u32, u32), lower_path: &Path) -> bool {
+    let stack = table.stack_at(lower_path);
+    matches!(stack.as_slice(), [only] if only.dev != tmpfs_dev && only.is_private())
+}
+
+/// Whether the side path leads to the disk directory, and only there.
+fn lower_state(
+    table: &MountTable,
+    at_path: &AtPath,
+    source: &str,
+    path_md: &Option<std::fs::Metadata>,
+    lower_path: &Path,
+) -> Lower {
+    let stack = table.stack_at(lower_path);
+    let Some(top) = stack.last() else {
+        return Lower::Absent;
+    };
+    if stack.len() > 1 || (top.fstype == "tmpfs" && top.source == source) {
+        return Lower::Stale;
+    }
+    let same_dir = match at_path {
+        // The path shows the tmpfs; the bind must at least not be that tmpfs.
+        AtPath::Ours(live) => top.dev != live.dev,
+        _ => match (path_md, std::fs::symlink_metadata(lower_path)) {
+            (Some(p), Ok(l)) => p.dev() == l.dev() && p.ino() == l.ino(),
+            _ => false,
+        },
+    };
+    match (same_dir, top.is_private()) {
+        (false, _) => Lower::Stale,
+        (true, true) => Lower::Bound,
+        (true, false) => Lower::Shared,
+    }
 }
 
 /// Host-wide facts plus one observation per spec mount.
@@ -79,8 +120,10 @@ pub struct World {
     pub leftovers: Vec<Leftover>,
     /// Managed tmpfs mounts whose name the spec does not have.
     pub orphans: Vec<(String, PathBuf)>,
-    /// State directories (side paths, staging) that are not private mounts yet.
-    pub state_not_private: Vec<PathBuf>,
+    /// State directories (side paths, staging) that are not private mounts
+    /// yet, and whether each is a mount point already (then it is only made
+    /// private: binding it again would hide the side binds on it).
+    pub state_not_private: Vec<(PathBuf, bool)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -122,6 +165,12 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
             }
         }
     }
+    // Scratch binds of an interrupted side-bind repair: always leftovers.
+    for name in state.restore_names() {
+        let path = state.restore(&name);
+        let mounted = table.top_at(&path).is_some();
+        leftovers.push(Leftover { name, path, mounted });
+    }
     let orphans = table
         .entries
         .iter()
@@ -136,7 +185,11 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
         .collect();
     let state_not_private = [state.lower_root(), state.stage_root()]
         .into_iter()
-        .filter(|d| !table.top_at(d).is_some_and(|e| e.is_private()))
+        .filter_map(|d| match table.top_at(&d) {
+            Some(e) if e.is_private() => None,
+            Some(_) => Some((d, true)),
+            None => Some((d, false)),
+        })
         .collect();
     Ok(World {
         table,
@@ -171,21 +224,19 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
     };
     let stage = state.stage(&m.name);
     let lower_path = state.lower(&m.name);
-    let ours_elsewhere = table
-        .by_source(&source)
-        .map(|e| e.mount_point.clone())
-        .find(|p| *p != m.path && *p != stage);
-    let lower_md = std::fs::symlink_metadata(&lower_path).ok();
-    let lower = match table.top_at(&lower_path) {
-        None => Lower::Absent,
-        Some(_) => match (&at_path, &path_md, &lower_md) {
-            (AtPath::Ours(_), _, _) => Lower::Bound,
-            (_, Some(p), Some(l)) if p.dev() == l.dev() && p.ino() == l.ino() => Lower::Bound,
-            _ => Lower::Stale,
-        },
+    // A full bind of the live tmpfs elsewhere (a chroot, an rbind of /var)
+    // is not a second copy: only a tmpfs of ours somewhere else while the
+    // path has none means the spec's path changed.
+    let ours_elsewhere = match at_path {
+        AtPath::Ours(_) => None,
+        _ => table
+            .by_source(&source)
+            .map(|e| e.mount_point.clone())
+            .find(|p| *p != m.path && *p != stage),
     };
+    let lower = lower_state(table, &at_path, &source, &path_md, &lower_path);
     let disk = match (&at_path, lower) {
-        (_, Lower::Bound) => RootAttrs::of(&lower_path).ok(),
+        (_, Lower::Bound | Lower::Shared) => RootAttrs::of(&lower_path).ok(),
         (AtPath::Ours(_), _) => None,
         _ => RootAttrs::of(&m.path).ok(),
     };

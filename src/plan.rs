@@ -59,10 +59,24 @@ pub enum Step {
         path: PathBuf,
         mounted: bool,
     },
-    /// Makes a state directory a private mount of its own: mounts may only be
-    /// moved out of a non-shared parent, and side binds must not propagate.
+    /// Makes a state directory a private mount of its own (binding it onto
+    /// itself first unless `mounted`): mounts may only be moved out of a
+    /// non-shared parent, and side binds must not propagate.
     PrivateStateDir {
         dir: PathBuf,
+        mounted: bool,
+    },
+    /// Ends the peer-group membership of a side bind left by a crash.
+    PrivateLower {
+        lower: PathBuf,
+    },
+    /// Rebuilds a lost side bind under a live tmpfs: a non-recursive bind of
+    /// the parent directory (at `scratch`) does not carry the tmpfs, so its
+    /// entry for the managed directory is the disk directory.
+    RestoreLower {
+        path: PathBuf,
+        lower: PathBuf,
+        scratch: PathBuf,
     },
 }
 
@@ -110,7 +124,15 @@ impl Step {
             Step::SetRoot { path, from, to } => {
                 format!("set root of {}: {} -> {}", path.display(), attrs(from), attrs(to))
             }
-            Step::PrivateStateDir { dir } => format!("make {} a private mount", dir.display()),
+            Step::PrivateStateDir { dir, .. } => format!("make {} a private mount", dir.display()),
+            Step::PrivateLower { lower } => format!("make side bind {} private", lower.display()),
+            Step::RestoreLower { path, lower, .. } => {
+                format!(
+                    "restore side bind {} to the disk directory under {}",
+                    lower.display(),
+                    path.display()
+                )
+            }
             Step::RemoveLeftover { path, mounted } => {
                 if *mounted {
                     format!("detach and remove leftover {}", path.display())
@@ -201,7 +223,10 @@ pub fn plan(spec: &Spec, world: &World, state: &State) -> Plan {
         world
             .state_not_private
             .iter()
-            .map(|d| Step::PrivateStateDir { dir: d.clone() })
+            .map(|(d, mounted)| Step::PrivateStateDir {
+                dir: d.clone(),
+                mounted: *mounted,
+            })
             .collect()
     } else {
         Vec::new()
@@ -268,6 +293,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     }
     match &o.at_path {
         AtPath::Ours(live) => {
+            plan_lower_of_live(m, o, state, &mut p);
             plan_live(m, o, live, page_size, &mut p);
             return p;
         }
@@ -312,6 +338,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     }
     match o.lower {
         Lower::Bound => {}
+        Lower::Shared => p.steps.push(Step::PrivateLower { lower: lower.clone() }),
         Lower::Stale => {
             p.steps.push(Step::DetachLower { lower: lower.clone() });
             p.steps.push(Step::BindLower {
@@ -342,12 +369,34 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     p
 }
 
+/// A live tmpfs whose side bind is missing or wrong gets it back: write-back
+/// and `down` need the disk directory.
+fn plan_lower_of_live(m: &MountSpec, o: &Observed, state: &State, p: &mut MountPlan) {
+    let lower = state.lower(&m.name);
+    let restore = Step::RestoreLower {
+        path: m.path.clone(),
+        lower: lower.clone(),
+        scratch: state.restore(&m.name),
+    };
+    match o.lower {
+        Lower::Bound => {}
+        Lower::Shared => p.steps.push(Step::PrivateLower { lower }),
+        Lower::Absent => p.steps.push(restore),
+        Lower::Stale => {
+            p.steps.push(Step::DetachLower { lower });
+            p.steps.push(restore);
+        }
+    }
+}
+
 fn round_to_page(bytes: u64, page: u64) -> u64 {
     bytes.div_ceil(page) * page
 }
 
 fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut MountPlan) {
-    let root = desired_root(m, o.disk).unwrap_or(live.root);
+    // Unseen disk directory (side bind lost): keep the live root, never the
+    // `create` defaults.
+    let root = desired_root(m, Some(o.disk.unwrap_or(live.root))).unwrap_or(live.root);
     let mut changes = Vec::new();
     let want_size = round_to_page(m.size, page_size);
     if want_size != live.size {

@@ -204,6 +204,7 @@ pub fn down(results: &[DownResult]) -> String {
             DownOutcome::Detached => "busy: detached lazily; new opens see the disk directory, memory is freed when the holders below close their files",
             DownOutcome::NotMounted => "not mounted",
             DownOutcome::Refused => "REFUSED",
+            DownOutcome::Failed => "FAILED",
         };
         let _ = writeln!(s, "{}  {path}: {what}", d.name);
         for sy in &d.syncs {

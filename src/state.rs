@@ -68,6 +68,15 @@ impl State {
         self.dir.join("stage")
     }
 
+    /// Scratch mount points for rebuilding a side bind; never kept.
+    pub fn restore(&self, name: &str) -> PathBuf {
+        self.dir.join("restore").join(name)
+    }
+
+    pub fn restore_names(&self) -> Vec<String> {
+        list_names(&self.dir.join("restore"))
+    }
+
     /// Side path where the on-disk directory stays reachable under the tmpfs.
     pub fn lower(&self, name: &str) -> PathBuf {
         self.lower_root().join(name)

@@ -8,6 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::copy::{self, SyncStats};
+use crate::error::UnknownName;
 use crate::host::Host;
 use crate::observe::{self, AtPath, Lower};
 use crate::spec::{MountSpec, Persist, Spec};
@@ -36,16 +37,7 @@ pub struct SyncResult {
 
 /// Syncs `names` (every persisted mount of the spec when empty).
 pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result<Vec<SyncResult>> {
-    for n in names {
-        if spec.mount(n).is_none() {
-            let known: Vec<&str> = spec.mounts.iter().map(|m| m.name.as_str()).collect();
-            anyhow::bail!(
-                "no mount named `{n}` in {}; known names: {}",
-                spec.file.display(),
-                known.join(", ")
-            );
-        }
-    }
+    UnknownName::check(spec, names, |_| false)?;
     let world = observe::observe(spec, host, state)?;
     let mut out = Vec::new();
     for (m, o) in spec.mounts.iter().zip(&world.mounts) {
@@ -74,6 +66,8 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
             continue;
         }
         if o.lower != Lower::Bound {
+            // Writing into anything but the disk directory would report a
+            // write-back that did not happen.
             out.push(SyncResult {
                 result: SyncOutcome::Failed,
                 reason: Some(format!(

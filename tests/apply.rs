@@ -425,7 +425,7 @@ fn down_of_an_idle_mount_unmounts_cleanly() {
         .all(|e| !e.source.starts_with("tmpfsctl-")
             && !e.mount_point.starts_with(sb.state.join("lower/cache"))));
     sb.run(["down".as_ref(), spec.as_os_str(), "nosuch".as_ref()])
-        .code(1)
+        .code(2)
         .stderr_has("known names: cache");
 }
 
@@ -487,7 +487,7 @@ fn sync_skips_volatile_mounts_and_rejects_unknown_names() {
         .stdout_has("persist: none");
     assert!(!sb.state.join("lower/cache/ram-only").exists());
     sb.run(["sync".as_ref(), spec.as_os_str(), "nosuch".as_ref()])
-        .code(1)
+        .code(2)
         .stderr_has("known names: cache");
 }
 
@@ -727,4 +727,152 @@ fn leftovers_of_removed_names_are_cleaned() {
         .stdout_has("leftover");
     assert!(sb.mounts_at(&sb.state.join("lower/cache")).is_empty());
     assert!(sb.mounts_at(&sb.state.join("stage/cache")).is_empty());
+}
+
+/// Shares the sandbox root like a systemd host (`/` shared), so binds of
+/// managed paths join peer groups unless made private.
+fn share_sandbox(sb: &Sandbox) {
+    use nix::mount::{mount, MsFlags};
+    mount(
+        Some(&sb.root),
+        &sb.root,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    mount(
+        None::<&str>,
+        &sb.root,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_shared_side_bind_left_by_a_crash_is_made_private_before_the_move() {
+    let sb = Sandbox::new();
+    share_sandbox(&sb);
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    // The state a kill between bind(2) and the make-private leaves behind:
+    // the state directories are private mounts already (an apply made them
+    // first), the side bind joined the shared source's peer group.
+    use nix::mount::{mount, MsFlags};
+    for d in ["lower", "stage"] {
+        let d = sb.state.join(d);
+        fs::create_dir_all(&d).unwrap();
+        mount(Some(&d), &d, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        mount(None::<&str>, &d, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+    }
+    let lower = sb.state.join("lower/cache");
+    fs::create_dir_all(&lower).unwrap();
+    mount(Some(&cache), &lower, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+    assert!(!sb.top(&lower).unwrap().is_private());
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("make side bind");
+    assert_offloaded(&sb, &cache);
+    assert!(
+        sb.state.join("lower/cache/index").exists(),
+        "the side bind shows the disk, not the tmpfs"
+    );
+}
+
+#[test]
+fn a_lost_side_bind_under_a_live_mount_is_restored() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: on-stop\n    create: true\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("only-in-ram"), "x").unwrap();
+    let lower = sb.state.join("lower/cache");
+    nix::mount::umount2(&lower, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    // Without the side bind, write-back has nowhere safe to go.
+    sb.run(["sync".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("not reachable");
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("REFUSED")
+        .stdout_has("not reachable");
+    assert_eq!(
+        sb.top(&cache).unwrap().source,
+        "tmpfsctl-cache",
+        "nothing unmounted"
+    );
+    // apply puts it back, and leaves the root as it was (not the `create` defaults).
+    sb.run(["plan".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("restore side bind")
+        .stdout_has_not("set root");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_offloaded(&sb, &cache);
+    assert_eq!((owner_of(&cache), mode_of(&cache)), ((1234, 2345), 0o700));
+    assert!(lower.join("index").exists());
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(
+        fs::read_to_string(cache.join("only-in-ram")).unwrap(),
+        "x",
+        "written back"
+    );
+}
+
+#[test]
+fn down_refuses_when_another_mount_covers_the_tmpfs() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("precious"), "data").unwrap();
+    nix::mount::mount(
+        Some("legacy"),
+        &cache,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("covered by another mount");
+    assert_eq!(
+        sb.top(&cache).unwrap().source,
+        "legacy",
+        "the foreign mount was not touched"
+    );
+    assert!(
+        sb.state.join("lower/cache/index").exists(),
+        "the disk copy was not wiped"
+    );
+    nix::mount::umount2(&cache, nix::mount::MntFlags::empty()).unwrap();
+    assert_eq!(fs::read_to_string(cache.join("precious")).unwrap(), "data");
+}
+
+#[test]
+fn a_bind_of_the_tmpfs_elsewhere_is_not_a_second_copy() {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = spec_for(&sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let jail = sb.path("jail/cache");
+    fs::create_dir_all(&jail).unwrap();
+    nix::mount::mount(
+        Some(&cache),
+        &jail,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert!(
+        sb.top(&cache).is_none(),
+        "the tmpfs at the spec's path was taken down"
+    );
 }

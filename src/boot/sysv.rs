@@ -6,10 +6,12 @@ use super::Context;
 pub const SCRIPT: &str = "etc/init.d/tmpfsctl";
 
 pub fn script(cx: &Context) -> String {
+    // LSB orders scripts, which correspond to services only.
     let lsb: Vec<String> = cx
         .consumers()
         .iter()
-        .map(|c| c.strip_suffix(".service").unwrap_or(c).to_string())
+        .filter_map(|c| c.strip_suffix(".service"))
+        .map(str::to_string)
         .collect();
     let lsb = lsb.join(" ");
     let header = cx.header();

@@ -40,8 +40,12 @@ impl MountEntry {
         })
     }
 
+    /// Neither sends nor receives mount propagation (no peer group, no master).
     pub fn is_private(&self) -> bool {
-        !self.optional.iter().any(|t| t.starts_with("shared:"))
+        !self
+            .optional
+            .iter()
+            .any(|t| t.starts_with("shared:") || t.starts_with("master:"))
     }
 }
 

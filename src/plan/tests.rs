@@ -105,6 +105,8 @@ fn actions(p: &MountPlan) -> Vec<&'static str> {
             Step::SetRoot { .. } => "set-root",
             Step::RemoveLeftover { .. } => "remove-leftover",
             Step::PrivateStateDir { .. } => "private-state-dir",
+            Step::PrivateLower { .. } => "private-lower",
+            Step::RestoreLower { .. } => "restore-lower",
         })
         .collect()
 }
@@ -586,7 +588,7 @@ fn whole_plan_cleans_leftovers_and_reports_orphans() {
             mounted: true,
         }],
         orphans: vec![("old".into(), "/srv/old".into())],
-        state_not_private: vec!["/run/tmpfsctl/lower".into()],
+        state_not_private: vec![("/run/tmpfsctl/lower".into(), false)],
     };
     let p = plan(&spec, &world, &st());
     assert!(p.changes());
@@ -615,7 +617,8 @@ fn whole_plan_cleans_leftovers_and_reports_orphans() {
     assert_eq!(
         p.prepare,
         [Step::PrivateStateDir {
-            dir: "/run/tmpfsctl/lower".into()
+            dir: "/run/tmpfsctl/lower".into(),
+            mounted: false
         }]
     );
 }
@@ -639,4 +642,67 @@ fn descriptions_name_paths_and_values() {
         "mount tmpfs tmpfsctl-nginx at /run/tmpfsctl/stage/nginx (size=512MiB nr_inodes=1000 huge=never nosuid nodev root 33:33 0750)"
     );
     assert_eq!(d[3], "move /run/tmpfsctl/stage/nginx onto /var/cache/nginx");
+}
+
+#[test]
+fn a_shared_side_bind_is_made_private_before_anything_is_moved() {
+    let p = run(
+        &mspec(),
+        &Observed {
+            lower: Lower::Shared,
+            ..on_disk()
+        },
+    );
+    assert_eq!(
+        actions(&p),
+        ["private-lower", "mount-stage", "seed", "move-into-place"]
+    );
+}
+
+#[test]
+fn a_live_mount_gets_its_side_bind_back() {
+    let p = run(
+        &mspec(),
+        &Observed {
+            lower: Lower::Absent,
+            disk: None,
+            ..offloaded(live())
+        },
+    );
+    assert_eq!(actions(&p), ["restore-lower"]);
+    let p = run(
+        &mspec(),
+        &Observed {
+            lower: Lower::Stale,
+            disk: None,
+            ..offloaded(live())
+        },
+    );
+    assert_eq!(actions(&p), ["detach-lower", "restore-lower"]);
+    let p = run(
+        &mspec(),
+        &Observed {
+            lower: Lower::Shared,
+            ..offloaded(live())
+        },
+    );
+    assert_eq!(actions(&p), ["private-lower"]);
+}
+
+#[test]
+fn an_unseen_disk_never_resets_a_live_root_to_create_defaults() {
+    let m = MountSpec {
+        create: true,
+        ..mspec()
+    };
+    let o = Observed {
+        lower: Lower::Absent,
+        disk: None,
+        ..offloaded(live())
+    };
+    assert_eq!(
+        actions(&run(&m, &o)),
+        ["restore-lower"],
+        "no set-root to 0:0 0755"
+    );
 }

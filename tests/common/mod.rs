@@ -83,6 +83,11 @@ impl Run {
         self
     }
 
+    pub fn stdout_has_not(&self, s: &str) -> &Run {
+        assert!(!self.stdout.contains(s), "stdout has {s:?}\n{self}");
+        self
+    }
+
     pub fn stderr_has(&self, s: &str) -> &Run {
         assert!(self.stderr.contains(s), "stderr lacks {s:?}\n{self}");
         self
