@@ -19,7 +19,7 @@ pub(super) enum XattrTarget<'a> {
 
 /// `listxattrat(2)` (Linux 6.13) has the same number on every architecture with the
 /// unified syscall table.
-#[cfg(all(
+const SYS_LISTXATTRAT: Option<libc::c_long> = if cfg!(all(
     target_pointer_width = "64",
     any(
         target_arch = "x86_64",
@@ -29,20 +29,11 @@ pub(super) enum XattrTarget<'a> {
         target_arch = "powerpc64",
         target_arch = "s390x"
     )
-))]
-const SYS_LISTXATTRAT: Option<libc::c_long> = Some(465);
-#[cfg(not(all(
-    target_pointer_width = "64",
-    any(
-        target_arch = "x86_64",
-        target_arch = "aarch64",
-        target_arch = "riscv64",
-        target_arch = "loongarch64",
-        target_arch = "powerpc64",
-        target_arch = "s390x"
-    )
-)))]
-const SYS_LISTXATTRAT: Option<libc::c_long> = None;
+)) {
+    Some(465)
+} else {
+    None
+};
 
 /// Set once the kernel turned `listxattrat` down.
 static NO_LISTXATTRAT: AtomicBool = AtomicBool::new(false);

@@ -19,7 +19,6 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use tempfile::TempDir;
@@ -563,15 +562,7 @@ pub fn in_private_mount_ns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace");
-                mount(
-                    None::<&str>,
-                    "/",
-                    None::<&str>,
-                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                    None::<&str>,
-                )
-                .expect("make all mounts private");
+                tmpfsctl::mount::enter_private_namespace().expect("a private mount namespace");
                 f()
             })
             .join()
