@@ -105,7 +105,15 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &Options) -> Result<
             results.push(result(mp, Outcome::Skipped, Vec::new(), None));
             continue;
         }
-        let r = apply_mount(m, mp, state, opts)?;
+        // An error outside the steps (the state directory, say) is this
+        // mount's failure; the report of the others is kept.
+        let r = apply_mount(m, mp, state, opts).unwrap_or_else(|e| {
+            let outcome = match m.on_failure {
+                OnFailure::KeepDisk => Outcome::Degraded,
+                OnFailure::Fail => Outcome::Failed,
+            };
+            result(mp, outcome, Vec::new(), Some(format!("{e:#}")))
+        });
         stop = r.result == Outcome::Failed;
         results.push(r);
     }
