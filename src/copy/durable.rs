@@ -1,7 +1,7 @@
 //! Makes the write-back's temporaries durable and puts them in place, off the walk's
-//! thread: `fsync` waits for the disk, and several waiting together share one journal
-//! commit, so a few workers turn a thousand commits into a few dozen while the walk
-//! goes on comparing.
+//! thread: `fsync` mostly waits for the disk, so a few workers keep several in flight
+//! (their writes and cache flushes overlap, and on a journaling filesystem they share
+//! commits) while the walk goes on comparing.
 //!
 //! Order per file is unchanged: data and metadata are written by the walk, then a
 //! worker `fsync`s the temporary and only then renames it over its final name. A
@@ -22,7 +22,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::ops::dst_err;
 use super::CopyError;
 
-/// Workers: enough concurrent `fsync`s to fill a journal commit; they mostly sleep.
+/// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
 /// Jobs queued at most, bounding open descriptors (one temporary each).
 const QUEUE: usize = 128;
@@ -134,13 +134,22 @@ impl Durable {
             .expect("the workers live as long as the queue");
     }
 
-    /// Whether a worker ran into an error; [`Self::finish`] returns it.
-    pub(super) fn failed(&self) -> bool {
-        self.shared.aborted.load(Ordering::Relaxed)
+    /// The first error a worker ran into, if any: the walk stops with it. The workers
+    /// go on only cleaning up.
+    pub(super) fn failed(&self) -> Option<CopyError> {
+        if !self.shared.aborted.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.shared
+            .error
+            .lock()
+            .expect("no worker panics holding it")
+            .take()
     }
 
-    /// Lets the workers finish the queue and end; returns the first error. After
-    /// `error` (the walk's own), queued temporaries are removed instead of renamed.
+    /// Lets the workers finish the queue and end; returns the first error. After an
+    /// error (the walk's, or one it got from [`Self::failed`]), queued temporaries are
+    /// removed instead of renamed.
     pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<(), CopyError> {
         if let Some(error) = error {
             self.shared.fail(error);

@@ -20,7 +20,9 @@
 //! rule are the two places that would then need coordination.
 //!
 //! The primitives both walks share (opens, data copies, metadata, hard-link lookups,
-//! progress) live in `ops`, extended attributes in `xattrs`.
+//! progress) live in `ops`, extended attributes in `xattrs`. The write-back (`sync`)
+//! reads its source ahead on a second thread (`scan`) and leaves `fsync` and rename to
+//! workers (`durable`).
 
 mod durable;
 mod ops;

@@ -21,8 +21,8 @@ use nix::sys::stat::{self, FileStat};
 use super::ops::{file_type, open_src, src_err, Failed, RelPath};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
-/// Events queued at most.
-const QUEUE: usize = 256;
+/// Events queued at most: each holds a directory descriptor and its listing.
+const QUEUE: usize = 64;
 
 /// Names starting with this are the write-back's temporaries.
 pub(super) fn is_temp(name: &CStr) -> bool {

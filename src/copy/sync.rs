@@ -1,59 +1,5 @@
 //! Write-back: makes the on-disk directory (reached through its private side bind)
-//! equal to the live tmpfs, writing only what changed.
-//!
-//! # What is compared
-//!
-//! Both directories of a level are listed with readdir, sorted by name and merged, so
-//! a level costs one listing per side plus one `fstatat` per entry and side (readdir's
-//! `d_type` saves a stat for names only one side has). A pair of entries is then:
-//!
-//! - regular files: *rewritten* when type, size or mtime (to the nanosecond) differ;
-//!   otherwise, when mode, owner, group or copied extended attributes (and with them
-//!   ACLs) differ, their metadata is *updated in place*, without touching the data;
-//! - symlinks: rewritten when their target bytes differ; FIFOs, sockets and devices:
-//!   recreated when type or device number differ. Both have no data, so a change of
-//!   their metadata (owner, times, attributes; mode for nodes) recreates them too,
-//!   which keeps every in-place change on an inode that could be opened and checked;
-//! - directories: created when missing, entered, and their mode, owner, mtime and
-//!   attributes made equal after their contents (which bump the mtime);
-//! - hard links: names of one source inode end up as names of one destination inode.
-//!   The first name seen is compared as above; the others are linked to it unless they
-//!   already are. A multiply-linked inode is never changed in place: another of its
-//!   names might lie outside the tree.
-//!
-//! Atimes are not compared (reading a cached file would make it "changed"), but they
-//! are copied with everything that is written. Names only the destination has are
-//! removed, directories recursively; a type change removes the old entry and writes
-//! the new one.
-//!
-//! # Crash safety
-//!
-//! Data is never written into an existing destination inode. A file, symlink or node
-//! is created under a temporary name ([`TEMP_PREFIX`] and random hex) in its final
-//! directory with `O_CREAT|O_EXCL|O_NOFOLLOW`, filled, given owner, attributes, mode
-//! and times, `fsync`ed, and only then `renameat`ed over the final name, which
-//! atomically replaces the old entry. Whatever kills the process (or the machine), a
-//! name refers either to the complete old or to the complete new inode. Every
-//! directory that got names created, replaced or removed is `fsync`ed when it is done,
-//! so the sync is durable when `sync_tree` returns. Leftover temporaries of an
-//! interrupted run are removed by the next one.
-//!
-//! # Symlink safety
-//!
-//! Every destination directory is opened relative to its parent with
-//! `O_NOFOLLOW|O_DIRECTORY`, every other destination operation is relative to such a
-//! descriptor and does not follow a symlink in the last component (`*at` calls with
-//! `AT_SYMLINK_NOFOLLOW`, `O_NOFOLLOW`, `renameat`, `unlinkat`, `l*xattr` through
-//! `/proc/self/fd/<dir>/<name>`). A symlink planted in the destination is therefore
-//! just an entry of the wrong type: it is replaced (unlinked or renamed over), never
-//! followed. In-place metadata updates go through a descriptor that was checked to be
-//! the same, singly-linked regular file that was compared. Directories of another
-//! filesystem are neither entered nor removed, on either side.
-//!
-//! # Reserved names
-//!
-//! Names starting with [`TEMP_PREFIX`] are reserved for the write-back's temporaries:
-//! they are skipped in the source and removed from the destination.
+//! equal to the live tmpfs, writing only what changed: see [`sync_tree`].
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
@@ -111,14 +57,86 @@ pub struct SyncStats {
 /// bind) equal to the tree under `src` (the live tmpfs), writing only what changed.
 /// The metadata of the `dst` root directory itself is left alone.
 ///
-/// See the [module documentation](self) for what is compared, the crash-safety and the
-/// symlink-safety guarantees. Source entries that vanish while the sync runs are
-/// skipped (left as they are on disk), so a busy application cannot fail it; any other
-/// error aborts the sync, leaving every destination name with its complete old or new
-/// contents. Owners can only be preserved as root.
+/// Source entries that vanish while the sync runs are skipped (left as they are on
+/// disk), so a busy application cannot fail it; any other error aborts the sync,
+/// leaving every destination name with its complete old or new contents. Owners can
+/// only be preserved as root.
 ///
 /// `progress` gets the running totals every 1000 entries or 100 ms, whichever comes
 /// first (also during a long file), and once more at the end.
+///
+/// # What is compared
+///
+/// Both directories of a level are listed with readdir, sorted by name and merged, so
+/// a level costs one listing per side plus one `fstatat` per entry and side (none for
+/// a name the destination lacks), and one attribute listing per side for entries that
+/// are otherwise equal (`listxattrat(2)`, or `llistxattr` through `/proc` before Linux
+/// 6.13). A pair of entries is then:
+///
+/// - regular files: *rewritten* when type, size or mtime (to the nanosecond) differ;
+///   otherwise, when mode, owner, group or copied extended attributes (and with them
+///   ACLs) differ, their metadata is *updated in place*, without touching the data;
+/// - symlinks: rewritten when their target bytes differ; FIFOs, sockets and devices:
+///   recreated when type or device number differ. Both have no data, so a change of
+///   their metadata (owner, times, attributes; mode for nodes) recreates them too,
+///   which keeps every in-place change on an inode that could be opened and checked;
+/// - directories: created when missing, entered, and their mode, owner, mtime and
+///   attributes made equal after their contents (which bump the mtime);
+/// - hard links: names of one source inode end up as names of one destination inode.
+///   The first name seen is compared as above; the others are linked to it unless they
+///   already are. A multiply-linked inode is never changed in place: another of its
+///   names might lie outside the tree.
+///
+/// Atimes are not compared (reading a cached file would make it "changed"), but they
+/// are copied with everything that is written. Names only the destination has are
+/// removed, directories recursively; a type change removes the old entry and writes
+/// the new one (a directory in the way of a non-directory is swapped out atomically
+/// with `RENAME_EXCHANGE`, then removed under the temporary name).
+///
+/// # Threads
+///
+/// The comparison is nothing but system calls, so it is split by side: the source is
+/// read ahead on the scan's thread (`scan`: listings, stats, attribute lists, symlink
+/// targets, in the walk's order), the destination by the walk, which decides and
+/// writes. `fsync` waits for the disk, so finished temporaries go to a few workers
+/// (`durable`) that `fsync` each and rename it into place; concurrent `fsync`s share
+/// the device's cache flushes and overlap with the walk. A directory's metadata is
+/// applied once the last rename into it landed, then the directory is `fsync`ed.
+/// Hard-linked files and replaced directories are put in place by the walk itself, as
+/// later names depend on them.
+///
+/// # Crash safety
+///
+/// Data is never written into an existing destination inode. A file, symlink or node
+/// is created under a temporary name ([`TEMP_PREFIX`] and random hex) in its final
+/// directory with `O_CREAT|O_EXCL|O_NOFOLLOW`, filled, given owner, attributes, mode
+/// and times, `fsync`ed, and only then `renameat`ed over the final name, which
+/// atomically replaces the old entry. Whatever kills the process (or the machine), a
+/// name refers either to the complete old or to the complete new inode. (Symlinks and
+/// nodes cannot be opened to be `fsync`ed; a journaling filesystem commits their
+/// creation no later than the rename that follows it.) Every directory that got names
+/// created, replaced or removed is `fsync`ed when it is done, so the sync is durable
+/// when `sync_tree` returns. Leftover temporaries of an interrupted run are removed by
+/// the next one.
+///
+/// # Symlink safety
+///
+/// Every destination directory is opened relative to its parent with
+/// `O_NOFOLLOW|O_DIRECTORY`, every other destination operation is relative to such a
+/// descriptor and does not follow a symlink in the last component (`*at` calls with
+/// `AT_SYMLINK_NOFOLLOW`, `O_NOFOLLOW`, `renameat`, `unlinkat`, `listxattrat`, `l*xattr`
+/// through `/proc/self/fd/<dir>/<name>`). A symlink planted in the destination is therefore
+/// just an entry of the wrong type: it is replaced (unlinked or renamed over), never
+/// followed. In-place metadata updates go through a descriptor that was checked to be
+/// the same, singly-linked regular file that was compared. Directories of another
+/// filesystem are neither entered nor removed, on either side.
+///
+/// # Reserved names
+///
+/// Names starting with [`TEMP_PREFIX`] are reserved for the write-back's temporaries:
+/// they are skipped in the source and removed from the destination.
+///
+/// `dst` must not lie inside `src` or the other way round.
 pub fn sync_tree(
     src: &Path,
     dst: &Path,
@@ -369,13 +387,19 @@ impl Syncer<'_> {
                 }
                 continue;
             };
-            let name = match &step {
-                Step::Remove { name, .. } => name.name.clone(),
-                Step::Sync { entry, .. } => entry.name.clone(),
-            };
-            let outcome = match self.step(&stack, step) {
+            let outcome = match self.step(&stack, &step) {
                 Ok(outcome) => outcome,
-                Err(Stop::Failed(f)) => return Err(f.at(self.rel.path(Some(&name)))),
+                Err(Stop::Failed(f)) => {
+                    let (Step::Remove {
+                        name: Name { name, .. },
+                        ..
+                    }
+                    | Step::Sync {
+                        entry: SrcEntry { name, .. },
+                        ..
+                    }) = &step;
+                    return Err(f.at(self.rel.path(Some(name))));
+                }
                 Err(Stop::Error(e)) => return Err(e),
             };
             let top = stack.last_mut().expect("step leaves the stack as it was");
@@ -423,8 +447,8 @@ impl Syncer<'_> {
     /// one still waiting.
     fn finish_landed(&mut self, all: bool) -> Result<(), CopyError> {
         loop {
-            if self.durable.failed() {
-                return Ok(()); // The error is reported when the workers are done.
+            if let Some(error) = self.durable.failed() {
+                return Err(error);
             }
             let key = if all && !self.waiting.is_empty() {
                 self.durable.done.recv().ok()
@@ -467,13 +491,13 @@ impl Syncer<'_> {
         })
     }
 
-    fn step(&mut self, stack: &[Frame], step: Step) -> Result<Outcome, Stop> {
+    fn step(&mut self, stack: &[Frame], step: &Step) -> Result<Outcome, Stop> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         let (entry, in_dst) = match step {
             Step::Remove { name, temp } => {
                 let removed = self.remove(dst_dir, &name.name, name.dtype)?;
-                if temp {
+                if *temp {
                     self.reporter.stats.temp_removed += 1;
                 } else {
                     self.reporter.stats.deleted += removed;
@@ -486,7 +510,7 @@ impl Syncer<'_> {
             return Ok(Outcome::default()); // Vanished: the next sync sees.
         };
         let name = entry.name.as_c_str();
-        let d = if in_dst {
+        let d = if *in_dst {
             match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(d) => Some(d),
                 Err(Errno::ENOENT) => None,
@@ -496,7 +520,7 @@ impl Syncer<'_> {
             None
         };
         if file_type(&s) != libc::S_IFDIR {
-            let same_details = self.same_details(src_dir, dst_dir, &entry, &s, d.as_ref())?;
+            let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
             return Ok(self.sync_leaf(stack, name, &s, d, same_details)?);
         }
         match self.next_event()? {
@@ -789,6 +813,10 @@ impl Syncer<'_> {
                     Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),
                     Err(e) => return Err(src_err("open file")(e)),
                 };
+                // The data is copied with the stat of what was opened; whether it goes
+                // in place now or through the workers follows the walk's stat, which
+                // decided whether it is a hard-link group's first copy.
+                let grouped = s.st_nlink > 1;
                 let s = stat::fstat(&src).map_err(src_err("stat"))?;
                 if file_type(&s) != libc::S_IFREG {
                     return Ok(None);
@@ -815,7 +843,7 @@ impl Syncer<'_> {
                 self.transfer.set_metadata(src.as_fd(), file.as_fd(), &s, true)?;
                 self.reporter.stats.files_written += 1;
                 let replaces_dir = d.is_some_and(|d| file_type(d) == libc::S_IFDIR);
-                if s.st_nlink == 1 && !replaces_dir {
+                if !grouped && !replaces_dir {
                     temp.live = false;
                     self.durable.submit(Job::Rename {
                         dir: Arc::clone(dst),

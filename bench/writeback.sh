@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Write-back (`copy::sync_tree`, through examples/copybench) vs cp -a / rsync -aHAX.
+#
+# A tree of FILES files (90% 1-8 KiB, 10% 64 KiB-1 MiB log-uniform: about 3.7 GiB
+# for 100,000) on a tmpfs, synced to an ext4 (or whatever /tmp is) directory:
+#   - full first sync into an empty directory: FULL_RUNS runs each of
+#     copybench sync, cp -a, rsync -aHAX, and cp -a followed by `sync -f` (cp and
+#     rsync do not fsync; the write-back fsyncs every file and directory it writes);
+#   - incremental: RUNS rounds, each rewriting PERMILLE/1000 of the files in the
+#     tmpfs, then timing copybench sync and rsync -aHAX --delete on their own copies
+#     (alternating which goes first); plus RUNS no-op syncs of each.
+# The dirty pages of the previous command are flushed (`sync -f`) before each timed
+# command, so no command pays for another's writeback; the page cache stays warm.
+# Runs in a private mount namespace: the tmpfs is invisible to the host and goes
+# away with the script. Prints medians and ratios.
+#
+# Usage: sudo bench/writeback.sh            (env: FILES RUNS FULL_RUNS PERMILLE)
+set -euo pipefail
+if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
+    cd "$(dirname "$0")/.."
+    cargo build --release --quiet --example copybench
+    exec env TMPFSCTL_BENCH_INNER=1 unshare --mount --propagation private "$0" "$@"
+fi
+FILES=${FILES:-100000}
+RUNS=${RUNS:-5}
+FULL_RUNS=${FULL_RUNS:-3}
+PERMILLE=${PERMILLE:-10}
+BENCH=${BENCH:-$PWD/target/release/examples/copybench}
+WORK=$(mktemp -d /tmp/tmpfsctl-wb-bench-XXXXXX)
+cleanup() {
+    umount -l "$WORK/src" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+mkdir "$WORK/src"
+mount -t tmpfs -o size=16g,mode=0755 tmpfsctl-bench "$WORK/src"
+"$BENCH" gen "$WORK/src" "$FILES" 1
+SRC=$WORK/src
+
+# Wall time of "$@" in microseconds, after flushing what earlier commands left dirty.
+time_us() {
+    sync -f "$WORK"
+    local s=$EPOCHREALTIME
+    "$@" > /dev/null
+    local e=$EPOCHREALTIME
+    echo $(( ${e/./} - ${s/./} ))
+}
+
+median() {
+    sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : int((v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+
+fresh() {
+    rm -rf "$WORK/dst"
+    mkdir "$WORK/dst"
+}
+
+cp_and_flush() {
+    cp -a "$SRC/." "$WORK/dst/"
+    sync -f "$WORK/dst"
+}
+
+declare -A full
+for tool in sync cp rsync cp_sync; do
+    times=()
+    for ((r = 0; r < FULL_RUNS; r++)); do
+        fresh
+        case $tool in
+        sync) times+=("$(time_us "$BENCH" sync "$SRC" "$WORK/dst")") ;;
+        cp) times+=("$(time_us cp -a "$SRC/." "$WORK/dst/")") ;;
+        rsync) times+=("$(time_us rsync -aHAX "$SRC/" "$WORK/dst/")") ;;
+        cp_sync) times+=("$(time_us cp_and_flush)") ;;
+        esac
+    done
+    full[$tool]=$(printf '%s\n' "${times[@]}" | median)
+done
+rm -rf "$WORK/dst"
+
+# Two copies for the incremental rounds, each made by the tool that maintains it.
+mkdir "$WORK/ours" "$WORK/theirs"
+"$BENCH" sync "$SRC" "$WORK/ours" > /dev/null
+rsync -aHAX "$SRC/" "$WORK/theirs/"
+# Warm-up, and the no-op cost.
+noop_sync=() noop_rsync=()
+for ((r = 0; r <= RUNS; r++)); do
+    a=$(time_us "$BENCH" sync "$SRC" "$WORK/ours")
+    b=$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")
+    if ((r > 0)); then
+        noop_sync+=("$a") noop_rsync+=("$b")
+    fi
+done
+incr_sync=() incr_rsync=()
+changed=""
+for ((r = 1; r <= RUNS; r++)); do
+    changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" 2>&1); "
+    if ((r % 2)); then
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours")")
+        incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
+    else
+        incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours")")
+    fi
+done
+# Both copies must equal the source afterwards.
+diff=$(rsync -aHAXn --itemize-changes --delete "$SRC/" "$WORK/ours/" | grep -v '^\.d\.\.t\.\.\.\.\.\. \./$' || true)
+if [ -n "$diff" ]; then
+    echo "the write-back copy differs from the source:" >&2
+    echo "$diff" | head >&2
+    exit 1
+fi
+
+ms() { awk -v u="$1" 'BEGIN { printf "%9.1f ms", u / 1000 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+m_noop_sync=$(printf '%s\n' "${noop_sync[@]}" | median)
+m_noop_rsync=$(printf '%s\n' "${noop_rsync[@]}" | median)
+m_incr_sync=$(printf '%s\n' "${incr_sync[@]}" | median)
+m_incr_rsync=$(printf '%s\n' "${incr_rsync[@]}" | median)
+
+echo "tree: $(find "$SRC" -type f | wc -l) files, $(du -sh "$SRC" | cut -f1) on tmpfs -> $(findmnt -no FSTYPE -T "$WORK") under $WORK"
+echo "incremental rounds: ${changed%; }"
+echo
+echo "full first sync (median of $FULL_RUNS):"
+echo "  copybench sync (fsyncs everything)  $(ms "${full[sync]}")"
+echo "  cp -a                               $(ms "${full[cp]}")   sync/cp:        $(ratio "${full[sync]}" "${full[cp]}")"
+echo "  rsync -aHAX                         $(ms "${full[rsync]}")   sync/rsync:     $(ratio "${full[sync]}" "${full[rsync]}")"
+echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
+echo
+echo "no change (median of $RUNS):"
+echo "  copybench sync                      $(ms "$m_noop_sync")"
+echo "  rsync -aHAX --delete                $(ms "$m_noop_rsync")   ratio: $(ratio "$m_noop_sync" "$m_noop_rsync")"
+echo
+echo "incremental, $PERMILLE/1000 of the files rewritten (median of $RUNS):"
+echo "  copybench sync                      $(ms "$m_incr_sync")"
+echo "  rsync -aHAX --delete                $(ms "$m_incr_rsync")   ratio: $(ratio "$m_incr_sync" "$m_incr_rsync") (target <= 0.5x)"
+echo
+echo "raw (us): incr sync ${incr_sync[*]}; incr rsync ${incr_rsync[*]}"
