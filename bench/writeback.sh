@@ -14,7 +14,8 @@
 # Runs in a private mount namespace: the tmpfs is invisible to the host and goes
 # away with the script. Prints medians and ratios.
 #
-# Usage: sudo bench/writeback.sh            (env: FILES RUNS FULL_RUNS PERMILLE)
+# Usage: sudo bench/writeback.sh   (env: FILES RUNS FULL_RUNS PERMILLE; FULL_RUNS=0
+# skips the full copies)
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -62,7 +63,9 @@ cp_and_flush() {
 }
 
 declare -A full
-for tool in sync cp rsync cp_sync; do
+tools="sync cp rsync cp_sync"
+((FULL_RUNS > 0)) || tools=""
+for tool in $tools; do
     times=()
     for ((r = 0; r < FULL_RUNS; r++)); do
         fresh
@@ -120,12 +123,14 @@ m_incr_rsync=$(printf '%s\n' "${incr_rsync[@]}" | median)
 echo "tree: $(find "$SRC" -type f | wc -l) files, $(du -sh "$SRC" | cut -f1) on tmpfs -> $(findmnt -no FSTYPE -T "$WORK") under $WORK"
 echo "incremental rounds: ${changed%; }"
 echo
-echo "full first sync (median of $FULL_RUNS):"
-echo "  copybench sync (fsyncs everything)  $(ms "${full[sync]}")"
-echo "  cp -a                               $(ms "${full[cp]}")   sync/cp:        $(ratio "${full[sync]}" "${full[cp]}")"
-echo "  rsync -aHAX                         $(ms "${full[rsync]}")   sync/rsync:     $(ratio "${full[sync]}" "${full[rsync]}")"
-echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
-echo
+if ((FULL_RUNS > 0)); then
+    echo "full first sync (median of $FULL_RUNS):"
+    echo "  copybench sync (fsyncs everything)  $(ms "${full[sync]}")"
+    echo "  cp -a                               $(ms "${full[cp]}")   sync/cp:        $(ratio "${full[sync]}" "${full[cp]}")"
+    echo "  rsync -aHAX                         $(ms "${full[rsync]}")   sync/rsync:     $(ratio "${full[sync]}" "${full[rsync]}")"
+    echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
+    echo
+fi
 echo "no change (median of $RUNS):"
 echo "  copybench sync                      $(ms "$m_noop_sync")"
 echo "  rsync -aHAX --delete                $(ms "$m_noop_rsync")   ratio: $(ratio "$m_noop_sync" "$m_noop_rsync")"
@@ -135,3 +140,4 @@ echo "  copybench sync                      $(ms "$m_incr_sync")"
 echo "  rsync -aHAX --delete                $(ms "$m_incr_rsync")   ratio: $(ratio "$m_incr_sync" "$m_incr_rsync") (target <= 0.5x)"
 echo
 echo "raw (us): incr sync ${incr_sync[*]}; incr rsync ${incr_rsync[*]}"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the host skews both sides)"
