@@ -8,6 +8,7 @@ use std::os::fd::AsRawFd;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::copy::SyncOptions;
 use crate::error::UnknownName;
 use crate::host::procs::Holder;
 use crate::host::Host;
@@ -76,11 +77,30 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     Ok(out)
 }
 
-/// Takes one mount down: write-back first (persisted mounts; a failed one
-/// refuses), then a clean unmount, or when busy a lazy detach followed by a
-/// last write-back from the detached tree; then the side bind and staging
-/// point go and the state forgets the mount. Shared by `down` and the
-/// agent's fallback (`agent`), which sets its own marker afterwards.
+/// Takes one mount down, then removes the side bind and staging point and
+/// has the state forget the mount. Shared by `down` and the agent's fallback
+/// (`agent`), which sets its own marker afterwards.
+///
+/// A volatile mount (`persist: none`) is unmounted cleanly when idle, else
+/// detached lazily; nothing is written back.
+///
+/// A persisted mount is always detached, between two write-backs:
+///
+/// 1. a mirror of the live tmpfs into the disk directory (through the side
+///    bind); if it fails, `down` refuses and the tmpfs stays mounted;
+/// 2. the cutoff is taken (the clock inode ctimes use, once it moved past
+///    the end of pass 1, so pass 1's changes are all before it), a root
+///    descriptor opened and the tmpfs detached (`MNT_DETACH`): from here on
+///    the application opens its disk directory;
+/// 3. a merge from the detached tree (through the descriptor) catches what
+///    was written to RAM after pass 1 started: it deletes nothing on disk
+///    and leaves every disk entry whose ctime is at or after the cutoff as
+///    it is — the application changed it after the detach, so its version
+///    wins (see [`crate::copy::sync_tree_with`]).
+///
+/// The result is `Unmounted` when no process held the tmpfs just before
+/// the detach (the detached tmpfs goes with the descriptor), else
+/// `Detached`; `syncs` lists both passes.
 pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
     let table = host.mounts()?;
     let source = spec::source_for(name);
@@ -147,26 +167,32 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
             }
         }
         res.holders = host.holders(e.dev);
-        if mount::unmount_if_idle(&e.mount_point)? {
-            res.result = DownOutcome::Unmounted;
-        } else {
+        if let Some(m) = persisted {
             // Held across the detach: the detached tmpfs stays reachable through
             // it for a last write-back of what was written since the first one.
             let root = std::fs::File::open(&e.mount_point)
                 .with_context(|| format!("opening {}", e.mount_point.display()))?;
+            let cutoff = cutoff_after_tick();
+            mount::detach(&e.mount_point)?;
+            res.result = if res.holders.is_empty() {
+                DownOutcome::Unmounted
+            } else {
+                DownOutcome::Detached
+            };
+            let detached = PathBuf::from(format!("/proc/self/fd/{}/.", root.as_raw_fd()));
+            let last = sync::sync_one_with(m, &detached, state, SyncOptions::merge_since(cutoff))?;
+            if last.result == SyncOutcome::Failed {
+                res.reason = Some(format!(
+                    "detached, but writing back the late writes failed: {}",
+                    last.reason.clone().unwrap_or_default()
+                ));
+            }
+            res.syncs.push(last);
+        } else if mount::unmount_if_idle(&e.mount_point)? {
+            res.result = DownOutcome::Unmounted;
+        } else {
             mount::detach(&e.mount_point)?;
             res.result = DownOutcome::Detached;
-            if let Some(m) = persisted {
-                let detached = PathBuf::from(format!("/proc/self/fd/{}/.", root.as_raw_fd()));
-                let last = sync::sync_one(m, &detached, state)?;
-                if last.result == SyncOutcome::Failed {
-                    res.reason = Some(format!(
-                        "detached, but writing back the late writes failed: {}",
-                        last.reason.clone().unwrap_or_default()
-                    ));
-                }
-                res.syncs.push(last);
-            }
         }
     }
     for side in [state.stage(name), state.lower(name)] {
@@ -182,4 +208,37 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
     }
     state.forget(name)?;
     Ok(res)
+}
+
+/// The cutoff of `down`'s last pass, taken just before the detach: a time no
+/// earlier than any change pass 1 made and no later than the ctime of any
+/// change made after it returns.
+///
+/// Inode ctimes come from the coarse realtime clock (or, with multigrain
+/// timestamps, from a fine-grained time never below it), so the cutoff is read
+/// from that clock, after waiting for it to tick once (a few milliseconds at
+/// most): pass 1's last change then lies strictly before the cutoff, while
+/// anything done after this returns has a ctime at or after it.
+// `time_t` and `c_long` are i64 only on 64-bit targets.
+#[allow(clippy::unnecessary_cast)]
+fn cutoff_after_tick() -> (i64, i64) {
+    let coarse = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write to.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+        (ts.tv_sec as i64, ts.tv_nsec as i64)
+    };
+    let start = coarse();
+    // A tick is 1 to 10 ms; 100 ms covers a stalled clock without hanging.
+    for _ in 0..200 {
+        let now = coarse();
+        if now > start {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    coarse()
 }

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::copy::{self, SyncStats};
+use crate::copy::{self, SyncOptions, SyncStats};
 use crate::error::UnknownName;
 use crate::host::Host;
 use crate::observe::{self, AtPath, Lower};
@@ -86,8 +86,14 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
 /// Writes `src` (the tmpfs root, or a path to it that survives a detach)
 /// back to the mount's disk directory and records the outcome.
 pub fn sync_one(m: &MountSpec, src: &Path, state: &State) -> Result<SyncResult> {
+    sync_one_with(m, src, state, SyncOptions::MIRROR)
+}
+
+/// [`sync_one`] with the copy's options: `down`'s last pass merges instead of
+/// mirroring (see [`copy::sync_tree_with`]).
+pub fn sync_one_with(m: &MountSpec, src: &Path, state: &State, opts: SyncOptions) -> Result<SyncResult> {
     let started = Instant::now();
-    let res = copy::sync_tree(src, &state.lower(&m.name), None);
+    let res = copy::sync_tree_with(src, &state.lower(&m.name), opts, None);
     let seconds = started.elapsed().as_secs_f64();
     let (result, reason, stats) = match res {
         Ok(s) => (SyncOutcome::Synced, None, Some(s)),

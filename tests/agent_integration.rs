@@ -744,13 +744,12 @@ fn an_invalid_spec_at_start_exits_2_with_the_diagnostic() {
     assert!(sb.mounts().is_empty());
 }
 
-/// Files the application creates on the disk directory while a busy persisted
-/// mount falls back must all survive. They do not yet: `down_one`'s second
-/// write-back (from the detached tree, after the lazy detach) mirrors the
-/// detached tree onto what is now the live disk directory, deleting names
-/// created there meanwhile (about 1 file in 500 here). See docs/agent.md.
+/// Files the application creates while a busy persisted mount falls back, in
+/// RAM before the detach or on the disk directory after it, must all survive:
+/// `down_one`'s second write-back (from the detached tree) merges into what is
+/// now the live disk directory, deleting nothing there and keeping whatever
+/// changed there after the detach.
 #[test]
-#[ignore = "known race in down's post-detach write-back; fixed when that pass stops deleting"]
 fn fallback_of_a_busy_persisted_mount_loses_no_file_created_meanwhile() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("cache", 0, 0, 0o755);

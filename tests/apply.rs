@@ -876,3 +876,99 @@ fn a_bind_of_the_tmpfs_elsewhere_is_not_a_second_copy() {
         "the tmpfs at the spec's path was taken down"
     );
 }
+
+/// A process creating `f0`, `f1`, … (each holding its number) in `dir`, a few
+/// thousand a second (a pause every 50, so it still runs after `down`'s detach),
+/// until `stop` exists or it made `max`; then it prints how many it made.
+fn file_maker(dir: &Path, stop: &Path, max: u32) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(r#"i=0; while [ ! -e "$2" ] && [ $i -lt $3 ]; do echo $i > "$1/f$i" || exit 1; i=$((i+1)); if [ $((i % 50)) -eq 0 ]; then sleep 0.01; fi; done; echo $i"#)
+        .arg("sh")
+        .arg(dir)
+        .arg(stop)
+        .arg(max.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `down` of a persisted mount while a process keeps creating files in it, first in
+/// RAM, then (after the detach) on disk: every file it made must be on disk with its
+/// contents, whichever side it was created on. `held`: another process keeps a file
+/// of the tmpfs open, so the mount is busy.
+fn down_loses_no_file_made_meanwhile(held: bool) {
+    let sb = Sandbox::new();
+    let cache = seeded_cache(&sb);
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
+            cache.display()
+        ),
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let mut h = held.then(|| {
+        fs::write(cache.join("held"), "held file").unwrap();
+        let mut h = holder(&cache.join("held"));
+        let mut ready = [0u8; 6];
+        h.stdout.as_mut().unwrap().read_exact(&mut ready).unwrap();
+        h
+    });
+    let stop = sb.path("stop-making");
+    // 40000 small files fit the tmpfs (a page each).
+    let mut maker = file_maker(&cache, &stop, 40_000);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let r = sb.run([
+        "down".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    // Some more on disk, after the down.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    fs::write(&stop, "").unwrap();
+    let mut made = String::new();
+    maker.stdout.take().unwrap().read_to_string(&mut made).unwrap();
+    let status = maker.wait().unwrap();
+    if let Some(h) = h.as_mut() {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    r.code(0);
+    assert!(status.success(), "the file maker failed\n{r}");
+    let made: u32 = made.trim().parse().unwrap();
+    let j = r.json();
+    let want = if held { "detached" } else { "unmounted" };
+    if held {
+        assert_eq!(j[0]["result"], want, "{r}");
+    }
+    assert!(sb.top(&cache).is_none_or(|t| t.source != "tmpfsctl-cache"));
+    let lost: Vec<u32> = (0..made)
+        .filter(|i| fs::read_to_string(cache.join(format!("f{i}"))).ok() != Some(format!("{i}\n")))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "made {made}; {} lost or wrong after down, first {:?}\n{r}",
+        lost.len(),
+        &lost[..lost.len().min(20)]
+    );
+    assert_eq!(
+        fs::read_to_string(cache.join("sub/page.html")).unwrap(),
+        "cached page"
+    );
+    if held {
+        assert_eq!(fs::read_to_string(cache.join("held")).unwrap(), "held file");
+    }
+    eprintln!("made {made}; second pass: {}", j[0]["syncs"][1]["stats"]);
+}
+
+#[test]
+fn down_of_a_persisted_mount_loses_no_file_created_during_it() {
+    down_loses_no_file_made_meanwhile(false);
+}
+
+#[test]
+fn down_of_a_busy_persisted_mount_loses_no_file_created_during_or_after_the_detach() {
+    down_loses_no_file_made_meanwhile(true);
+}

@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -69,6 +69,9 @@ pub(super) enum Job {
         file: File,
         temp: CString,
         name: CString,
+        /// Only if `name` does not exist (it did not when the walk looked); if it does
+        /// by now, the temporary is dropped and counted by [`Durable::finish`].
+        noreplace: bool,
         /// Relative path of `name`, for an error.
         rel: PathBuf,
     },
@@ -84,6 +87,8 @@ struct Shared {
     error: Mutex<Option<CopyError>>,
     /// Set on the first error, by either side: the workers then only clean up.
     aborted: AtomicBool,
+    /// `noreplace` renames not done because the name existed by then.
+    not_placed: AtomicU64,
 }
 
 impl Shared {
@@ -147,10 +152,11 @@ impl Durable {
             .take()
     }
 
-    /// Lets the workers finish the queue and end; returns the first error. After an
-    /// error (the walk's, or one it got from [`Self::failed`]), queued temporaries are
-    /// removed instead of renamed.
-    pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<(), CopyError> {
+    /// Lets the workers finish the queue and end; returns the first error, else how
+    /// many `noreplace` renames found their name taken. After an error (the walk's, or
+    /// one it got from [`Self::failed`]), queued temporaries are removed instead of
+    /// renamed.
+    pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<u64, CopyError> {
         if let Some(error) = error {
             self.shared.fail(error);
         }
@@ -159,7 +165,7 @@ impl Durable {
         while self.done.recv().is_ok() {}
         match self.shared.error.lock().expect("the workers ended").take() {
             Some(error) => Err(error),
-            None => Ok(()),
+            None => Ok(self.shared.not_placed.load(Ordering::Relaxed)),
         }
     }
 }
@@ -175,17 +181,26 @@ fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
                 file,
                 temp,
                 name,
+                noreplace,
                 rel,
             } => {
                 let result = if failed_before {
-                    Ok(())
+                    Ok(false)
                 } else {
                     unistd::fsync(&file).map_err(dst_err("fsync")).and_then(|()| {
-                        fcntl::renameat(dir.fd.as_fd(), temp.as_c_str(), dir.fd.as_fd(), name.as_c_str())
-                            .map_err(dst_err("rename into place"))
+                        let (at, temp, name) = (dir.fd.as_fd(), temp.as_c_str(), name.as_c_str());
+                        if noreplace {
+                            super::sync::rename_no_replace(at, temp, name)
+                        } else {
+                            fcntl::renameat(at, temp, at, name).map(|()| true)
+                        }
+                        .map_err(dst_err("rename into place"))
                     })
                 };
-                if failed_before || result.is_err() {
+                if matches!(result, Ok(false)) && !failed_before {
+                    shared.not_placed.fetch_add(1, Ordering::Relaxed);
+                }
+                if failed_before || !matches!(result, Ok(true)) {
                     // Best effort: the next sync removes what is left.
                     let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
                 }

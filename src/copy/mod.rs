@@ -46,7 +46,7 @@ use ops::{
     dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
     Failed, Listing, RelPath, Reporter, Transfer,
 };
-pub use sync::{sync_tree, SyncStats, TEMP_PREFIX};
+pub use sync::{sync_tree, sync_tree_with, SyncOptions, SyncStats, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///

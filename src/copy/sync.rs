@@ -51,6 +51,51 @@ pub struct SyncStats {
     pub specials_written: u64,
     pub unchanged: u64,
     pub temp_removed: u64,
+    /// Merge mode only ([`SyncOptions::keep_changed_since`]): source entries whose
+    /// destination entry was left as it is because it changed on disk at or after
+    /// the cutoff (a directory counts here when its metadata was kept; its contents
+    /// are still merged), or because a directory stood where the source has
+    /// something else and the pass deletes nothing.
+    pub kept_newer: u64,
+}
+
+/// How [`sync_tree_with`] treats the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncOptions {
+    /// Remove destination names the source lacks (a mirror). Without it nothing on the
+    /// destination is removed: neither destination-only names nor a directory where
+    /// the source has a non-directory (leftover temporaries still go).
+    pub delete: bool,
+    /// `(seconds, nanoseconds)` since the epoch, on the clock inode ctimes use. A
+    /// destination entry whose ctime is at or after it is left exactly as it is (data,
+    /// metadata and type), its source counterpart skipped: whoever changed it on disk
+    /// since then wins. A name the destination lacks is put in place with
+    /// `RENAME_NOREPLACE`, so one created there meanwhile wins too.
+    pub keep_changed_since: Option<(i64, i64)>,
+}
+
+impl SyncOptions {
+    /// What [`sync_tree`] does: make the destination equal to the source.
+    pub const MIRROR: SyncOptions = SyncOptions {
+        delete: true,
+        keep_changed_since: None,
+    };
+
+    /// The final pass after the tmpfs was detached and the application went back to
+    /// the disk at `cutoff`: write what the RAM has that the disk lacks or has older,
+    /// delete nothing, keep whatever changed on disk since.
+    pub fn merge_since(cutoff: (i64, i64)) -> SyncOptions {
+        SyncOptions {
+            delete: false,
+            keep_changed_since: Some(cutoff),
+        }
+    }
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions::MIRROR
+    }
 }
 
 /// Makes the tree under `dst` (the on-disk directory, reached through a private side
@@ -142,10 +187,42 @@ pub fn sync_tree(
     dst: &Path,
     progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<SyncStats, CopyError> {
+    sync_tree_with(src, dst, SyncOptions::MIRROR, progress)
+}
+
+/// [`sync_tree`] with a choice of what may happen to the destination: with
+/// [`SyncOptions::MIRROR`] it is `sync_tree`; with [`SyncOptions::merge_since`] it is
+/// the merge of `down`'s last pass, from a detached tmpfs into a disk directory the
+/// application already writes to again:
+///
+/// - nothing is removed: names only the destination has stay, and so does a
+///   directory where the source has a non-directory (only leftover temporaries go);
+/// - a destination entry whose ctime is at or after the cutoff is not replaced nor
+///   changed in any way (data, owner, mode, times, attributes, type); a directory
+///   of that kind keeps its own metadata but its contents are merged by the same
+///   rules; such entries count in [`SyncStats::kept_newer`];
+/// - a name the destination lacks is written as usual, but put in place with
+///   `RENAME_NOREPLACE`: if the application created it in the meantime, its entry
+///   stays and the temporary is dropped;
+/// - an entry older than the cutoff that differs is written exactly as a mirror would
+///   (temporary, `fsync`, rename over the old one; metadata updates in place).
+///
+/// The one race left is an application changing an old entry between its `fstatat`
+/// and the rename that replaces it (no rename can compare and swap): that window is
+/// the time one file takes to be written and `fsync`ed.
+///
+/// Crash and symlink safety are those of `sync_tree`.
+pub fn sync_tree_with(
+    src: &Path,
+    dst: &Path,
+    opts: SyncOptions,
+    progress: Option<&mut dyn FnMut(&SyncStats)>,
+) -> Result<SyncStats, CopyError> {
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
     std::thread::scope(|scope| {
         let mut syncer = Syncer {
+            opts,
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -166,7 +243,10 @@ pub fn sync_tree(
         } = syncer;
         // A scan still running stops at its next event.
         drop(scan);
-        durable.finish(walked.err())?;
+        let late = durable.finish(walked.err())?;
+        // Written, but the destination got the name first: the application's stays.
+        reporter.stats.files_written -= late;
+        reporter.stats.kept_newer += late;
         reporter.report();
         Ok(reporter.stats)
     })
@@ -311,6 +391,8 @@ struct Frame {
     before: Option<FileStat>,
     /// Names in `dst` were created, replaced or removed: fsync it when done.
     changed: bool,
+    /// The destination directory changed since the cutoff: its metadata stays.
+    keep_meta: bool,
     rel_len: usize,
 }
 
@@ -321,10 +403,12 @@ struct Left {
     meta: Option<FileStat>,
     before: Option<FileStat>,
     changed: bool,
+    keep_meta: bool,
     rel: Vec<u8>,
 }
 
 struct Syncer<'p> {
+    opts: SyncOptions,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -371,6 +455,19 @@ fn rel_path(rel: &[u8]) -> PathBuf {
 }
 
 impl Syncer<'_> {
+    /// Merge mode: the destination entry changed at or after the cutoff.
+    fn changed_since_cutoff(&self, d: &FileStat) -> bool {
+        self.opts
+            .keep_changed_since
+            .is_some_and(|cutoff| (d.st_ctime, d.st_ctime_nsec) >= cutoff)
+    }
+
+    /// Merge mode: a name the destination lacked is put in place only if it still
+    /// lacks it.
+    fn no_replace(&self, d: Option<&FileStat>) -> bool {
+        d.is_none() && self.opts.keep_changed_since.is_some()
+    }
+
     fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
         let root = match self.next_event()? {
             Event::Enter { fd, entries, .. } => self.frame(fd, entries, dst, None, None),
@@ -487,6 +584,7 @@ impl Syncer<'_> {
             meta,
             before,
             changed: false,
+            keep_meta: false,
             rel_len: self.rel.len(),
         })
     }
@@ -495,6 +593,7 @@ impl Syncer<'_> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         let (entry, in_dst) = match step {
+            Step::Remove { temp: false, .. } if !self.opts.delete => return Ok(Outcome::default()),
             Step::Remove { name, temp } => {
                 let removed = self.remove(dst_dir, &name.name, name.dtype)?;
                 if *temp {
@@ -519,6 +618,21 @@ impl Syncer<'_> {
         } else {
             None
         };
+        let newer = d.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
+        if newer
+            && (file_type(&s) != libc::S_IFDIR || d.as_ref().is_some_and(|d| file_type(d) != libc::S_IFDIR))
+        {
+            // Changed on disk since the cutoff: that version wins, whatever the source has.
+            self.reporter.stats.kept_newer += 1;
+            if file_type(&s) == libc::S_IFDIR {
+                match self.next_event()? {
+                    Event::Enter { .. } => self.skip_scanned()?,
+                    Event::Gone => {}
+                    _ => unreachable!("the scan enters every directory it listed"),
+                }
+            }
+            return Ok(Outcome::default());
+        }
         if file_type(&s) != libc::S_IFDIR {
             let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
             return Ok(self.sync_leaf(stack, name, &s, d, same_details)?);
@@ -603,18 +717,22 @@ impl Syncer<'_> {
             // A mount point in the tmpfs: the directory itself is synced, but neither
             // entered nor emptied on disk.
             self.expect_leave()?;
+            let keep_meta = before.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
             let left = Left {
                 src,
                 dst: DstDir::new(dst),
                 meta: Some(s),
                 before,
                 changed: false,
+                keep_meta,
                 rel: self.rel.joined(name),
             };
             self.finish_dir(&left)?;
             return Ok(Outcome { enter: None, changed });
         }
+        let keep_meta = before.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
         let mut frame = self.frame(src, entries, dst, Some(s), before)?;
+        frame.keep_meta = keep_meta;
         self.rel.push(name);
         frame.rel_len = self.rel.len();
         Ok(Outcome {
@@ -632,6 +750,7 @@ impl Syncer<'_> {
             meta: frame.meta,
             before: frame.before,
             changed: frame.changed,
+            keep_meta: frame.keep_meta,
             rel: self.rel.as_bytes().to_vec(),
         };
         if left.dst.leave() {
@@ -649,7 +768,10 @@ impl Syncer<'_> {
     /// as unchanged: `before` is how it looked before (`None` if it was created).
     fn finish_dir(&mut self, left: &Left) -> Result<(), Failed> {
         let mut same = true;
-        if let Some(s) = &left.meta {
+        if left.keep_meta {
+            // Changed on disk since the cutoff: its owner, mode and times stay.
+            self.reporter.stats.kept_newer += 1;
+        } else if let Some(s) = &left.meta {
             let (src, dst) = (left.src.as_fd(), left.dst.fd.as_fd());
             let now = stat::fstat(dst).map_err(dst_err("stat"))?;
             let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
@@ -689,6 +811,11 @@ impl Syncer<'_> {
             if file_type(d) == libc::S_IFDIR && d.st_dev != self.dst_dev {
                 return Err(dst_err("replace the mount point")(Errno::EBUSY));
             }
+            if file_type(d) == libc::S_IFDIR && !self.opts.delete {
+                // Replacing it would remove what is below it.
+                self.reporter.stats.kept_newer += 1;
+                return Ok(Outcome::default());
+            }
         }
         let key = (s.st_dev, s.st_ino);
         if s.st_nlink > 1 {
@@ -702,7 +829,10 @@ impl Syncer<'_> {
                     self.reporter.stats.unchanged += 1;
                     return Ok(Outcome::default());
                 }
-                self.write_hard_link(stack, name, &path, d.as_ref())?;
+                if !self.write_hard_link(stack, name, &path, d.as_ref())? {
+                    self.reporter.stats.kept_newer += 1;
+                    return Ok(Outcome::default());
+                }
                 self.reporter.stats.links_written += 1;
                 return Ok(Outcome::changed());
             }
@@ -845,11 +975,13 @@ impl Syncer<'_> {
                 let replaces_dir = d.is_some_and(|d| file_type(d) == libc::S_IFDIR);
                 if !grouped && !replaces_dir {
                     temp.live = false;
+                    let noreplace = self.no_replace(d);
                     self.durable.submit(Job::Rename {
                         dir: Arc::clone(dst),
                         file,
                         temp: std::mem::take(&mut temp.name),
                         name: name.to_owned(),
+                        noreplace,
                         rel: self.rel.path(Some(name)),
                     });
                     return Ok(Some(None));
@@ -882,7 +1014,16 @@ impl Syncer<'_> {
                 (temp, ino)
             }
         };
-        self.replace(temp, name, d)?;
+        if !self.replace(temp, name, d)? {
+            let stats = &mut self.reporter.stats;
+            match kind {
+                libc::S_IFREG => stats.files_written -= 1,
+                libc::S_IFLNK => stats.links_written -= 1,
+                _ => stats.specials_written -= 1,
+            }
+            stats.kept_newer += 1;
+            return Ok(None);
+        }
         Ok(Some(Some(ino)))
     }
 
@@ -903,14 +1044,14 @@ impl Syncer<'_> {
     }
 
     /// Links a temporary name to the first copy of a hard-linked inode and renames it
-    /// over `name`.
+    /// over `name`; false if the destination got the name first (merge mode).
     fn write_hard_link(
         &mut self,
         stack: &[Frame],
         name: &CStr,
         first: &[u8],
         d: Option<&FileStat>,
-    ) -> Result<(), Failed> {
+    ) -> Result<bool, Failed> {
         let dst_dir = stack.last().expect("the root frame stays").dst.fd.as_fd();
         let rel = self.rel.as_bytes();
         let (temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
@@ -921,15 +1062,23 @@ impl Syncer<'_> {
 
     /// Puts a finished temporary in place of `name`. A directory in the way is swapped
     /// out atomically (RENAME_EXCHANGE) and then removed under the temporary name.
-    fn replace(&mut self, mut temp: Temp<'_>, name: &CStr, d: Option<&FileStat>) -> Result<(), Failed> {
+    /// In merge mode a name that was missing is only taken if still free: false (and
+    /// the temporary dropped) when something took it meanwhile.
+    fn replace(&mut self, mut temp: Temp<'_>, name: &CStr, d: Option<&FileStat>) -> Result<bool, Failed> {
         let dir = temp.dir;
+        if self.no_replace(d) {
+            let placed =
+                rename_no_replace(dir, temp.name.as_c_str(), name).map_err(dst_err("rename into place"))?;
+            temp.live = !placed;
+            return Ok(placed);
+        }
         if d.is_some_and(|d| file_type(d) == libc::S_IFDIR) {
             match fcntl::renameat2(dir, temp.name.as_c_str(), dir, name, RenameFlags::RENAME_EXCHANGE) {
                 Ok(()) => {
                     temp.live = false;
                     self.reporter.stats.deleted +=
                         self.remove(dir, temp.name.as_c_str(), Some(Type::Directory))?;
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
                     self.reporter.stats.deleted += self.remove(dir, name, Some(Type::Directory))?;
@@ -939,7 +1088,7 @@ impl Syncer<'_> {
         }
         fcntl::renameat(dir, temp.name.as_c_str(), dir, name).map_err(dst_err("rename into place"))?;
         temp.live = false;
-        Ok(())
+        Ok(true)
     }
 
     /// Removes a destination entry, a directory with everything below it, without
@@ -955,6 +1104,24 @@ impl Syncer<'_> {
             }
         }
         remove_tree(dir, name, self.dst_dev)
+    }
+}
+
+/// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A
+/// filesystem without `RENAME_NOREPLACE` gets a plain rename after a check, which
+/// leaves a window.
+pub(super) fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> nix::Result<bool> {
+    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(true),
+        Err(Errno::EEXIST) => Ok(false),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(_) => Ok(false),
+                Err(Errno::ENOENT) => fcntl::renameat(dir, temp, dir, name).map(|()| true),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -1269,6 +1436,21 @@ mod tests {
         assert_eq!(decide(lnk, Diff::Meta, Reuse::InPlace), Rewrite);
         assert_eq!(decide(lnk, Diff::Same, Reuse::InPlace), Keep);
         assert_eq!(decide(libc::S_IFIFO, Diff::Meta, Reuse::InPlace), Rewrite);
+    }
+
+    #[test]
+    fn a_no_replace_rename_leaves_a_name_taken_meanwhile_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("temp"), "ours").unwrap();
+        std::fs::write(dir.path().join("taken"), "theirs").unwrap();
+        let fd = super::super::ops::open_root(dir.path()).expect("open");
+        assert!(!rename_no_replace(fd.as_fd(), c"temp", c"taken").unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("taken")).unwrap(),
+            "theirs"
+        );
+        assert!(rename_no_replace(fd.as_fd(), c"temp", c"free").unwrap());
+        assert_eq!(std::fs::read_to_string(dir.path().join("free")).unwrap(), "ours");
     }
 
     #[test]
