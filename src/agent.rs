@@ -142,18 +142,6 @@ pub fn parse_psi(text: &str) -> Option<f64> {
         .ok()
 }
 
-fn usage_of(fd: impl AsFd) -> Result<Usage> {
-    let s = nix::sys::statvfs::fstatvfs(fd).context("fstatvfs")?;
-    let bsize = s.fragment_size() as u64;
-    let blocks = s.blocks() as u64;
-    Ok(Usage {
-        size: blocks * bsize,
-        used: blocks.saturating_sub(s.blocks_free() as u64) * bsize,
-        inodes: s.files() as u64,
-        inodes_used: (s.files() as u64).saturating_sub(s.files_free() as u64),
-    })
-}
-
 fn pct(part: u64, whole: u64) -> String {
     if whole == 0 {
         "0%".into()
@@ -386,11 +374,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         None
     };
 
-    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .map(|p| p as u64)
-        .unwrap_or(4096);
+    let page_size = crate::host::page_size();
     let mounts = spec
         .mounts
         .iter()
@@ -691,7 +675,7 @@ impl Agent {
     fn measure(&mut self, i: usize) -> Option<Usage> {
         let w = &mut self.mounts[i];
         let root = w.root.as_ref()?;
-        match usage_of(root) {
+        match Usage::of_fd(root) {
             Ok(u) => {
                 w.usage = Some(u);
                 Some(u)
@@ -877,8 +861,8 @@ impl Agent {
         let name = w.spec.name.clone();
         let Some(root) = w.root.as_ref() else { return false };
         let before = w.usage;
-        let res = evict::evict(root.as_fd(), &self.host, target, &|| usage_of(root));
-        let after = usage_of(root).ok();
+        let res = evict::evict(root.as_fd(), &self.host, target, &|| Usage::of_fd(root));
+        let after = Usage::of_fd(root).ok();
         w.usage = after.or(w.usage);
         match res {
             Ok(r) => {
@@ -964,7 +948,7 @@ impl Agent {
         match mount::remount_tmpfs(&w.spec.path, &options) {
             Ok(()) => {
                 w.metrics.count(kind);
-                let after = usage_of(root).ok();
+                let after = Usage::of_fd(root).ok();
                 w.usage = after.or(w.usage);
                 info!(
                     mount = name.as_str(),
@@ -1423,7 +1407,7 @@ impl Agent {
             }
         }
         let w = &mut self.mounts[i];
-        w.usage = usage_of(&root).ok();
+        w.usage = Usage::of_fd(&root).ok();
         w.root = Some(root);
         w.dev = dev;
         w.tracker = Tracker::default();

@@ -136,11 +136,7 @@ pub struct Leftover {
 pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
     let table = host.mounts()?;
     let mem = host.meminfo()?;
-    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .map(|p| p as u64)
-        .unwrap_or(4096);
+    let page_size = crate::host::page_size();
     let mounts = spec
         .mounts
         .iter()

@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+/// The page size tmpfs sizes are rounded to.
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map(|p| p as u64)
+        .unwrap_or(4096)
+}
+
 #[derive(Debug, Clone)]
 pub struct Host {
     proc_root: PathBuf,

@@ -17,14 +17,26 @@ pub struct Usage {
 impl Usage {
     pub fn of(path: &Path) -> Result<Usage> {
         let s = statvfs(path).with_context(|| format!("statvfs {}", path.display()))?;
+        Ok(Usage::from_statvfs(&s))
+    }
+
+    /// Of the filesystem an open descriptor is on (the agent's held roots).
+    pub fn of_fd(fd: impl std::os::fd::AsFd) -> Result<Usage> {
+        let s = nix::sys::statvfs::fstatvfs(fd).context("fstatvfs")?;
+        Ok(Usage::from_statvfs(&s))
+    }
+
+    // The statvfs field types differ between targets (u32 on 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    fn from_statvfs(s: &nix::sys::statvfs::Statvfs) -> Usage {
         let bsize = s.fragment_size() as u64;
         let blocks = s.blocks() as u64;
-        Ok(Usage {
+        Usage {
             size: blocks * bsize,
             used: blocks.saturating_sub(s.blocks_free() as u64) * bsize,
             inodes: s.files() as u64,
             inodes_used: (s.files() as u64).saturating_sub(s.files_free() as u64),
-        })
+        }
     }
 
     /// Percentage used; 0 for an unlimited (size 0) filesystem.
