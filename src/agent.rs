@@ -111,7 +111,8 @@ fn fallback_path(state: &State, name: &str) -> PathBuf {
     state.dir().join("agent").join(format!("{name}.fallback.json"))
 }
 
-fn read_fallback(state: &State, name: &str) -> Option<FallbackRecord> {
+/// The agent's fallback of `name`, while it is in force.
+pub fn read_fallback(state: &State, name: &str) -> Option<FallbackRecord> {
     state.degraded(name)?;
     let text = std::fs::read_to_string(fallback_path(state, name)).ok()?;
     serde_json::from_str(&text).ok()

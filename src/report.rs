@@ -140,7 +140,10 @@ pub fn status(r: &StatusReport) -> String {
             [
                 m.name.clone(),
                 m.path.display().to_string(),
-                format!("{:?}", m.state).to_lowercase(),
+                serde_json::to_value(m.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
                 size,
                 used,
                 pct,

@@ -13,12 +13,15 @@ use crate::spec::{self, Spec};
 use crate::state::{State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum MountState {
     /// The tmpfs is in place.
     Offloaded,
     /// apply could not offload it; the application runs on disk.
     Degraded,
+    /// The agent took it back to disk before it filled (or under memory
+    /// pressure); `reason` says why and when it comes back.
+    Fallback,
     /// Not mounted and never tried (or taken down).
     Absent,
     /// Something else is mounted at the path.
@@ -93,9 +96,11 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             mem = world.mem;
             for (m, o) in spec.mounts.iter().zip(&world.mounts) {
                 let degraded = state.degraded(&m.name);
+                let fallback = crate::agent::read_fallback(state, &m.name);
                 let (state_now, usage) = match &o.at_path {
                     AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage.into())),
                     AtPath::Foreign { .. } | AtPath::OtherManaged { .. } => (MountState::Foreign, None),
+                    AtPath::Disk if fallback.is_some() => (MountState::Fallback, None),
                     AtPath::Disk if degraded.is_some() => (MountState::Degraded, None),
                     AtPath::Disk => (MountState::Absent, None),
                 };
@@ -105,6 +110,16 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                     }
                     (AtPath::OtherManaged { source }, _) => Some(format!("{source} is mounted there")),
                     (_, MountState::Degraded) => degraded,
+                    (_, MountState::Fallback) => fallback.map(|f| match f.reoffload_at {
+                        Some(at) => format!(
+                            "fell back to the disk directory: {} (offloaded again by the agent at unix time {at})",
+                            f.reason
+                        ),
+                        None => format!(
+                            "fell back to the disk directory: {} (offloaded again by the next `tmpfsctl apply`)",
+                            f.reason
+                        ),
+                    }),
                     _ => None,
                 };
                 mounts.push(MountStatus {

@@ -452,7 +452,7 @@ fn fallback_with_a_busy_writer_keeps_the_writer_working_and_the_data() {
     );
     // status shows why.
     let st = sb.run(["status".as_ref(), spec.as_os_str()]);
-    st.code(0).stdout_has("fell back");
+    st.code(0).stdout_has("fell back").stdout_has(" fallback ");
     let log = agent.log();
     assert!(log.contains("fell back to the disk directory"), "{log}");
     assert!(
