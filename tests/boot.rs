@@ -305,3 +305,52 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
     );
     assert!(body.contains("Before=nginx.service"), "{body}");
 }
+
+#[test]
+fn sysv_script_starts_reports_and_stops_with_lsb_codes() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o750);
+    fs::write(cache.join("seeded"), "disk").unwrap();
+    let spec = sb.write_spec(
+        "spec.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: app\n    path: {}\n    size: 8MiB\n",
+            cache.display()
+        ),
+    );
+    let root = sb.path("root");
+    sb.run([
+        "boot".as_ref(),
+        "install".as_ref(),
+        spec.as_os_str(),
+        "--mode".as_ref(),
+        "sysv".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--binary".as_ref(),
+        env!("CARGO_BIN_EXE_tmpfsctl").as_ref(),
+    ])
+    .code(0);
+    let script = root.join("etc/init.d/tmpfsctl");
+    let rc = |action: &str| {
+        let out = Command::new("sh")
+            .arg(&script)
+            .arg(action)
+            .env("TMPFSCTL_STATE_DIR", &sb.state)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(rc("status").0, 3, "not running before start");
+    let (code, out) = rc("start");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(sb.top(&cache).unwrap().source, "tmpfsctl-app");
+    assert_eq!(rc("status").0, 0);
+    let (code, out) = rc("stop");
+    assert_eq!(code, 0, "{out}");
+    assert!(sb.top(&cache).is_none());
+    assert_eq!(rc("status").0, 3);
+}

@@ -52,7 +52,13 @@ case "$1" in
         exec "$0" start
         ;;
     status)
-        "$BIN" status "$SPEC"
+        "$BIN" status "$SPEC" || exit 4
+        # LSB: 0 when every mount is offloaded, 3 when any is not.
+        if "$BIN" status --format json "$SPEC" |
+            grep -Eq '"state": "(absent|degraded|fallback|foreign)"'; then
+            exit 3
+        fi
+        exit 0
         ;;
     *)
         echo "Usage: $0 {{start|stop|restart|reload|force-reload|status}}" >&2
