@@ -627,23 +627,7 @@ fn state_dir_on_a_shared_mount_still_works() {
     // Hosts run with / shared (systemd); a mount can only be moved out of a
     // non-shared parent, and side binds must not propagate.
     let sb = Sandbox::new();
-    use nix::mount::{mount, MsFlags};
-    mount(
-        Some(&sb.root),
-        &sb.root,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .unwrap();
-    mount(
-        None::<&str>,
-        &sb.root,
-        None::<&str>,
-        MsFlags::MS_SHARED,
-        None::<&str>,
-    )
-    .unwrap();
+    share_sandbox(&sb);
     let cache = seeded_cache(&sb);
     let spec = spec_for(&sb, &cache, "");
     sb.run(["apply".as_ref(), spec.as_os_str()])
