@@ -225,20 +225,72 @@ fn systemd_analyze_verify_accepts_the_units() {
         )
         .unwrap();
     }
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(format!("--root={}", root.display()))
-        .args(["tmpfsctl-apply.service", "nginx.service", "php8.2-fpm.service"])
-        .output()
+    add_system_binaries(&root);
+    verify(
+        &root,
+        &[
+            "tmpfsctl-apply.service",
+            "tmpfsctl-down.service",
+            "tmpfsctl-agent.service",
+            "nginx.service",
+            "php8.2-fpm.service",
+        ],
+    );
+
+    // The packaged units in systemd/, where a package installs them.
+    let pkg = sb.path("pkg");
+    fs::create_dir_all(pkg.join("usr/bin")).unwrap();
+    fs::create_dir_all(pkg.join("usr/lib/systemd")).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_tmpfsctl"), pkg.join("usr/bin/tmpfsctl")).unwrap();
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg("/lib/systemd/system")
+        .arg(pkg.join("usr/lib/systemd/"))
+        .status()
         .unwrap();
-    let text = format!(
+    assert!(cp.success());
+    let units = [
+        "tmpfsctl-apply.service",
+        "tmpfsctl-down.service",
+        "tmpfsctl-agent.service",
+    ];
+    for unit in units {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd").join(unit);
+        fs::copy(src, pkg.join("usr/lib/systemd/system").join(unit)).unwrap();
+    }
+    add_system_binaries(&pkg);
+    verify(&pkg, &units);
+}
+
+/// What the units execute besides tmpfsctl, as a merged-/usr system has it.
+fn add_system_binaries(root: &Path) {
+    fs::create_dir_all(root.join("usr/bin")).unwrap();
+    fs::copy("/bin/kill", root.join("usr/bin/kill")).unwrap();
+    std::os::unix::fs::symlink("usr/bin", root.join("bin")).unwrap();
+}
+
+/// Stdout and stderr of a finished command, together.
+fn output_text(out: &std::process::Output) -> String {
+    format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    )
+}
+
+/// `systemd-analyze verify` exits 0 and prints nothing (it reports unknown
+/// keys without failing, so both are checked).
+fn verify(root: &Path, units: &[&str]) {
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(format!("--root={}", root.display()))
+        .args(units)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.trim().is_empty(),
-        "systemd-analyze verify:\n{text}"
+        "systemd-analyze verify {units:?}:\n{text}"
     );
 }
 
@@ -272,12 +324,7 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
         .arg(&fstab)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "findmnt --verify:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "findmnt --verify:\n{}", output_text(&out));
 
     let gen_out = sb.path("gen");
     fs::create_dir_all(&gen_out).unwrap();
@@ -288,11 +335,7 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
         .env("SYSTEMD_PROC_CMDLINE", "")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.trim().is_empty(),
         "generator said:\n{text}"
