@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! copybench seed SRC DST             copy_tree SRC into the empty directory DST
-//! copybench sync SRC DST             sync_tree SRC onto DST
+//! copybench sync SRC DST [BASE]      sync_tree SRC onto DST, merging against the baseline
+//!                                    file BASE (none if missing; rewritten after), as
+//!                                    `tmpfsctl sync` does
 //! copybench gen DIR [FILES] [SEED]   write a test tree: 90% 1–8 KiB files, 10% 64 KiB–1 MiB
 //!                                    (log-uniform), 100 files a directory, 10 directories
 //!                                    a group; default 100000 files
@@ -19,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use tmpfsctl::copy::{copy_tree, sync_tree};
+use tmpfsctl::copy::{copy_tree, sync_tree, Baseline};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,10 +30,22 @@ fn main() -> ExitCode {
         (Some("seed"), Some(src), Some(dst)) => {
             timed(|| copy_tree(Path::new(src), Path::new(dst), None).map(|s| format!("{s:?}")))
         }
-        (Some("sync"), Some(src), Some(dst)) => timed(|| {
-            sync_tree(Path::new(src), Path::new(dst), None)
-                .map(|s| serde_json::to_string(&s).expect("stats serialise"))
-        }),
+        (Some("sync"), Some(src), Some(dst)) => {
+            let base_file = arg(3).map(PathBuf::from);
+            timed(|| {
+                let err = |e: anyhow::Error| std::io::Error::other(format!("{e:#}"));
+                let base = match &base_file {
+                    Some(f) => Baseline::load(f).map_err(|e| err(e.into()))?.unwrap_or_default(),
+                    None => Baseline::none(),
+                };
+                let synced =
+                    sync_tree(Path::new(src), Path::new(dst), &base, None).map_err(|e| err(e.into()))?;
+                if let Some(f) = &base_file {
+                    synced.baseline.save(f).map_err(|e| err(e.into()))?;
+                }
+                Ok::<_, std::io::Error>(serde_json::to_string(&synced.stats).expect("stats serialise"))
+            })
+        }
         (Some("gen"), Some(dir), _) => {
             let files = arg(2).map_or(100_000, |n| n.parse().expect("FILES is a number"));
             let seed = arg(3).map_or(1, |n| n.parse().expect("SEED is a number"));

@@ -1064,6 +1064,10 @@ impl Agent {
                     }
                 )
             }
+            DownOutcome::Pending => format!(
+                "switched, but the write-back is pending: {}",
+                r.reason.clone().unwrap_or_default()
+            ),
             _ => "unmounted".into(),
         };
         warn!(
@@ -1179,6 +1183,17 @@ impl Agent {
                 }
                 continue;
             }
+            if let Some(why) = self.retry_pending_writeback(i) {
+                warn!(
+                    mount = name.as_str(),
+                    "{name}: not re-offloaded: the write-back of its last tmpfs is still pending ({why}); next try in {}s",
+                    self.interval.as_secs().max(1)
+                );
+                if let Some(f) = self.mounts[i].fallback.as_mut() {
+                    f.reoffload_at = Some(now + self.interval.as_secs().max(1));
+                }
+                continue;
+            }
             if let Some(why) = self.too_full_to_reoffload(i) {
                 let w = &mut self.mounts[i];
                 let again = w.spec.watchdog.reoffload_after.unwrap_or(600);
@@ -1212,6 +1227,33 @@ impl Agent {
                 let rec = f.clone();
                 let _ = write_fallback(&self.state, &name, &rec);
             }
+        }
+    }
+
+    /// Retries the write-back of a tmpfs the fallback switched away from, if one
+    /// is still held: why it is still pending, or `None` when nothing is.
+    fn retry_pending_writeback(&mut self, i: usize) -> Option<String> {
+        let name = self.mounts[i].spec.name.clone();
+        let table = self.host.mounts().ok()?;
+        if !sync::held(&table, &name, &self.state) {
+            return None;
+        }
+        let _lock = match self.state.lock(self.opts.wait) {
+            Ok(l) => l,
+            Err(e) => return Some(e.to_string()),
+        };
+        let spec = self.mounts[i].spec.clone();
+        match sync::finish_writeback(&spec, &self.host, &self.state) {
+            Ok((s, _)) if s.result == SyncOutcome::Synced => {
+                self.record_sync(i, &s);
+                info!(mount = name.as_str(), "{name}: pending write-back done");
+                None
+            }
+            Ok((s, _)) => {
+                self.record_sync(i, &s);
+                Some(s.reason.unwrap_or_default())
+            }
+            Err(e) => Some(format!("{e:#}")),
         }
     }
 

@@ -1,22 +1,29 @@
 //! `down`: takes managed mounts away safely; the application is back on its
 //! disk directory.
+//!
+//! A persisted mount is switched first and written back after: the tmpfs is bound
+//! to `STATE/held/NAME` and detached from the managed path, two mount calls that
+//! take the same time whatever the size of the tree, so the application is on its
+//! disk directory at once. The held tmpfs is then merged into the disk directory
+//! (see [`crate::copy::sync_tree`]) and unmounted only once that succeeded; until
+//! then it stays in the mount table, survives a crash of tmpfsctl, shows in
+//! `status`, and `down`, `sync` and the agent retry it.
 
 use std::path::PathBuf;
-
-use std::os::fd::AsRawFd;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::copy::SyncOptions;
 use crate::error::UnknownName;
+use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::procs::Holder;
 use crate::host::Host;
 use crate::mount;
 use crate::observe;
 use crate::spec::{self, Persist, Spec};
 use crate::state::State;
-use crate::sync::{self, SyncOutcome, SyncResult};
+use crate::sync::{finish_writeback, SyncOutcome, SyncResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -25,6 +32,9 @@ pub enum DownOutcome {
     Unmounted,
     /// Busy: detached lazily; holders keep their open files.
     Detached,
+    /// The application is on its disk directory, but the write-back of the RAM
+    /// copy failed: it is kept at `held` until a retry succeeds.
+    Pending,
     /// There was no managed tmpfs to take down (leftovers were cleaned).
     NotMounted,
     /// Not taken down; see reason.
@@ -42,9 +52,30 @@ pub struct DownResult {
     pub holders: Vec<Holder>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The write-back done before (and, when detached lazily, after) the unmount.
+    /// Milliseconds from the decision until the path showed the disk directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch_ms: Option<f64>,
+    /// Where the RAM copy waits for its write-back (`Pending`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<PathBuf>,
+    /// The write-back of the RAM copy into the disk directory.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub syncs: Vec<SyncResult>,
+}
+
+impl DownResult {
+    fn new(name: &str, path: Option<PathBuf>, result: DownOutcome) -> Self {
+        DownResult {
+            name: name.to_string(),
+            path,
+            result,
+            holders: Vec::new(),
+            reason: None,
+            switch_ms: None,
+            held: None,
+            syncs: Vec::new(),
+        }
+    }
 }
 
 /// Takes down `names` (all of the spec's, last first, when empty). A name
@@ -58,52 +89,33 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     };
     let table = host.mounts()?;
     UnknownName::check(spec, &targets, |n| {
-        table
-            .by_source(&spec::source_for(n))
-            .any(|e| !e.mount_point.starts_with(state.dir()))
+        table.by_source(&spec::source_for(n)).next().is_some()
     })?;
     let mut out = Vec::new();
     for name in targets {
         // One mount's error must not keep the others from being written back.
-        out.push(down_one(spec, &name, host, state).unwrap_or_else(|e| DownResult {
-            name: name.clone(),
-            path: spec.mount(&name).map(|m| m.path.clone()),
-            result: DownOutcome::Failed,
-            holders: Vec::new(),
-            reason: Some(format!("{e:#}")),
-            syncs: Vec::new(),
+        out.push(down_one(spec, &name, host, state).unwrap_or_else(|e| {
+            let mut r = DownResult::new(&name, spec.mount(&name).map(|m| m.path.clone()), DownOutcome::Failed);
+            r.reason = Some(format!("{e:#}"));
+            r
         }));
     }
     Ok(out)
 }
 
-/// Takes one mount down, then removes the side bind and staging point and
-/// has the state forget the mount. Shared by `down` and the agent's fallback
-/// (`agent`), which sets its own marker afterwards.
-///
-/// A volatile mount (`persist: none`) is unmounted cleanly when idle, else
-/// detached lazily; nothing is written back.
-///
-/// A persisted mount is always detached, between two write-backs:
-///
-/// 1. a mirror of the live tmpfs into the disk directory (through the side
-///    bind); if it fails, `down` refuses and the tmpfs stays mounted;
-/// 2. the cutoff is taken (the clock inode ctimes use, once it moved past
-///    the end of pass 1, so pass 1's changes are all before it), a root
-///    descriptor opened and the tmpfs detached (`MNT_DETACH`): from here on
-///    the application opens its disk directory;
-/// 3. a merge from the detached tree (through the descriptor) catches what
-///    was written to RAM after pass 1 started: it deletes nothing on disk
-///    and leaves every disk entry whose ctime is at or after the cutoff as
-///    it is — the application changed it after the detach, so its version
-///    wins (see [`crate::copy::sync_tree_with`]).
-///
-/// The result is `Unmounted` when no process held the tmpfs just before
-/// the detach (the detached tmpfs goes with the descriptor), else
-/// `Detached`; `syncs` lists both passes.
-pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
-    let table = host.mounts()?;
+/// What `down` finds for one name.
+struct Found {
+    /// The tmpfs the application sees: at the spec's path, or wherever it went
+    /// (a renamed parent directory takes the mount along).
+    live: Option<MountEntry>,
+    /// A tmpfs already switched away from the application, waiting for its write-back.
+    held: Option<MountEntry>,
+}
+
+fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
     let source = spec::source_for(name);
+    let held_path = state.held(name);
+    let held = table.stack_at(&held_path).into_iter().find(|e| e.source == source).cloned();
     // The tmpfs at the spec's path, not a bind of it elsewhere (a chroot).
     let at_spec_path = spec
         .mount(name)
@@ -115,130 +127,139 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
                 .find(|e| !e.mount_point.starts_with(state.dir()))
         })
         .cloned();
-    let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
-    let mut res = DownResult {
-        name: name.to_string(),
-        path: live.as_ref().map(|e| e.mount_point.clone()),
-        result: DownOutcome::NotMounted,
-        holders: Vec::new(),
-        reason: None,
-        syncs: Vec::new(),
-    };
+    Found { live, held }
+}
 
-    if let Some(e) = &live {
+/// Why `down` must not touch a mount: decided from the mount table and the state
+/// before anything changes.
+fn refusal(spec: &Spec, name: &str, found: &Found, table: &MountTable, state: &State) -> Option<String> {
+    let persisted = spec.mount(name).is_some_and(|m| m.persist != Persist::None);
+    if let Some(e) = &found.live {
         if let Some(top) = table.top_at(&e.mount_point).filter(|t| t.id != e.id) {
-            res.result = DownOutcome::Refused;
-            res.reason = Some(format!(
+            return Some(format!(
                 "{} is covered by another mount ({} from {}); take that down first",
                 e.mount_point.display(),
                 top.fstype,
                 top.source
             ));
-            return Ok(res);
         }
-        if persisted.is_some() && !observe::lower_reaches_disk(&table, e.dev, &state.lower(name)) {
-            res.result = DownOutcome::Refused;
-            res.reason = Some(format!(
+        if persisted && !observe::lower_reaches_disk(table, e.dev, &state.lower(name)) {
+            return Some(format!(
                 "the disk directory is not reachable through {} (missing, stacked or shared side bind); run `tmpfsctl apply` to restore it, then `down` again — nothing was written back or unmounted",
                 state.lower(name).display()
             ));
-            return Ok(res);
         }
-        if persisted.is_none()
-            && spec.mount(name).is_none()
-            && state.record(name).is_some_and(|r| r.persist != "none")
-        {
-            res.result = DownOutcome::Refused;
-            res.reason = Some(format!(
-                "`{name}` is persisted but not in {}; take it down with the spec that mounted it, so its data is written back",
-                spec.file.display()
-            ));
-            return Ok(res);
-        }
-        if let Some(m) = persisted {
-            let first = sync::sync_one(m, &e.mount_point, state)?;
-            let failed = first.result == SyncOutcome::Failed;
-            let why = first.reason.clone().unwrap_or_default();
-            res.syncs.push(first);
-            if failed {
-                res.result = DownOutcome::Refused;
-                res.reason = Some(format!("write-back failed, so the tmpfs stays mounted: {why}"));
+    }
+    let recorded_persisted = state.record(name).is_some_and(|r| r.persist != "none");
+    if spec.mount(name).is_none() && (found.held.is_some() || (found.live.is_some() && recorded_persisted)) {
+        return Some(format!(
+            "`{name}` is persisted but not in {}; take it down with the spec that mounted it, so its data is written back",
+            spec.file.display()
+        ));
+    }
+    None
+}
+
+/// Takes one mount down, then removes the side bind and staging point and has
+/// the state forget the mount. Shared by `down` and the agent's fallback, which
+/// sets its own marker afterwards.
+///
+/// A volatile mount (`persist: none`) is unmounted cleanly when idle, else
+/// detached lazily; nothing is written back. A persisted one is switched to the
+/// disk directory at once ([`switch_to_disk`]), then written back from where it
+/// is held ([`finish_writeback`]).
+pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
+    let table = host.mounts()?;
+    let found = find(spec, name, &table, state);
+    let mut res = DownResult::new(
+        name,
+        found.live.as_ref().map(|e| e.mount_point.clone()),
+        DownOutcome::NotMounted,
+    );
+    if let Some(reason) = refusal(spec, name, &found, &table, state) {
+        res.result = DownOutcome::Refused;
+        res.reason = Some(reason);
+        return Ok(res);
+    }
+    let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
+    match (persisted, &found.live) {
+        (Some(m), _) => {
+            if let Some(e) = &found.live {
+                res.holders = host.holders(e.dev);
+                let started = Instant::now();
+                switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
+                res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            } else if found.held.is_none() {
+                crate::sync::clean_up(name, &table, state)?;
                 return Ok(res);
             }
-        }
-        res.holders = host.holders(e.dev);
-        if let Some(m) = persisted {
-            // Held across the detach: the detached tmpfs stays reachable through
-            // it for a last write-back of what was written since the first one.
-            let root = std::fs::File::open(&e.mount_point)
-                .with_context(|| format!("opening {}", e.mount_point.display()))?;
-            let cutoff = cutoff_after_tick();
-            mount::detach(&e.mount_point)?;
+            let (sync, outcome) = finish_writeback(m, host, state)?;
+            let failed = sync.result == SyncOutcome::Failed;
+            let why = sync.reason.clone().unwrap_or_default();
+            res.syncs.push(sync);
+            if failed {
+                res.result = DownOutcome::Pending;
+                res.held = Some(state.held(name));
+                res.reason = Some(format!(
+                    "the application is on its disk directory, but writing the RAM copy back failed: {why}; the RAM copy stays at {} until that succeeds (free space, then `tmpfsctl down {name}` or `tmpfsctl sync {name}`)",
+                    state.held(name).display()
+                ));
+                return Ok(res);
+            }
             res.result = if res.holders.is_empty() {
-                DownOutcome::Unmounted
+                outcome
             } else {
                 DownOutcome::Detached
             };
-            let detached = PathBuf::from(format!("/proc/self/fd/{}/.", root.as_raw_fd()));
-            let last = sync::sync_one_with(m, &detached, state, SyncOptions::merge_since(cutoff))?;
-            if last.result == SyncOutcome::Failed {
-                res.reason = Some(format!(
-                    "detached, but writing back the late writes failed: {}",
-                    last.reason.clone().unwrap_or_default()
-                ));
+            if found.live.is_none() {
+                // Only a held copy was left (a retry): nothing was unmounted for the application.
+                res.path = spec.mount(name).map(|m| m.path.clone());
             }
-            res.syncs.push(last);
-        } else if mount::unmount_if_idle(&e.mount_point)? {
-            res.result = DownOutcome::Unmounted;
-        } else {
-            mount::detach(&e.mount_point)?;
-            res.result = DownOutcome::Detached;
+            Ok(res)
+        }
+        (None, Some(e)) => {
+            res.result = if mount::unmount_if_idle(&e.mount_point)? {
+                DownOutcome::Unmounted
+            } else {
+                mount::detach(&e.mount_point)?;
+                DownOutcome::Detached
+            };
+            crate::sync::clean_up(name, &table, state)?;
+            Ok(res)
+        }
+        (None, None) => {
+            crate::sync::clean_up(name, &table, state)?;
+            Ok(res)
         }
     }
-    for side in [state.stage(name), state.lower(name)] {
-        if table.top_at(&side).is_some() {
-            mount::detach(&side)?;
-        }
-        match std::fs::remove_dir(&side) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(anyhow::Error::new(e).context(format!("removing {}", side.display())))
-            }
-            _ => {}
-        }
-    }
-    state.forget(name)?;
-    Ok(res)
 }
 
-/// The cutoff of `down`'s last pass, taken just before the detach: a time no
-/// earlier than any change pass 1 made and no later than the ctime of any
-/// change made after it returns.
-///
-/// Inode ctimes come from the coarse realtime clock (or, with multigrain
-/// timestamps, from a fine-grained time never below it), so the cutoff is read
-/// from that clock, after waiting for it to tick once (a few milliseconds at
-/// most): pass 1's last change then lies strictly before the cutoff, while
-/// anything done after this returns has a ctime at or after it.
-// `time_t` and `c_long` are i64 only on 64-bit targets.
-#[allow(clippy::unnecessary_cast)]
-fn cutoff_after_tick() -> (i64, i64) {
-    let coarse = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec to write to.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-        (ts.tv_sec as i64, ts.tv_nsec as i64)
-    };
-    let start = coarse();
-    // A tick is 1 to 10 ms; 100 ms covers a stalled clock without hanging.
-    for _ in 0..200 {
-        let now = coarse();
-        if now > start {
-            return now;
+/// Puts the application back on its disk directory in one step: the tmpfs `live`
+/// is bound to `STATE/held/NAME` (private), then detached from where the
+/// application sees it. Re-entrant: a held bind of the same tmpfs left by a crash
+/// between the two steps is reused.
+pub fn switch_to_disk(
+    state: &State,
+    name: &str,
+    live: &MountEntry,
+    held: Option<&MountEntry>,
+    table: &MountTable,
+) -> Result<()> {
+    let held_path = state.held(name);
+    match held {
+        Some(h) if h.dev == live.dev => {}
+        Some(h) => anyhow::bail!(
+            "an earlier tmpfs of `{name}` (device {}:{}) still waits for its write-back at {}; it must be written back first",
+            h.dev.0,
+            h.dev.1,
+            held_path.display()
+        ),
+        None => {
+            mount::ensure_private_dir(&state.held_root(), table)?;
+            std::fs::create_dir_all(&held_path).with_context(|| format!("creating {}", held_path.display()))?;
+            mount::bind_private(&live.mount_point, &held_path)?;
         }
-        std::thread::sleep(std::time::Duration::from_micros(500));
     }
-    coarse()
+    mount::detach(&live.mount_point)
 }
+

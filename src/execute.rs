@@ -52,6 +52,8 @@ pub struct MountResult {
 pub struct Seeded {
     pub files: u64,
     pub bytes: u64,
+    /// Entries that vanished or changed while they were copied: left on disk.
+    pub skipped: u64,
     pub seconds: f64,
 }
 
@@ -118,7 +120,12 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &Options) -> Result<
         results.push(r);
     }
     Ok(ApplyReport {
-        changed: !cleanup.is_empty() || results.iter().any(|r| !r.steps.is_empty()),
+        // A mount that degraded or failed was tried and rolled back: not "no change"
+        // to report, whatever steps are left.
+        changed: !cleanup.is_empty()
+            || results
+                .iter()
+                .any(|r| !r.steps.is_empty() || matches!(r.result, Outcome::Degraded | Outcome::Failed)),
         mounts: results,
         host_steps: cleanup,
         orphans: plan.orphans.clone(),
@@ -156,17 +163,35 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> 
     let mut undo = Vec::new();
     let mut done = Vec::new();
     let mut seeded = None;
+    let mut baseline = None;
     let mut pinned = None;
     for step in &mp.steps {
         let started = Instant::now();
+        if let Step::MoveIntoPlace { .. } = step {
+            // The baseline the first write-back merges against: what the disk held
+            // when it was copied, and a time after every copy and before the
+            // application can see the tmpfs (its changes come after it).
+            let mut b: copy::Baseline = baseline.take().unwrap_or_default();
+            b.taken = Some(copy::baseline::now_after_tick());
+            if let Err(e) = state.save_baseline(&m.name, &b) {
+                let rollback = roll_back(std::mem::take(&mut undo));
+                let reason = match rollback {
+                    Ok(()) => format!("{e:#}"),
+                    Err(re) => format!("{e:#}; rollback failed: {re:#}"),
+                };
+                return failed(reason);
+            }
+        }
         match run_step(step, &m.name, opts, &mut undo, &mut pinned) {
             Ok(stats) => {
-                if let Some(s) = stats {
+                if let Some((s, b)) = stats {
                     seeded = Some(Seeded {
                         files: s.files,
                         bytes: s.bytes,
+                        skipped: s.skipped,
                         seconds: started.elapsed().as_secs_f64(),
                     });
+                    baseline = Some(b);
                 }
                 done.push(step.describe());
                 failpoint(step, &m.name);
@@ -249,7 +274,7 @@ fn run_step(
     opts: &Options,
     undo: &mut Vec<Undo>,
     pinned: &mut Option<PinnedDir>,
-) -> Result<Option<copy::CopyStats>> {
+) -> Result<Option<(copy::CopyStats, copy::Baseline)>> {
     match step {
         Step::DetachStage { stage } => mount::detach(stage)?,
         Step::DetachLower { lower } => mount::detach_all(lower)?,
@@ -306,7 +331,7 @@ fn run_step(
     Ok(None)
 }
 
-fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<copy::CopyStats> {
+fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<(copy::CopyStats, copy::Baseline)> {
     let need = copy::measure(from).with_context(|| format!("measuring {}", from.display()))?;
     let room = crate::host::usage::Usage::of(to)?;
     let fit_bytes = room.size / 100 * (100 - SEED_HEADROOM_PCT);
@@ -337,7 +362,7 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<copy::Copy
             );
         }
     };
-    let stats = copy::copy_tree(from, to, Some(&mut progress)).map_err(|e| {
+    let stats = copy::seed_tree(from, to, Some(&mut progress)).map_err(|e| {
         let no_space = e.is_no_space();
         let err = anyhow::Error::new(e);
         if no_space {

@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use std::os::unix::fs::DirBuilderExt;
+
 use anyhow::{Context, Result};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -117,6 +119,23 @@ pub fn make_private(target: &Path) -> Result<()> {
         None::<&str>,
     )
     .with_context(|| format!("making {} a private mount", target.display()))
+}
+
+/// Makes the state directory `dir` a private mount (binding it onto itself if it
+/// is not a mount point yet), so nothing mounted below it propagates anywhere.
+pub fn ensure_private_dir(dir: &Path, table: &crate::host::mountinfo::MountTable) -> Result<()> {
+    match table.top_at(dir) {
+        Some(e) if e.is_private() => Ok(()),
+        Some(_) => make_private(dir),
+        None => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+            bind_private(dir, dir)
+        }
+    }
 }
 
 /// Moves a mount; the seeded tmpfs appears at `to` in one step.

@@ -98,6 +98,13 @@ pub fn apply(r: &ApplyReport) -> String {
                 format_bytes(sd.bytes),
                 sd.seconds
             );
+            if sd.skipped > 0 {
+                let _ = writeln!(
+                    s,
+                    "{:width$}    {} entries vanished or changed while seeding: left on disk, kept by the write-back",
+                    "", sd.skipped
+                );
+            }
         }
         if let Some(reason) = &m.reason {
             let _ = writeln!(s, "{:width$}    reason: {reason}", "");
@@ -205,6 +212,7 @@ pub fn down(results: &[DownResult]) -> String {
         let what = match d.result {
             DownOutcome::Unmounted => "unmounted; the application sees its disk directory",
             DownOutcome::Detached => "busy: detached lazily; new opens see the disk directory, memory is freed when the holders below close their files",
+            DownOutcome::Pending => "WRITE-BACK PENDING: the application sees its disk directory; the RAM copy is kept",
             DownOutcome::NotMounted => "not mounted",
             DownOutcome::Refused => "REFUSED",
             DownOutcome::Failed => "FAILED",
@@ -230,12 +238,14 @@ pub fn down(results: &[DownResult]) -> String {
 fn sync_line(r: &SyncResult) -> String {
     match (r.result, &r.stats) {
         (SyncOutcome::Synced, Some(st)) => format!(
-            "synced: {} files written ({}), {} metadata updates, {} deleted, {} unchanged, in {:.2}s",
+            "synced: {} files written ({}), {} metadata updates, {} deleted, {} unchanged, {} kept as on disk ({} conflicts), in {:.2}s",
             st.files_written + st.links_written + st.specials_written,
             format_bytes(st.bytes_written),
             st.metadata_updated,
             st.deleted,
             st.unchanged,
+            st.kept_disk,
+            st.conflicts,
             r.seconds
         ),
         (SyncOutcome::Failed, _) => format!("sync FAILED: {}", r.reason.as_deref().unwrap_or("")),

@@ -3,7 +3,6 @@
 //! at boot together with the mounts it describes.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,7 +11,15 @@ use anyhow::{Context, Result};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::copy::baseline::{write_durably, BaselineError};
+use crate::copy::Baseline;
+
 pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
+
+/// The layout of the state directory this build writes: 2 added the write-back
+/// baseline and held tmpfs mounts. An older layout is adopted as it is (its mounts
+/// have no baseline, so their first write-back only merges); a newer one is refused.
+pub const FORMAT: u32 = 2;
 
 #[derive(Debug, Clone)]
 pub struct State {
@@ -49,6 +56,8 @@ pub enum LockError {
     Busy { path: PathBuf, waited: Duration },
     #[error("cannot lock {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{} was written by a newer tmpfsctl (state format {found}, this one knows {FORMAT}); use that tmpfsctl, or a newer one, to manage these mounts", path.display())]
+    Newer { path: PathBuf, found: u32 },
 }
 
 impl State {
@@ -77,6 +86,46 @@ impl State {
         list_names(&self.dir.join("restore"))
     }
 
+    pub fn held_root(&self) -> PathBuf {
+        self.dir.join("held")
+    }
+
+    /// Where `down` and the fallback keep a tmpfs after the application went back
+    /// to its disk directory, until its write-back succeeded: reachable, listed in
+    /// the mount table, and surviving a crash of tmpfsctl.
+    pub fn held(&self, name: &str) -> PathBuf {
+        self.held_root().join(name)
+    }
+
+    /// The write-back's baseline of a mount (see [`crate::copy::baseline`]).
+    pub fn baseline_path(&self, name: &str) -> PathBuf {
+        self.dir.join("baseline").join(name)
+    }
+
+    /// The baseline to merge against; none (merge only, delete nothing) when there
+    /// is none or it is damaged. A baseline of a newer format is an error.
+    pub fn baseline(&self, name: &str) -> Result<Baseline> {
+        match Baseline::load(&self.baseline_path(name)) {
+            Ok(b) => Ok(b.unwrap_or_default()),
+            Err(e @ BaselineError::Newer(_)) => Err(anyhow::Error::new(e))
+                .with_context(|| format!("reading {}", self.baseline_path(name).display())),
+            Err(e) => {
+                tracing::warn!(
+                    "{name}: {e} ({}); the next write-back only merges and deletes nothing",
+                    self.baseline_path(name).display()
+                );
+                Ok(Baseline::none())
+            }
+        }
+    }
+
+    pub fn save_baseline(&self, name: &str, b: &Baseline) -> Result<()> {
+        self.ensure_dirs()?;
+        let path = self.baseline_path(name);
+        b.save(&path)
+            .with_context(|| format!("saving the write-back baseline {}", path.display()))
+    }
+
     /// Side path where the on-disk directory stays reachable under the tmpfs.
     pub fn lower(&self, name: &str) -> PathBuf {
         self.lower_root().join(name)
@@ -103,6 +152,8 @@ impl State {
             self.dir.join("lower"),
             self.dir.join("stage"),
             self.dir.join("mounts"),
+            self.dir.join("baseline"),
+            self.held_root(),
         ] {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -135,7 +186,10 @@ impl State {
             .map_err(io)?;
         loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return Ok(lock),
+                Ok(lock) => {
+                    self.adopt_format()?;
+                    return Ok(lock);
+                }
                 Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
                     if start.elapsed() >= wait {
                         return Err(LockError::Busy { path, waited: wait });
@@ -145,6 +199,19 @@ impl State {
                 }
                 Err((_, e)) => return Err(io(e.into())),
             }
+        }
+    }
+
+    /// Refuses a state directory of a newer format; records this one's otherwise.
+    fn adopt_format(&self) -> Result<(), LockError> {
+        let path = self.dir.join("format");
+        let found = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok());
+        match found {
+            Some(found) if found > FORMAT => Err(LockError::Newer { path, found }),
+            Some(found) if found == FORMAT => Ok(()),
+            _ => write_durably(&path, format!("{FORMAT}\n").as_bytes()).map_err(|source| LockError::Io { path, source }),
         }
     }
 
@@ -191,12 +258,13 @@ impl State {
         write_atomic(&self.degraded_path(name), reason.as_bytes())
     }
 
-    /// Forgets a mount: record, degraded marker and last sync.
+    /// Forgets a mount: record, degraded marker, last sync and baseline.
     pub fn forget(&self, name: &str) -> Result<()> {
         for p in [
             self.record_path(name),
             self.degraded_path(name),
             self.sync_path(name),
+            self.baseline_path(name),
         ] {
             match fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -230,14 +298,10 @@ fn list_names(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Temporary file, fsync, rename: readers see the old or the new content.
+/// Temporary file (never through a symlink), fsync, rename, fsync of the
+/// directory: readers and a power cut see the old or the new content.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp~");
-    let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    write_durably(path, data).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -272,5 +336,20 @@ mod tests {
         let err = st.lock(Duration::from_millis(120)).unwrap_err();
         assert!(matches!(err, LockError::Busy { .. }), "{err}");
         assert!(err.to_string().contains("--wait"));
+    }
+
+    #[test]
+    fn an_older_state_is_adopted_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = State::new(dir.path());
+        drop(st.lock(Duration::ZERO).unwrap());
+        assert_eq!(fs::read_to_string(dir.path().join("format")).unwrap(), "2\n");
+        fs::write(dir.path().join("format"), "1\n").unwrap();
+        drop(st.lock(Duration::ZERO).unwrap());
+        assert_eq!(fs::read_to_string(dir.path().join("format")).unwrap(), "2\n");
+        fs::write(dir.path().join("format"), "3\n").unwrap();
+        let err = st.lock(Duration::ZERO).unwrap_err();
+        assert!(matches!(err, LockError::Newer { found: 3, .. }), "{err}");
+        assert!(err.to_string().contains("newer tmpfsctl"), "{err}");
     }
 }

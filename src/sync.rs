@@ -7,11 +7,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::copy::{self, SyncOptions, SyncStats};
+use crate::copy::{self, SyncStats};
 use crate::error::UnknownName;
 use crate::host::Host;
 use crate::observe::{self, AtPath, Lower};
-use crate::spec::{MountSpec, Persist, Spec};
+use crate::down::DownOutcome;
+use crate::host::mountinfo::MountTable;
+use crate::mount;
+use crate::spec::{self, MountSpec, Persist, Spec};
 use crate::state::{State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,10 +56,38 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
             stats: None,
             seconds: 0.0,
         };
+        if m.persist != Persist::None && held(&world.table, &m.name, state) {
+            // A switch to disk whose write-back failed: retried here.
+            out.push(finish_writeback(m, host, state)?.0);
+            continue;
+        }
         if m.persist == Persist::None {
             if asked {
                 out.push(skip("volatile (persist: none): nothing is written back".into()));
             }
+            continue;
+        }
+        if let (false, Some(elsewhere)) = (matches!(o.at_path, AtPath::Ours(_)), &o.ours_elsewhere) {
+            // Its path was renamed or moved away with the tmpfs on it: the tmpfs is
+            // still the application's, and still written back into its disk directory.
+            let reachable = world
+                .table
+                .top_at(elsewhere)
+                .is_some_and(|e| observe::lower_reaches_disk(&world.table, e.dev, &state.lower(&m.name)));
+            out.push(if reachable && !elsewhere.starts_with(state.dir()) {
+                sync_one(m, elsewhere, state)?
+            } else {
+                SyncResult {
+                    result: SyncOutcome::Failed,
+                    reason: Some(format!(
+                        "its tmpfs is at {}, not at {}, and the disk directory is not reachable at {}",
+                        elsewhere.display(),
+                        m.path.display(),
+                        state.lower(&m.name).display()
+                    )),
+                    ..skip(String::new())
+                }
+            });
             continue;
         }
         if !matches!(o.at_path, AtPath::Ours(_)) {
@@ -83,26 +114,30 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     Ok(out)
 }
 
-/// Writes `src` (the tmpfs root, or a path to it that survives a detach)
-/// back to the mount's disk directory and records the outcome.
+/// Writes `src` (the live tmpfs root, or where it is held) back into the mount's
+/// disk directory, merging against the baseline of the last seed or write-back,
+/// then saves the new baseline and records the outcome.
 pub fn sync_one(m: &MountSpec, src: &Path, state: &State) -> Result<SyncResult> {
-    sync_one_with(m, src, state, SyncOptions::MIRROR)
-}
-
-/// [`sync_one`] with the copy's options: `down`'s last pass merges instead of
-/// mirroring (see [`copy::sync_tree_with`]).
-pub fn sync_one_with(m: &MountSpec, src: &Path, state: &State, opts: SyncOptions) -> Result<SyncResult> {
     let started = Instant::now();
-    let res = copy::sync_tree_with(src, &state.lower(&m.name), opts, None);
+    let base = state.baseline(&m.name)?;
+    let res = copy::sync_tree(src, &state.lower(&m.name), &base, None)
+        .map_err(anyhow::Error::new)
+        .and_then(|synced| {
+            state.save_baseline(&m.name, &synced.baseline)?;
+            Ok(synced.stats)
+        });
     let seconds = started.elapsed().as_secs_f64();
     let (result, reason, stats) = match res {
         Ok(s) => (SyncOutcome::Synced, None, Some(s)),
-        Err(e) => (
-            SyncOutcome::Failed,
-            Some(format!("{:#}", anyhow::Error::new(e))),
-            None,
-        ),
+        Err(e) => (SyncOutcome::Failed, Some(format!("{e:#}")), None),
     };
+    if let Some(s) = stats.as_ref().filter(|s| s.conflicts > 0) {
+        tracing::warn!(
+            "{}: {} names changed both in RAM and on disk since the last write-back; the later change of each was kept",
+            m.name,
+            s.conflicts
+        );
+    }
     let st = stats.clone().unwrap_or_default();
     state.write_sync(
         &m.name,
@@ -127,4 +162,52 @@ pub fn sync_one_with(m: &MountSpec, src: &Path, state: &State, opts: SyncOptions
         stats,
         seconds,
     })
+}
+
+/// Writes the held tmpfs of `m` (see [`crate::down`]) back into its disk
+/// directory; on success unmounts it (lazily if still in use: `Detached`),
+/// removes the side bind and has the state forget the mount. On failure
+/// everything stays for a retry (`Pending`).
+pub fn finish_writeback(m: &MountSpec, host: &Host, state: &State) -> Result<(SyncResult, DownOutcome)> {
+    let held = state.held(&m.name);
+    let res = sync_one(m, &held, state)?;
+    if res.result == SyncOutcome::Failed {
+        return Ok((res, DownOutcome::Pending));
+    }
+    let outcome = if mount::unmount_if_idle(&held)? {
+        DownOutcome::Unmounted
+    } else {
+        mount::detach(&held)?;
+        DownOutcome::Detached
+    };
+    remove_side_dir(&held)?;
+    clean_up(&m.name, &host.mounts()?, state)?;
+    Ok((res, outcome))
+}
+
+/// Whether a tmpfs of `name` is held, waiting for its write-back.
+pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
+    let source = spec::source_for(name);
+    table.stack_at(&state.held(name)).iter().any(|e| e.source == source)
+}
+
+/// Removes the side bind and staging point of a mount that is gone, and has the
+/// state forget it.
+pub fn clean_up(name: &str, table: &MountTable, state: &State) -> Result<()> {
+    for side in [state.stage(name), state.lower(name)] {
+        if table.top_at(&side).is_some() {
+            mount::detach(&side)?;
+        }
+        remove_side_dir(&side)?;
+    }
+    state.forget(name)
+}
+
+fn remove_side_dir(side: &Path) -> Result<()> {
+    match std::fs::remove_dir(side) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(anyhow::Error::new(e).context(format!("removing {}", side.display())))
+        }
+        _ => Ok(()),
+    }
 }

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common_copy::*;
-use tmpfsctl::copy::{sync_tree, TEMP_PREFIX};
+use tmpfsctl::copy::TEMP_PREFIX;
 
 const CHILD_SRC: &str = "TMPFSCTL_CRASH_CHILD_SRC";
 const CHILD_DST: &str = "TMPFSCTL_CRASH_CHILD_DST";
@@ -35,7 +35,7 @@ fn crash_child() {
         return;
     };
     println!("{MARKER}");
-    sync_tree(Path::new(&src), Path::new(&dst), None).expect("sync in the child");
+    mirror(Path::new(&src), Path::new(&dst), None).expect("sync in the child");
     println!("crash-child: done");
 }
 
@@ -217,7 +217,7 @@ fn a_killed_sync_leaves_every_file_old_or_new_and_the_next_one_converges() {
         let new_dir = mnt.path();
         write_tree(&old_dir, old_contents);
         // The same tree, times included, before about half of it changes.
-        sync_tree(&old_dir, new_dir, None).expect("copy the old tree");
+        mirror(&old_dir, new_dir, None).expect("copy the old tree");
         write_tree(new_dir, new_contents);
         let names = |f: fn(usize) -> Option<Vec<u8>>| -> BTreeMap<String, Option<Digest>> {
             (0..FILES).map(|i| (rel(i), f(i).map(|d| digest(&d)))).collect()
@@ -227,7 +227,7 @@ fn a_killed_sync_leaves_every_file_old_or_new_and_the_next_one_converges() {
         assert!(changed > FILES * 2 / 5, "{changed} files change");
 
         let reset = || {
-            sync_tree(&old_dir, &dst_dir, None).expect("reset to the old contents");
+            mirror(&old_dir, &dst_dir, None).expect("reset to the old contents");
             assert_in_sync(&old_dir, &dst_dir);
         };
         // How long a sync takes: the fastest of three (disk timings vary), lowered
@@ -267,7 +267,7 @@ fn a_killed_sync_leaves_every_file_old_or_new_and_the_next_one_converges() {
             mid_sync += usize::from(killed);
             mixed += usize::from(seen.old > 0 && seen.new > 0);
 
-            let stats = sync_tree(new_dir, &dst_dir, None).expect("the next sync");
+            let stats = mirror(new_dir, &dst_dir, None).expect("the next sync");
             assert_eq!(stats.temp_removed as usize, seen.temps, "{stats:?}");
             assert_in_sync(new_dir, &dst_dir);
             assert!(no_temporaries(&dst_dir), "temporaries left after a full sync");

@@ -13,7 +13,7 @@ use std::path::Path;
 use common_copy::*;
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
-use tmpfsctl::copy::sync_tree;
+
 
 /// Everything about a tree that a write through a planted link could change: the
 /// walker's view of every entry (contents compared separately) and the root's own
@@ -75,7 +75,7 @@ fn outside() -> tempfile::TempDir {
 /// Syncs, checks `dst` equals `src` and that `outside` is as it was.
 fn sync_and_check(src: &Path, dst: &Path, outside: &Path, before: &Outside) {
     set_future_atimes(src);
-    sync_tree(src, dst, None).expect("sync");
+    mirror(src, dst, None).expect("sync");
     assert_eq!(
         &observe(outside),
         before,
@@ -154,7 +154,7 @@ fn a_symlink_planted_between_two_syncs_replaces_nothing_outside() {
     fs::write(s.join("dir/a"), b"first").expect("write");
     fs::write(s.join("dir/old"), b"old").expect("write");
     set_future_atimes(s);
-    sync_tree(s, dst.path(), None).expect("first sync");
+    mirror(s, dst.path(), None).expect("first sync");
     assert_in_sync(s, dst.path());
 
     fs::remove_dir_all(dst.path().join("dir")).expect("rm");
@@ -178,7 +178,7 @@ fn destination_only_symlinks_and_trees_are_removed_without_following() {
     symlink(out.path().join("sub"), d.join("olddir/sub/link2")).expect("plant");
     fs::hard_link(out.path().join("sub/a"), d.join("olddir/sub/hard")).expect("plant");
     let before = observe(out.path());
-    let stats = sync_tree(src.path(), d, None).expect("sync");
+    let stats = mirror(src.path(), d, None).expect("sync");
     assert_eq!(stats.deleted, 7, "{stats:?}");
     assert_eq!(&observe(out.path()), &before);
     assert_in_sync(src.path(), d);
@@ -193,7 +193,7 @@ fn source_symlinks_are_copied_not_followed() {
     symlink(out.path().join("victim"), src.path().join("to-file")).expect("symlink");
     let before = observe(out.path());
     set_future_atimes(src.path());
-    let stats = sync_tree(src.path(), dst.path(), None).expect("sync");
+    let stats = mirror(src.path(), dst.path(), None).expect("sync");
     assert_eq!((stats.links_written, stats.files_written), (2, 0), "{stats:?}");
     assert_eq!(&observe(out.path()), &before);
     assert_in_sync(src.path(), dst.path());

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use common_copy::*;
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
-use tmpfsctl::copy::{sync_tree, SyncStats, TEMP_PREFIX};
+use tmpfsctl::copy::{SyncStats, TEMP_PREFIX};
 
 /// A fixture on a fresh tmpfs (`src`) and an empty directory under /tmp (`dst`), in a
 /// private mount namespace.
@@ -34,7 +34,7 @@ fn with_fixture(test: impl FnOnce(&Path, &Path, &Expected) + Send) {
 }
 
 fn sync(src: &Path, dst: &Path) -> SyncStats {
-    sync_tree(src, dst, None).expect("sync")
+    mirror(src, dst, None).expect("sync")
 }
 
 /// Every source entry is counted once, in exactly one of these.
@@ -140,7 +140,7 @@ fn first_sync_copies_everything_and_a_second_one_writes_nothing() {
     with_fixture(|src, dst, expected| {
         let mut reports = 0;
         let mut count = |_: &SyncStats| reports += 1;
-        let stats = sync_tree(src, dst, Some(&mut count)).expect("first sync");
+        let stats = mirror(src, dst, Some(&mut count)).expect("first sync");
         assert!(reports >= 1);
         assert_parity(src, dst);
         assert_eq!(stats.files_written, expected.files, "{stats:?}");
@@ -442,7 +442,7 @@ fn an_entry_that_cannot_be_replaced_fails_the_sync_naming_it() {
         eprintln!("chattr unavailable: skipping");
         return;
     }
-    let err = sync_tree(src.path(), dst.path(), None).expect_err("immutable entry");
+    let err = mirror(src.path(), dst.path(), None).expect_err("immutable entry");
     let _ = std::process::Command::new("chattr")
         .arg("-i")
         .arg(dst.path().join("d"))
@@ -463,7 +463,7 @@ fn a_full_destination_fails_naming_the_file_and_leaves_no_temporary() {
     fs::write(src.path().join("dir/big file.bin"), noise(4 << 20, 3)).expect("write");
     in_private_mount_ns(|| {
         let _tmpfs = mount_tmpfs(dst.path(), "size=1m");
-        let err = sync_tree(src.path(), dst.path(), None).expect_err("4 MiB into 1 MiB");
+        let err = mirror(src.path(), dst.path(), None).expect_err("4 MiB into 1 MiB");
         assert!(err.is_no_space(), "{err:?}");
         assert!(err.to_string().contains("`dir/big file.bin`"), "{err}");
         let left: Vec<_> = inodes(dst.path())

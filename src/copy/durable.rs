@@ -11,14 +11,17 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use nix::fcntl;
+use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
+use super::baseline::Sig;
 use super::ops::dst_err;
 use super::CopyError;
 
@@ -89,6 +92,9 @@ struct Shared {
     aborted: AtomicBool,
     /// `noreplace` renames not done because the name existed by then.
     not_placed: AtomicU64,
+    /// Files put in place, by relative path, as they are once there (a rename changes
+    /// the ctime): the next baseline's records.
+    placed: Mutex<Vec<(Box<[u8]>, Sig)>>,
 }
 
 impl Shared {
@@ -152,11 +158,10 @@ impl Durable {
             .take()
     }
 
-    /// Lets the workers finish the queue and end; returns the first error, else how
-    /// many `noreplace` renames found their name taken. After an error (the walk's, or
-    /// one it got from [`Self::failed`]), queued temporaries are removed instead of
-    /// renamed.
-    pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<u64, CopyError> {
+    /// Lets the workers finish the queue and end; returns the first error, else what
+    /// they put in place. After an error (the walk's, or one it got from
+    /// [`Self::failed`]), queued temporaries are removed instead of renamed.
+    pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<Finished, CopyError> {
         if let Some(error) = error {
             self.shared.fail(error);
         }
@@ -165,9 +170,20 @@ impl Durable {
         while self.done.recv().is_ok() {}
         match self.shared.error.lock().expect("the workers ended").take() {
             Some(error) => Err(error),
-            None => Ok(self.shared.not_placed.load(Ordering::Relaxed)),
+            None => Ok(Finished {
+                not_placed: self.shared.not_placed.load(Ordering::Relaxed),
+                placed: std::mem::take(&mut *self.shared.placed.lock().expect("the workers ended")),
+            }),
         }
     }
+}
+
+/// What the workers did, once all ended without an error.
+pub(super) struct Finished {
+    /// `noreplace` renames that found their name taken: the temporary was dropped.
+    pub(super) not_placed: u64,
+    /// Files put in place, by relative path, as they are there.
+    pub(super) placed: Vec<(Box<[u8]>, Sig)>,
 }
 
 fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
@@ -200,6 +216,14 @@ fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
                 if matches!(result, Ok(false)) && !failed_before {
                     shared.not_placed.fetch_add(1, Ordering::Relaxed);
                 }
+                let result = match result {
+                    Ok(true) => stat::fstat(&file).map_err(dst_err("stat")).map(|st| {
+                        let key = rel.as_os_str().as_bytes().into();
+                        shared.placed.lock().expect("no worker panics holding it").push((key, Sig::of(&st)));
+                        true
+                    }),
+                    other => other,
+                };
                 if failed_before || !matches!(result, Ok(true)) {
                     // Best effort: the next sync removes what is left.
                     let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);

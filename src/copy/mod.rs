@@ -24,13 +24,14 @@
 //! reads its source ahead on a second thread (`scan`) and leaves `fsync` and rename to
 //! workers (`durable`).
 
+pub mod baseline;
 mod durable;
 mod ops;
 mod scan;
 mod sync;
 mod xattrs;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
@@ -38,6 +39,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::dir::Type;
+use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd;
@@ -46,7 +48,9 @@ use ops::{
     dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
     Failed, Listing, RelPath, Reporter, Transfer,
 };
-pub use sync::{sync_tree, sync_tree_with, SyncOptions, SyncStats, TEMP_PREFIX};
+pub use baseline::Baseline;
+use baseline::{Mark, Sig};
+pub use sync::{sync_tree, SyncStats, Synced, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///
@@ -70,6 +74,9 @@ pub struct CopyStats {
     pub specials: u64,
     pub hardlinks: u64,
     pub bytes: u64,
+    /// Source entries that vanished, were replaced or changed while they were being
+    /// copied: left out of the copy (they stay on disk and the write-back keeps them).
+    pub skipped: u64,
 }
 
 /// A failed copy or measurement. The path is relative to the root being walked
@@ -177,12 +184,36 @@ pub fn copy_tree(
     dst: &Path,
     progress: Option<&mut dyn FnMut(&CopyStats)>,
 ) -> Result<CopyStats, CopyError> {
+    seed_tree(src, dst, progress).map(|(stats, _)| stats)
+}
+
+/// [`copy_tree`] for a seed: also returns the write-back's baseline, the record of
+/// every source entry as it was when copied (its `taken` is left to the caller,
+/// who knows when the copy becomes visible). An entry that vanishes, is replaced or
+/// changes while it is copied is left out (counted in [`CopyStats::skipped`]): the
+/// application is still writing the source, and it stays there.
+pub fn seed_tree(
+    src: &Path,
+    dst: &Path,
+    progress: Option<&mut dyn FnMut(&CopyStats)>,
+) -> Result<(CopyStats, Baseline), CopyError> {
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, _) = open_root_dir(dst, false)?;
     let mut copier = Copier::new(src_st.st_dev, progress);
     copier.run(src_fd, dst_fd)?;
     copier.reporter.report();
-    Ok(copier.reporter.stats)
+    let baseline = Baseline {
+        taken: None,
+        marks: std::mem::take(&mut copier.marks),
+    };
+    Ok((copier.reporter.stats, baseline))
+}
+
+/// A source entry gone or changed under the copy: `ENOENT` (vanished), `ELOOP` and
+/// `ENOTDIR` (replaced by a symlink or another type since it was listed), `EINVAL`
+/// (a symlink replaced before its target was read).
+fn changed_under_us(f: &Failed) -> bool {
+    f.on_source() && matches!(f.errno(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EINVAL))
 }
 
 /// The copy of the first name seen for a multiply-linked inode, for later names to
@@ -213,6 +244,8 @@ struct Copier<'p> {
     rel: RelPath,
     links: HashMap<(u64, u64), FirstCopy>,
     transfer: Transfer,
+    /// Every entry copied, as its source was: the seed's baseline.
+    marks: BTreeMap<Box<[u8]>, Mark>,
 }
 
 impl<'p> Copier<'p> {
@@ -223,6 +256,7 @@ impl<'p> Copier<'p> {
             rel: RelPath::default(),
             links: HashMap::new(),
             transfer: Transfer::default(),
+            marks: BTreeMap::new(),
         }
     }
 
@@ -251,11 +285,21 @@ impl<'p> Copier<'p> {
                 .map_err(src_err("read directory"))
                 .map_err(|f| f.at(self.rel.path(None)))?;
             let name = entry.file_name();
-            let child = self
-                .copy_entry(&stack, name, entry.file_type())
-                .map_err(|f| f.at(self.rel.path(Some(name))))?;
-            if let Some(child) = child {
-                stack.push(child);
+            match self.copy_entry(&stack, name, entry.file_type()) {
+                Ok(Some(child)) => stack.push(child),
+                Ok(None) => {}
+                Err(f) if changed_under_us(&f) => {
+                    // Whatever was made of it in the copy goes too: a copy nobody
+                    // recorded must not be written back as the application's.
+                    let top = stack.last().expect("the root frame stays until the walk ends");
+                    let _ = unistd::unlinkat(top.dst.as_fd(), name, unistd::UnlinkatFlags::NoRemoveDir);
+                    self.reporter.stats.skipped += 1;
+                    tracing::debug!(
+                        "seed: {} vanished or changed while it was copied; it stays on disk",
+                        self.rel.path(Some(name)).display()
+                    );
+                }
+                Err(f) => return Err(f.at(self.rel.path(Some(name)))),
             }
             self.reporter.entry_done();
         }
@@ -274,13 +318,17 @@ impl<'p> Copier<'p> {
         let (src_dir, dst_dir) = (parent.src.fd(), parent.dst.as_fd());
         let (st, opened) = stat_entry(src_dir, name, dtype)?;
         let kind = file_type(&st);
+        let path = self.rel.joined(name);
         if kind == libc::S_IFDIR {
             let fd = opened.expect("stat_entry opens every directory");
-            return self.enter_dir(dst_dir, name, fd, st);
+            let frame = self.enter_dir(dst_dir, name, fd, st)?;
+            self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
+            return Ok(frame);
         }
         let key = (st.st_dev, st.st_ino);
         if st.st_nlink > 1 && self.link_to_first_copy(stack, key, name)? {
             self.reporter.stats.hardlinks += 1;
+            self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
             return Ok(None);
         }
         match kind {
@@ -298,6 +346,7 @@ impl<'p> Copier<'p> {
             };
             self.links.insert(key, first);
         }
+        self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
         Ok(None)
     }
 
@@ -372,6 +421,11 @@ impl<'p> Copier<'p> {
         let (src, dst) = (File::from(src), File::from(dst));
         self.copy_data(&src, &dst, st)?;
         self.transfer.set_metadata(src.as_fd(), dst.as_fd(), st, false)?;
+        let after = stat::fstat(&src).map_err(src_err("stat"))?;
+        if Sig::of(&after) != Sig::of(st) {
+            // Written while it was copied: the copy may be torn.
+            return Err(src_err("copy a file being written")(Errno::ENOENT));
+        }
         self.reporter.stats.files += 1;
         Ok(())
     }

@@ -50,6 +50,10 @@ impl Failed {
     pub(super) fn errno(&self) -> Option<i32> {
         self.err.raw_os_error()
     }
+
+    pub(super) fn on_source(&self) -> bool {
+        self.on_source
+    }
 }
 
 pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {

@@ -1,7 +1,8 @@
-//! Write-back: makes the on-disk directory (reached through its private side bind)
-//! equal to the live tmpfs, writing only what changed: see [`sync_tree`].
+//! Write-back: a three-way merge of the live tmpfs into the on-disk directory (reached
+//! through its private side bind) against the [`Baseline`] of the last seed or
+//! write-back, writing only what changed: see [`sync_tree`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -16,6 +17,7 @@ use nix::fcntl::{self, AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
+use super::baseline::{self, Baseline, Disk, Mark, Ram, Sig, Time, Verdict};
 use super::durable::{DstDir, Durable, Job};
 use super::ops::{
     dst_err, file_type, link_to_first_copy, open_dst_dir, open_src, open_src_typed, permissions, src_err,
@@ -31,9 +33,9 @@ pub const TEMP_PREFIX: &str = ".tmpfsctl-wb.";
 
 /// What a [`sync_tree`] did. Every source entry below the root counts once, in
 /// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
-/// `specials_written` or `unchanged`; every removed destination entry (each entry of
-/// a removed tree) in `deleted`, or in `temp_removed` for the temporaries an
-/// interrupted run left behind.
+/// `specials_written`, `unchanged` or `kept_disk`; every removed destination entry
+/// (each entry of a removed tree) in `deleted`, or in `temp_removed` for the
+/// temporaries an interrupted run left behind.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct SyncStats {
     /// Regular files written (new, or rewritten because type, size or mtime differed).
@@ -51,61 +53,43 @@ pub struct SyncStats {
     pub specials_written: u64,
     pub unchanged: u64,
     pub temp_removed: u64,
-    /// Merge mode only ([`SyncOptions::keep_changed_since`]): source entries whose
-    /// destination entry was left as it is because it changed on disk at or after
-    /// the cutoff (a directory counts here when its metadata was kept; its contents
-    /// are still merged), or because a directory stood where the source has
-    /// something else and the pass deletes nothing.
-    pub kept_newer: u64,
+    /// Names where the disk side won and was left exactly as it is: it changed (or
+    /// was deleted) on disk since the baseline while the RAM did not, or it changed
+    /// later than the RAM, or the RAM deleted a name no baseline has.
+    pub kept_disk: u64,
+    /// Names changed on both sides since the baseline: decided for the later change
+    /// (also counted in `kept_disk` when that was the disk's).
+    pub conflicts: u64,
 }
 
-/// How [`sync_tree_with`] treats the destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SyncOptions {
-    /// Remove destination names the source lacks (a mirror). Without it nothing on the
-    /// destination is removed: neither destination-only names nor a directory where
-    /// the source has a non-directory (leftover temporaries still go).
-    pub delete: bool,
-    /// `(seconds, nanoseconds)` since the epoch, on the clock inode ctimes use. A
-    /// destination entry whose ctime is at or after it is left exactly as it is (data,
-    /// metadata and type), its source counterpart skipped: whoever changed it on disk
-    /// since then wins. A name the destination lacks is put in place with
-    /// `RENAME_NOREPLACE`, so one created there meanwhile wins too.
-    pub keep_changed_since: Option<(i64, i64)>,
+/// What [`sync_tree`] returns: what it did, and the baseline for the next pass.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    pub stats: SyncStats,
+    pub baseline: Baseline,
 }
 
-impl SyncOptions {
-    /// What [`sync_tree`] does: make the destination equal to the source.
-    pub const MIRROR: SyncOptions = SyncOptions {
-        delete: true,
-        keep_changed_since: None,
-    };
-
-    /// The final pass after the tmpfs was detached and the application went back to
-    /// the disk at `cutoff`: write what the RAM has that the disk lacks or has older,
-    /// delete nothing, keep whatever changed on disk since.
-    pub fn merge_since(cutoff: (i64, i64)) -> SyncOptions {
-        SyncOptions {
-            delete: false,
-            keep_changed_since: Some(cutoff),
-        }
-    }
-}
-
-impl Default for SyncOptions {
-    fn default() -> Self {
-        SyncOptions::MIRROR
-    }
-}
-
-/// Makes the tree under `dst` (the on-disk directory, reached through a private side
-/// bind) equal to the tree under `src` (the live tmpfs), writing only what changed.
-/// The metadata of the `dst` root directory itself is left alone.
+/// Makes the disk directory `dst` (reached through a private side bind) hold what the
+/// application wrote to the tmpfs `src`, without losing what it wrote to `dst` and
+/// without bringing back what it deleted on either side: a three-way merge against
+/// `base`, the baseline of the last seed or write-back, writing only what changed. The
+/// metadata of the `dst` root directory itself is left alone.
+///
+/// # The rule for each name
+///
+/// See [`baseline::decide`] and docs/writeback.md: a side that did not change since
+/// the baseline follows the side that did (the RAM's new version is written, its
+/// deletion deleted; the disk's is left as it is); a name in no baseline is never
+/// deleted; when both changed, the later change wins and it is counted as a conflict.
+/// With [`Baseline::none`] (a mount of an older tmpfsctl, a lost state directory) the
+/// pass deletes nothing. Directories present on both sides are always entered and
+/// their contents merged name by name; their own metadata follows the RAM's.
 ///
 /// Source entries that vanish while the sync runs are skipped (left as they are on
-/// disk), so a busy application cannot fail it; any other error aborts the sync,
-/// leaving every destination name with its complete old or new contents. Owners can
-/// only be preserved as root.
+/// disk, their baseline records kept), so a busy application cannot fail it; any other
+/// error aborts the sync, leaving every destination name with its complete old or new
+/// contents, and the old baseline stays valid for the next pass. Owners can only be
+/// preserved as root.
 ///
 /// `progress` gets the running totals every 1000 entries or 100 ms, whichever comes
 /// first (also during a long file), and once more at the end.
@@ -116,7 +100,7 @@ impl Default for SyncOptions {
 /// a level costs one listing per side plus one `fstatat` per entry and side (none for
 /// a name the destination lacks), and one attribute listing per side for entries that
 /// are otherwise equal (`listxattrat(2)`, or `llistxattr` through `/proc` before Linux
-/// 6.13). A pair of entries is then:
+/// 6.13). A pair of entries the RAM side wins is then:
 ///
 /// - regular files: *rewritten* when type, size or mtime (to the nanosecond) differ;
 ///   otherwise, when mode, owner, group or copied extended attributes (and with them
@@ -133,10 +117,14 @@ impl Default for SyncOptions {
 ///   names might lie outside the tree.
 ///
 /// Atimes are not compared (reading a cached file would make it "changed"), but they
-/// are copied with everything that is written. Names only the destination has are
-/// removed, directories recursively; a type change removes the old entry and writes
-/// the new one (a directory in the way of a non-directory is swapped out atomically
-/// with `RENAME_EXCHANGE`, then removed under the temporary name).
+/// are copied with everything that is written. A disk directory that has to go (the
+/// RAM deleted it, or has a non-directory there) is emptied by the same rule, name by
+/// name: what the disk changed since the baseline stays, and so does the directory.
+///
+/// The one race left is the application changing a disk entry between its `fstatat`
+/// and the rename or unlink that replaces it (no rename can compare and swap): that
+/// window is the time one file takes to be written and `fsync`ed. A name the disk
+/// lacked is put in place with `RENAME_NOREPLACE`, so one created meanwhile wins.
 ///
 /// # Threads
 ///
@@ -161,8 +149,8 @@ impl Default for SyncOptions {
 /// nodes cannot be opened to be `fsync`ed; a journaling filesystem commits their
 /// creation no later than the rename that follows it.) Every directory that got names
 /// created, replaced or removed is `fsync`ed when it is done, so the sync is durable
-/// when `sync_tree` returns. Leftover temporaries of an interrupted run are removed by
-/// the next one.
+/// when `sync_tree` returns; the caller then saves the new baseline. Leftover
+/// temporaries of an interrupted run are removed by the next one.
 ///
 /// # Symlink safety
 ///
@@ -185,44 +173,17 @@ impl Default for SyncOptions {
 pub fn sync_tree(
     src: &Path,
     dst: &Path,
+    base: &Baseline,
     progress: Option<&mut dyn FnMut(&SyncStats)>,
-) -> Result<SyncStats, CopyError> {
-    sync_tree_with(src, dst, SyncOptions::MIRROR, progress)
-}
-
-/// [`sync_tree`] with a choice of what may happen to the destination: with
-/// [`SyncOptions::MIRROR`] it is `sync_tree`; with [`SyncOptions::merge_since`] it is
-/// the merge of `down`'s last pass, from a detached tmpfs into a disk directory the
-/// application already writes to again:
-///
-/// - nothing is removed: names only the destination has stay, and so does a
-///   directory where the source has a non-directory (only leftover temporaries go);
-/// - a destination entry whose ctime is at or after the cutoff is not replaced nor
-///   changed in any way (data, owner, mode, times, attributes, type); a directory
-///   of that kind keeps its own metadata but its contents are merged by the same
-///   rules; such entries count in [`SyncStats::kept_newer`];
-/// - a name the destination lacks is written as usual, but put in place with
-///   `RENAME_NOREPLACE`: if the application created it in the meantime, its entry
-///   stays and the temporary is dropped;
-/// - an entry older than the cutoff that differs is written exactly as a mirror would
-///   (temporary, `fsync`, rename over the old one; metadata updates in place).
-///
-/// The one race left is an application changing an old entry between its `fstatat`
-/// and the rename that replaces it (no rename can compare and swap): that window is
-/// the time one file takes to be written and `fsync`ed.
-///
-/// Crash and symlink safety are those of `sync_tree`.
-pub fn sync_tree_with(
-    src: &Path,
-    dst: &Path,
-    opts: SyncOptions,
-    progress: Option<&mut dyn FnMut(&SyncStats)>,
-) -> Result<SyncStats, CopyError> {
+) -> Result<Synced, CopyError> {
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
+    // RAM changes from here on have a ctime at or after it: the next pass's baseline.
+    let taken = baseline::now_after_tick();
     std::thread::scope(|scope| {
         let mut syncer = Syncer {
-            opts,
+            base,
+            marks: BTreeMap::new(),
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -239,16 +200,26 @@ pub fn sync_tree_with(
             mut reporter,
             durable,
             scan,
+            mut marks,
             ..
         } = syncer;
         // A scan still running stops at its next event.
         drop(scan);
-        let late = durable.finish(walked.err())?;
+        let finished = durable.finish(walked.err())?;
         // Written, but the destination got the name first: the application's stays.
-        reporter.stats.files_written -= late;
-        reporter.stats.kept_newer += late;
+        reporter.stats.files_written -= finished.not_placed;
+        reporter.stats.kept_disk += finished.not_placed;
+        for (path, sig) in finished.placed {
+            marks.insert(path, Mark::Entry(sig));
+        }
         reporter.report();
-        Ok(reporter.stats)
+        Ok(Synced {
+            stats: reporter.stats,
+            baseline: Baseline {
+                taken: Some(taken),
+                marks,
+            },
+        })
     })
 }
 
@@ -391,8 +362,17 @@ struct Frame {
     before: Option<FileStat>,
     /// Names in `dst` were created, replaced or removed: fsync it when done.
     changed: bool,
-    /// The destination directory changed since the cutoff: its metadata stays.
-    keep_meta: bool,
+    /// When the RAM deleted a name this directory lacks: its ctime as scanned.
+    ram_deleted_at: Time,
+    /// When the disk deleted a name this directory lacks: its ctime before the pass,
+    /// or, for a directory the disk deleted, when that happened.
+    disk_deleted_at: Time,
+    /// Created only to hold what the RAM wrote after the disk deleted the directory
+    /// (at this time): removed again from its parent, under its name, if that was
+    /// nothing, and remembered as deleted.
+    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    /// The RAM side's metadata wins (see [`Verdict`]).
+    ram_meta: bool,
     rel_len: usize,
 }
 
@@ -403,12 +383,15 @@ struct Left {
     meta: Option<FileStat>,
     before: Option<FileStat>,
     changed: bool,
-    keep_meta: bool,
+    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    ram_meta: bool,
     rel: Vec<u8>,
 }
 
-struct Syncer<'p> {
-    opts: SyncOptions,
+struct Syncer<'p, 'b> {
+    /// The last pass's baseline, and the next one being built.
+    base: &'b Baseline,
+    marks: BTreeMap<Box<[u8]>, Mark>,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -454,26 +437,67 @@ fn rel_path(rel: &[u8]) -> PathBuf {
     }
 }
 
-impl Syncer<'_> {
-    /// Merge mode: the destination entry changed at or after the cutoff.
-    fn changed_since_cutoff(&self, d: &FileStat) -> bool {
-        self.opts
-            .keep_changed_since
-            .is_some_and(|cutoff| (d.st_ctime, d.st_ctime_nsec) >= cutoff)
+fn ctime(st: &FileStat) -> Time {
+    Sig::of(st).ctime
+}
+
+impl Syncer<'_, '_> {
+    /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`]);
+    /// conflicts are counted.
+    fn decide(&mut self, path: &[u8], ram: Ram, disk: Option<&FileStat>, frame: &Frame) -> Verdict {
+        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(Sig::of(d)));
+        let d = baseline::decide(
+            self.base.get(path),
+            self.base.taken,
+            ram,
+            disk,
+            frame.ram_deleted_at,
+            frame.disk_deleted_at,
+        );
+        if d.conflict {
+            self.reporter.stats.conflicts += 1;
+        }
+        d.verdict
     }
 
-    /// Merge mode: a name the destination lacked is put in place only if it still
-    /// lacks it.
-    fn no_replace(&self, d: Option<&FileStat>) -> bool {
-        d.is_none() && self.opts.keep_changed_since.is_some()
+    /// The disk side won: left as it is, and a deletion remembered.
+    fn keep_disk(&mut self, path: Vec<u8>, verdict: Verdict) {
+        self.reporter.stats.kept_disk += 1;
+        if let Verdict::Disk(Some(at)) = verdict {
+            self.marks.insert(path.into(), Mark::Deleted(at));
+        }
+    }
+
+    /// The two sides agree on `path`; the disk entry now looks like `st`.
+    fn record(&mut self, path: Vec<u8>, st: &FileStat) {
+        self.marks.insert(path.into(), Mark::Entry(Sig::of(st)));
+    }
+
+    /// `path` was not looked at (it vanished from the RAM while the pass ran, or lies
+    /// below another filesystem): what the baseline knew of it still holds.
+    fn carry(&mut self, path: &[u8]) {
+        let base = self.base;
+        if let Some(m) = base.get(path) {
+            self.marks.insert(path.into(), *m);
+        }
+        for (p, m) in base.below(path) {
+            self.marks.insert(p.clone(), *m);
+        }
     }
 
     fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
+        let at_root = |f: Failed| f.at(PathBuf::from("."));
         let root = match self.next_event()? {
-            Event::Enter { fd, entries, .. } => self.frame(fd, entries, dst, None, None),
+            Event::Enter { fd, st, entries, .. } => {
+                let dst_st = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at_root)?;
+                let mut frame = self.frame(fd, entries, dst, None, None).map_err(at_root)?;
+                frame.ram_deleted_at = ctime(&st);
+                frame.disk_deleted_at = ctime(&dst_st);
+                frame
+            }
             _ => unreachable!("the scan starts with the root"),
         };
-        let mut stack = vec![root.map_err(|f| f.at(PathBuf::from(".")))?];
+        let mut stack = vec![root];
         while let Some(top) = stack.last_mut() {
             let Some(step) = top.steps.next() else {
                 let done = stack.pop().expect("the loop runs only while a frame is stacked");
@@ -562,7 +586,8 @@ impl Syncer<'_> {
     }
 
     /// Lists the destination side of a directory pair (a directory created just now is
-    /// known to be empty) and pairs it with the scanned source side.
+    /// known to be empty) and pairs it with the scanned source side. The deletion
+    /// times are the caller's to set.
     fn frame(
         &mut self,
         src: OwnedFd,
@@ -584,7 +609,10 @@ impl Syncer<'_> {
             meta,
             before,
             changed: false,
-            keep_meta: false,
+            ram_deleted_at: (0, 0),
+            disk_deleted_at: (0, 0),
+            tentative: None,
+            ram_meta: true,
             rel_len: self.rel.len(),
         })
     }
@@ -593,23 +621,21 @@ impl Syncer<'_> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         let (entry, in_dst) = match step {
-            Step::Remove { temp: false, .. } if !self.opts.delete => return Ok(Outcome::default()),
-            Step::Remove { name, temp } => {
-                let removed = self.remove(dst_dir, &name.name, name.dtype)?;
-                if *temp {
-                    self.reporter.stats.temp_removed += 1;
-                } else {
-                    self.reporter.stats.deleted += removed;
-                }
+            Step::Remove { name, temp: true } => {
+                self.reporter.stats.temp_removed += plain_remove(dst_dir, &name.name, name.dtype, self.dst_dev)?;
                 return Ok(Outcome::changed());
             }
-            Step::Sync { entry, in_dst } => (entry, in_dst),
-        };
-        let Some(s) = entry.st else {
-            return Ok(Outcome::default()); // Vanished: the next sync sees.
+            Step::Remove { name, temp: false } => return Ok(self.disk_only(parent, &name.name)?),
+            Step::Sync { entry, in_dst } => (entry, *in_dst),
         };
         let name = entry.name.as_c_str();
-        let d = if *in_dst {
+        let path = self.rel.joined(name);
+        let Some(s) = entry.st else {
+            // Vanished from the RAM since it was listed: the next pass sees.
+            self.carry(&path);
+            return Ok(Outcome::default());
+        };
+        let d = if in_dst {
             match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(d) => Some(d),
                 Err(Errno::ENOENT) => None,
@@ -618,24 +644,14 @@ impl Syncer<'_> {
         } else {
             None
         };
-        let newer = d.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
-        if newer
-            && (file_type(&s) != libc::S_IFDIR || d.as_ref().is_some_and(|d| file_type(d) != libc::S_IFDIR))
-        {
-            // Changed on disk since the cutoff: that version wins, whatever the source has.
-            self.reporter.stats.kept_newer += 1;
-            if file_type(&s) == libc::S_IFDIR {
-                match self.next_event()? {
-                    Event::Enter { .. } => self.skip_scanned()?,
-                    Event::Gone => {}
-                    _ => unreachable!("the scan enters every directory it listed"),
-                }
-            }
-            return Ok(Outcome::default());
-        }
+        let verdict = self.decide(&path, Ram::Present(ctime(&s)), d.as_ref(), parent);
         if file_type(&s) != libc::S_IFDIR {
+            if verdict != Verdict::Ram {
+                self.keep_disk(path, verdict);
+                return Ok(Outcome::default());
+            }
             let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
-            return Ok(self.sync_leaf(stack, name, &s, d, same_details)?);
+            return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {
             Event::Enter {
@@ -643,10 +659,61 @@ impl Syncer<'_> {
                 st,
                 entries,
                 mount,
-            } => self.sync_dir(dst_dir, name, (fd, st, entries, mount), d),
+            } => {
+                let disk_file = d.as_ref().is_some_and(|d| file_type(d) != libc::S_IFDIR);
+                if disk_file && verdict != Verdict::Ram {
+                    // The disk's non-directory wins over the RAM's directory.
+                    self.skip_scanned()?;
+                    self.keep_disk(path, verdict);
+                    return Ok(Outcome::default());
+                }
+                let tentative = match verdict {
+                    Verdict::Disk(Some(at)) if d.is_none() => Some(at),
+                    _ => None,
+                };
+                let ram_meta = verdict == Verdict::Ram || tentative.is_some();
+                self.sync_dir(parent, name, path, (fd, st, entries, mount), d, ram_meta, tentative)
+            }
             // Vanished or replaced since it was listed: the next sync sees.
-            Event::Gone => Ok(Outcome::default()),
+            Event::Gone => {
+                self.carry(&path);
+                Ok(Outcome::default())
+            }
             _ => unreachable!("the scan enters every directory it listed"),
+        }
+    }
+
+    /// A name only the disk has: the RAM deleted it since the baseline (or never had
+    /// it, and then it stays).
+    fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Outcome, Failed> {
+        let path = self.rel.joined(name);
+        if self.base.get(&path).is_none() {
+            return Ok(Outcome::default());
+        }
+        let dst_dir = parent.dst.fd.as_fd();
+        let d = match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => return Ok(Outcome::default()),
+            Err(e) => return Err(dst_err("stat")(e)),
+        };
+        match self.decide(&path, Ram::Absent, Some(&d), parent) {
+            Verdict::Ram => {
+                let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
+                    self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?
+                } else {
+                    (plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?, 0)
+                };
+                self.reporter.stats.deleted += removed;
+                self.reporter.stats.kept_disk += kept;
+                Ok(Outcome {
+                    enter: None,
+                    changed: removed > 0,
+                })
+            }
+            verdict => {
+                self.keep_disk(path, verdict);
+                Ok(Outcome::default())
+            }
         }
     }
 
@@ -679,19 +746,27 @@ impl Syncer<'_> {
         }
     }
 
+    /// A RAM directory: entered, with the disk's directory of that name, or a new one
+    /// (`tentative` when the disk deleted it: see [`Frame::tentative`]).
+    #[allow(clippy::too_many_arguments)]
     fn sync_dir(
         &mut self,
-        dst_dir: BorrowedFd<'_>,
+        parent: &Frame,
         name: &CStr,
+        path: Vec<u8>,
         (src, s, entries, mount): (OwnedFd, FileStat, Vec<SrcEntry>, bool),
         d: Option<FileStat>,
+        ram_meta: bool,
+        tentative: Option<Time>,
     ) -> Result<Outcome, Stop> {
+        let dst_dir = parent.dst.fd.as_fd();
         let mut changed = false;
         let (dst, before) = match d {
             Some(d) if file_type(&d) == libc::S_IFDIR => {
                 if d.st_dev != self.dst_dev {
                     // Another filesystem is mounted here: not ours to change.
                     self.skip_scanned()?;
+                    self.carry(&path);
                     self.reporter.stats.unchanged += 1;
                     return Ok(Outcome::default());
                 }
@@ -702,7 +777,8 @@ impl Syncer<'_> {
             }
             other => {
                 if let Some(d) = other {
-                    self.reporter.stats.deleted += self.remove(dst_dir, name, dtype_of(&d))?;
+                    // A non-directory the RAM side won over.
+                    self.reporter.stats.deleted += plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?;
                 }
                 // Owner-only until its metadata is applied.
                 stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
@@ -713,26 +789,32 @@ impl Syncer<'_> {
                 )
             }
         };
+        let disk_deleted_at = tentative
+            .or_else(|| before.as_ref().map(ctime))
+            .unwrap_or(parent.disk_deleted_at);
+        let tentative = tentative.map(|at| (at, Arc::clone(&parent.dst), name.to_owned()));
         if mount {
             // A mount point in the tmpfs: the directory itself is synced, but neither
             // entered nor emptied on disk.
             self.expect_leave()?;
-            let keep_meta = before.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
             let left = Left {
                 src,
                 dst: DstDir::new(dst),
                 meta: Some(s),
                 before,
                 changed: false,
-                keep_meta,
-                rel: self.rel.joined(name),
+                tentative,
+                ram_meta,
+                rel: path,
             };
             self.finish_dir(&left)?;
             return Ok(Outcome { enter: None, changed });
         }
-        let keep_meta = before.as_ref().is_some_and(|d| self.changed_since_cutoff(d));
         let mut frame = self.frame(src, entries, dst, Some(s), before)?;
-        frame.keep_meta = keep_meta;
+        frame.ram_deleted_at = ctime(&s);
+        frame.disk_deleted_at = disk_deleted_at;
+        frame.tentative = tentative;
+        frame.ram_meta = ram_meta;
         self.rel.push(name);
         frame.rel_len = self.rel.len();
         Ok(Outcome {
@@ -750,7 +832,8 @@ impl Syncer<'_> {
             meta: frame.meta,
             before: frame.before,
             changed: frame.changed,
-            keep_meta: frame.keep_meta,
+            tentative: frame.tentative,
+            ram_meta: frame.ram_meta,
             rel: self.rel.as_bytes().to_vec(),
         };
         if left.dst.leave() {
@@ -762,29 +845,47 @@ impl Syncer<'_> {
     }
 
     /// Applies a directory's metadata after its contents, then has it fsynced if
-    /// names in it changed. The root's metadata belongs to the caller.
+    /// names in it changed. The root's metadata belongs to the caller. A tentative
+    /// directory that received nothing is removed again.
     ///
     /// A directory whose mtime differs only because the sync changed names in it counts
     /// as unchanged: `before` is how it looked before (`None` if it was created).
     fn finish_dir(&mut self, left: &Left) -> Result<(), Failed> {
+        if let Some((at, parent, name)) = &left.tentative {
+            if read_names(&left.dst.fd).map_err(dst_err("read directory"))?.is_empty() {
+                match unistd::unlinkat(parent.fd.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => {
+                        self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)));
+                        return Ok(());
+                    }
+                    // The application put something there meanwhile.
+                    Err(Errno::ENOTEMPTY | Errno::EEXIST) => {}
+                    Err(e) => return Err(dst_err("remove directory")(e)),
+                }
+            }
+        }
         let mut same = true;
-        if left.keep_meta {
-            // Changed on disk since the cutoff: its owner, mode and times stay.
-            self.reporter.stats.kept_newer += 1;
-        } else if let Some(s) = &left.meta {
+        if let Some(s) = &left.meta {
             let (src, dst) = (left.src.as_fd(), left.dst.fd.as_fd());
+            if left.ram_meta {
+                let now = stat::fstat(dst).map_err(dst_err("stat"))?;
+                let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
+                same = same_xattrs && same_meta(s, &now);
+                if !same {
+                    self.transfer.set_metadata(src, dst, s, true)?;
+                }
+                let stats = &mut self.reporter.stats;
+                match &left.before {
+                    None => stats.dirs_created += 1,
+                    Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
+                    Some(_) => stats.metadata_updated += 1,
+                }
+            } else {
+                // Replaced on disk since the baseline: its owner, mode and times stay.
+                self.reporter.stats.kept_disk += 1;
+            }
             let now = stat::fstat(dst).map_err(dst_err("stat"))?;
-            let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
-            same = same_xattrs && same_meta(s, &now);
-            if !same {
-                self.transfer.set_metadata(src, dst, s, true)?;
-            }
-            let stats = &mut self.reporter.stats;
-            match &left.before {
-                None => stats.dirs_created += 1,
-                Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
-                Some(_) => stats.metadata_updated += 1,
-            }
+            self.record(left.rel.clone(), &now);
         }
         if left.changed || !same {
             self.durable.submit(Job::FsyncDir {
@@ -795,45 +896,58 @@ impl Syncer<'_> {
         Ok(())
     }
 
-    /// `same_details`: for two non-directories equal by stat, whether symlink targets
-    /// and attributes are equal too.
+    /// A non-directory the RAM side won: written, updated or kept. `same_details`: for
+    /// two non-directories equal by stat, whether symlink targets and attributes are
+    /// equal too.
     fn sync_leaf(
         &mut self,
         stack: &[Frame],
         name: &CStr,
+        path: Vec<u8>,
         s: &FileStat,
-        d: Option<FileStat>,
+        mut d: Option<FileStat>,
         same_details: bool,
     ) -> Result<Outcome, Failed> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
-        if let Some(d) = &d {
-            if file_type(d) == libc::S_IFDIR && d.st_dev != self.dst_dev {
+        let mut outcome = Outcome::default();
+        if let Some(dir) = d.filter(|d| file_type(d) == libc::S_IFDIR) {
+            if dir.st_dev != self.dst_dev {
                 return Err(dst_err("replace the mount point")(Errno::EBUSY));
             }
-            if file_type(d) == libc::S_IFDIR && !self.opts.delete {
-                // Replacing it would remove what is below it.
-                self.reporter.stats.kept_newer += 1;
-                return Ok(Outcome::default());
+            // Emptied by the rule first: what the disk changed below it stays, and so
+            // does the directory then.
+            let (removed, kept) = self.remove_merged(dst_dir, name, &path, ctime(s))?;
+            self.reporter.stats.deleted += removed;
+            if kept > 0 {
+                self.reporter.stats.kept_disk += kept + 1;
+                return Ok(Outcome {
+                    enter: None,
+                    changed: removed > 0,
+                });
             }
+            outcome.changed = true;
+            d = None;
         }
         let key = (s.st_dev, s.st_ino);
         if s.st_nlink > 1 {
             if let Some(group) = self.links.get_mut(&key) {
                 group.remaining -= 1;
-                let (path, ino) = (group.path.clone(), group.ino);
+                let (first, ino) = (group.path.clone(), group.ino);
                 if group.remaining == 0 {
                     self.links.remove(&key);
                 }
-                if d.is_some_and(|d| d.st_ino == ino && file_type(&d) != libc::S_IFDIR) {
+                if let Some(d) = d.filter(|d| d.st_ino == ino) {
                     self.reporter.stats.unchanged += 1;
-                    return Ok(Outcome::default());
+                    self.record(path, &d);
+                    return Ok(outcome);
                 }
-                if !self.write_hard_link(stack, name, &path, d.as_ref())? {
-                    self.reporter.stats.kept_newer += 1;
-                    return Ok(Outcome::default());
+                if !self.write_hard_link(stack, name, &first, d.as_ref())? {
+                    self.reporter.stats.kept_disk += 1;
+                    return Ok(outcome);
                 }
                 self.reporter.stats.links_written += 1;
+                self.record_placed(dst_dir, name, path)?;
                 return Ok(Outcome::changed());
             }
         }
@@ -850,48 +964,76 @@ impl Syncer<'_> {
             diff = Diff::Meta;
         }
         let mut action = decide(kind, diff, reuse);
-        let mut outcome = Outcome::default();
         let mut ino = d.as_ref().map(|d| d.st_ino);
         if action == Action::UpdateMetadata {
             let d = d.as_ref().expect("decide updates existing entries only");
             match self.update_file_metadata(src_dir, dst_dir, name, d)? {
-                Some(true) => self.reporter.stats.metadata_updated += 1,
-                Some(false) => action = Action::Rewrite,
-                None => return Ok(outcome),
+                Some(Some(now)) => {
+                    self.reporter.stats.metadata_updated += 1;
+                    self.record(path.clone(), &now);
+                }
+                Some(None) => action = Action::Rewrite,
+                None => {
+                    self.carry(&path);
+                    return Ok(outcome);
+                }
             }
         }
         match action {
-            Action::Keep => self.reporter.stats.unchanged += 1,
+            Action::Keep => {
+                self.reporter.stats.unchanged += 1;
+                let d = d.as_ref().expect("decide keeps existing entries only");
+                self.record(path.clone(), d);
+            }
             Action::UpdateMetadata => {}
             Action::Rewrite => match self.rewrite(src_dir, &parent.dst, name, s, d.as_ref())? {
-                Some(new_ino) => {
-                    ino = new_ino;
+                Some(placed) => {
+                    if let Some(new_ino) = placed {
+                        ino = Some(new_ino);
+                        self.record_placed(dst_dir, name, path.clone())?;
+                    }
                     outcome.changed = true;
                 }
-                None => return Ok(outcome),
+                None => {
+                    self.carry(&path);
+                    return Ok(outcome);
+                }
             },
         }
         if s.st_nlink > 1 {
             let ino = ino.expect("group members are put in place before the walk goes on");
             self.claimed.insert(ino);
-            let path = self.rel.joined(name).into_boxed_slice();
             let remaining = s.st_nlink - 1;
-            self.links.insert(key, Group { path, ino, remaining });
+            self.links.insert(
+                key,
+                Group {
+                    path: path.into_boxed_slice(),
+                    ino,
+                    remaining,
+                },
+            );
         }
         Ok(outcome)
     }
 
+    /// Records the entry the walk itself just put in place under `name`.
+    fn record_placed(&mut self, dst_dir: BorrowedFd<'_>, name: &CStr, path: Vec<u8>) -> Result<(), Failed> {
+        let now = stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(dst_err("stat"))?;
+        self.record(path, &now);
+        Ok(())
+    }
+
     /// Updates owner, attributes, mode and times of a regular file in place, through a
-    /// descriptor checked to be the singly-linked file `d` that was compared. `Some(false)`
-    /// when it is not (anymore), so it must be rewritten; `None` when the source
-    /// vanished.
+    /// descriptor checked to be the singly-linked file `d` that was compared; returns
+    /// its stat afterwards. `Some(None)` when it is not (anymore), so it must be
+    /// rewritten; `None` when the source vanished.
     fn update_file_metadata(
         &mut self,
         src_dir: BorrowedFd<'_>,
         dst_dir: BorrowedFd<'_>,
         name: &CStr,
         d: &FileStat,
-    ) -> Result<Option<bool>, Failed> {
+    ) -> Result<Option<Option<FileStat>>, Failed> {
         let src = match open_src_typed(src_dir, name, libc::S_IFREG) {
             Ok(fd) => fd,
             Err(f) if vanished(&f) => return Ok(None),
@@ -908,24 +1050,26 @@ impl Syncer<'_> {
         let now = stat::fstat(&path_fd).map_err(dst_err("stat"))?;
         let same_inode = (now.st_dev, now.st_ino, now.st_nlink) == (d.st_dev, d.st_ino, 1);
         if file_type(&s) != libc::S_IFREG || file_type(&now) != libc::S_IFREG || !same_inode {
-            return Ok(Some(false));
+            return Ok(Some(None));
         }
         // Reopening the checked inode through /proc cannot land on another one.
         let proc = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
         let dst = fcntl::open(proc.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(dst_err("open"))?;
         self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &s, true)?;
+        let after = stat::fstat(&dst).map_err(dst_err("stat"))?;
         self.durable.submit(Job::FsyncFile {
             file: File::from(dst),
             rel: self.rel.path(Some(name)),
         });
-        Ok(Some(true))
+        Ok(Some(Some(after)))
     }
 
     /// Writes a non-directory anew under a temporary name and puts it in place of
-    /// `name`. Returns `None` when the source vanished or changed type, else the new
-    /// inode if it is in place already: a singly-linked regular file replacing a
-    /// non-directory is handed to the workers, which `fsync` it before renaming it.
+    /// `name` (never a directory: the caller removed that). Returns `None` when the
+    /// source vanished or changed type, or the disk got the name first; else the new
+    /// inode if it is in place already: a singly-linked regular file is handed to the
+    /// workers, which `fsync` it before renaming it and record it in the baseline.
     fn rewrite(
         &mut self,
         src_dir: BorrowedFd<'_>,
@@ -972,16 +1116,14 @@ impl Syncer<'_> {
                 })?;
                 self.transfer.set_metadata(src.as_fd(), file.as_fd(), &s, true)?;
                 self.reporter.stats.files_written += 1;
-                let replaces_dir = d.is_some_and(|d| file_type(d) == libc::S_IFDIR);
-                if !grouped && !replaces_dir {
+                if !grouped {
                     temp.live = false;
-                    let noreplace = self.no_replace(d);
                     self.durable.submit(Job::Rename {
                         dir: Arc::clone(dst),
                         file,
                         temp: std::mem::take(&mut temp.name),
                         name: name.to_owned(),
-                        noreplace,
+                        noreplace: d.is_none(),
                         rel: self.rel.path(Some(name)),
                     });
                     return Ok(Some(None));
@@ -1021,7 +1163,7 @@ impl Syncer<'_> {
                 libc::S_IFLNK => stats.links_written -= 1,
                 _ => stats.specials_written -= 1,
             }
-            stats.kept_newer += 1;
+            stats.kept_disk += 1;
             return Ok(None);
         }
         Ok(Some(Some(ino)))
@@ -1044,7 +1186,7 @@ impl Syncer<'_> {
     }
 
     /// Links a temporary name to the first copy of a hard-linked inode and renames it
-    /// over `name`; false if the destination got the name first (merge mode).
+    /// over `name`; false if the disk got a missing name first.
     fn write_hard_link(
         &mut self,
         stack: &[Frame],
@@ -1060,51 +1202,127 @@ impl Syncer<'_> {
         self.replace(temp, name, d)
     }
 
-    /// Puts a finished temporary in place of `name`. A directory in the way is swapped
-    /// out atomically (RENAME_EXCHANGE) and then removed under the temporary name.
-    /// In merge mode a name that was missing is only taken if still free: false (and
-    /// the temporary dropped) when something took it meanwhile.
+    /// Puts a finished temporary in place of the non-directory `name`. A name that was
+    /// missing (`d` is `None`) is only taken if still free: false (and the temporary
+    /// dropped) when something took it meanwhile.
     fn replace(&mut self, mut temp: Temp<'_>, name: &CStr, d: Option<&FileStat>) -> Result<bool, Failed> {
         let dir = temp.dir;
-        if self.no_replace(d) {
+        if d.is_none() {
             let placed =
                 rename_no_replace(dir, temp.name.as_c_str(), name).map_err(dst_err("rename into place"))?;
             temp.live = !placed;
             return Ok(placed);
-        }
-        if d.is_some_and(|d| file_type(d) == libc::S_IFDIR) {
-            match fcntl::renameat2(dir, temp.name.as_c_str(), dir, name, RenameFlags::RENAME_EXCHANGE) {
-                Ok(()) => {
-                    temp.live = false;
-                    self.reporter.stats.deleted +=
-                        self.remove(dir, temp.name.as_c_str(), Some(Type::Directory))?;
-                    return Ok(true);
-                }
-                Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-                    self.reporter.stats.deleted += self.remove(dir, name, Some(Type::Directory))?;
-                }
-                Err(e) => return Err(dst_err("replace")(e)),
-            }
         }
         fcntl::renameat(dir, temp.name.as_c_str(), dir, name).map_err(dst_err("rename into place"))?;
         temp.live = false;
         Ok(true)
     }
 
-    /// Removes a destination entry, a directory with everything below it, without
-    /// following symlinks or entering another filesystem; returns how many entries
-    /// went.
-    fn remove(&mut self, dir: BorrowedFd<'_>, name: &CStr, dtype: Option<Type>) -> Result<u64, Failed> {
-        if dtype != Some(Type::Directory) {
-            match unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
-                Ok(()) => return Ok(1),
-                Err(Errno::ENOENT) => return Ok(0),
-                Err(Errno::EISDIR) => {}
+    /// Removes the disk directory `name` (at `path`) the way the rule removes names the
+    /// RAM deleted at `ram_deleted_at`: an entry goes when the baseline has it and
+    /// the disk did not change it later; a directory goes when it ended up empty.
+    /// Nothing is followed and no other filesystem entered. Returns how many entries
+    /// went and how many stayed.
+    fn remove_merged(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+        path: &[u8],
+        ram_deleted_at: Time,
+    ) -> Result<(u64, u64), Failed> {
+        struct Level {
+            dir: OwnedFd,
+            names: std::vec::IntoIter<Name>,
+            name: CString,
+            path: Vec<u8>,
+            kept: u64,
+        }
+        let open = |parent: BorrowedFd<'_>, name: &CStr, path: Vec<u8>| -> Result<Level, Failed> {
+            let fd = open_dst_dir(parent, name).map_err(dst_err("open directory to remove"))?;
+            let names = read_names(&fd).map_err(dst_err("read directory"))?;
+            Ok(Level {
+                dir: fd,
+                names: names.into_iter(),
+                name: name.to_owned(),
+                path,
+                kept: 0,
+            })
+        };
+        let mut removed = 0;
+        let mut stack = vec![open(parent, name, path.to_vec())?];
+        while let Some(level) = stack.last_mut() {
+            let Some(entry) = level.names.next() else {
+                let done = stack.pop().expect("the loop runs only while a level is stacked");
+                let mut kept = done.kept;
+                if kept == 0 {
+                    let above = stack.last().map_or(parent, |l| l.dir.as_fd());
+                    match unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir) {
+                        Ok(()) => removed += 1,
+                        Err(Errno::ENOTEMPTY | Errno::EEXIST) => kept = 1,
+                        Err(e) => return Err(dst_err("remove directory")(e)),
+                    }
+                }
+                match stack.last_mut() {
+                    Some(up) => up.kept += kept,
+                    None => return Ok((removed, kept)),
+                }
+                continue;
+            };
+            let dir = level.dir.as_fd();
+            if is_temp(&entry.name) {
+                removed += plain_remove(dir, &entry.name, entry.dtype, self.dst_dev)?;
+                continue;
+            }
+            let mut child = level.path.clone();
+            child.push(b'/');
+            child.extend_from_slice(entry.name.to_bytes());
+            let d = match stat::fstatat(dir, entry.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(d) => d,
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(dst_err("stat")(e)),
+            };
+            let verdict = baseline::decide(
+                self.base.get(&child),
+                self.base.taken,
+                Ram::Absent,
+                Disk::Present(Sig::of(&d)),
+                ram_deleted_at,
+                ram_deleted_at,
+            );
+            let is_dir = file_type(&d) == libc::S_IFDIR;
+            if verdict.verdict != Verdict::Ram || (is_dir && d.st_dev != self.dst_dev) {
+                level.kept += 1;
+                continue;
+            }
+            if is_dir {
+                let next = open(dir, &entry.name, child)?;
+                stack.push(next);
+                continue;
+            }
+            match unistd::unlinkat(dir, entry.name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => removed += 1,
+                Err(Errno::ENOENT) => {}
                 Err(e) => return Err(dst_err("remove")(e)),
             }
         }
-        remove_tree(dir, name, self.dst_dev)
+        unreachable!("the last level returns")
     }
+}
+
+/// Removes a destination entry that is the write-back's own (a leftover temporary) or
+/// that the rule already decided to remove, a directory with everything below it,
+/// without following symlinks or entering another filesystem; returns how many
+/// entries went.
+fn plain_remove(dir: BorrowedFd<'_>, name: &CStr, dtype: Option<Type>, dev: u64) -> Result<u64, Failed> {
+    if dtype != Some(Type::Directory) {
+        match unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => return Ok(1),
+            Err(Errno::ENOENT) => return Ok(0),
+            Err(Errno::EISDIR) => {}
+            Err(e) => return Err(dst_err("remove")(e)),
+        }
+    }
+    remove_tree(dir, name, dev)
 }
 
 /// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A

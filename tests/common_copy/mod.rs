@@ -586,3 +586,44 @@ impl Drop for Tmpfs<'_> {
         }
     }
 }
+
+/// The baseline of a disk directory that did not change since the last write-back:
+/// every entry of `dst` as it is now. Merged against it, `sync_tree` makes `dst`
+/// equal to `src`, as a mirror would.
+pub fn unchanged_disk(dst: &Path) -> tmpfsctl::copy::Baseline {
+    use tmpfsctl::copy::baseline::{Mark, Sig};
+    let mut b = tmpfsctl::copy::Baseline::none();
+    let dev = fs::symlink_metadata(dst).expect("stat dst").dev();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        for e in fs::read_dir(dst.join(&rel)).expect("list dst") {
+            let e = e.expect("dir entry");
+            let rel = rel.join(e.file_name());
+            let m = fs::symlink_metadata(dst.join(&rel)).expect("stat");
+            b.marks.insert(
+                rel.as_os_str().as_bytes().into(),
+                Mark::Entry(Sig {
+                    ino: m.ino(),
+                    mode: m.mode(),
+                    size: m.size() as i64,
+                    mtime: (m.mtime(), m.mtime_nsec()),
+                    ctime: (m.ctime(), m.ctime_nsec()),
+                }),
+            );
+            if m.is_dir() && m.dev() == dev {
+                todo.push(rel);
+            }
+        }
+    }
+    b
+}
+
+/// `sync_tree` against [`unchanged_disk`]: `dst` ends up equal to `src`.
+pub fn mirror(
+    src: &Path,
+    dst: &Path,
+    progress: Option<&mut dyn FnMut(&tmpfsctl::copy::SyncStats)>,
+) -> Result<tmpfsctl::copy::SyncStats, tmpfsctl::copy::CopyError> {
+    let base = unchanged_disk(dst);
+    tmpfsctl::copy::sync_tree(src, dst, &base, progress).map(|s| s.stats)
+}

@@ -1,0 +1,588 @@
+//! The write-back's baseline: what the disk directory held, entry by entry, when the
+//! two sides were last known to agree (at the seed, and after every write-back). The
+//! write-back is a three-way merge against it ([`decide`]), never a mirror: only a
+//! baseline tells "the application deleted it in RAM" from "the application created
+//! it on disk while the tmpfs hid the directory".
+//!
+//! The RAM side needs no per-entry record: the baseline also keeps the moment it was
+//! taken, and a RAM entry changed since has a ctime at or after it (the tmpfs is
+//! private to tmpfsctl until that moment: it is taken before the seeded tmpfs is moved
+//! into place, and at the start of each write-back pass).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use nix::sys::stat::FileStat;
+
+/// `(seconds, nanoseconds)` since the epoch, on the clock inode ctimes use.
+pub type Time = (i64, i64);
+
+const MAGIC: &[u8] = b"tmpfsctl-baseline\n";
+/// The format this build writes and reads; a newer one is refused, not guessed at.
+pub const FORMAT: u32 = 1;
+
+/// A disk entry as the baseline saw it: enough to tell whether it changed since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sig {
+    pub ino: u64,
+    /// Type and permission bits.
+    pub mode: u32,
+    pub size: i64,
+    pub mtime: Time,
+    pub ctime: Time,
+}
+
+impl Sig {
+    pub fn of(st: &FileStat) -> Sig {
+        // `st_mode` is u32 and the time fields i64 on every Linux target.
+        #[allow(clippy::unnecessary_cast)]
+        Sig {
+            ino: st.st_ino as u64,
+            mode: st.st_mode as u32,
+            size: st.st_size as i64,
+            mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
+
+    fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// Whether `now` is still this entry. A directory counts as the same while it is
+    /// the same directory inode: its times change with every name added or removed,
+    /// which the merge of its contents looks at one by one.
+    pub fn unchanged(&self, now: &Sig) -> bool {
+        if self.is_dir() || now.is_dir() {
+            return self.is_dir() && now.is_dir() && self.ino == now.ino;
+        }
+        self == now
+    }
+}
+
+/// The current time on the clock inode ctimes use, read just after that clock ticked:
+/// every change made before this returns has a ctime before the result, every change
+/// made after it one at or after it.
+///
+/// Inode ctimes come from the coarse realtime clock (or, with multigrain timestamps,
+/// from a fine-grained time never below it), so that clock is read, after waiting for
+/// it to tick once (a few milliseconds at most).
+pub fn now_after_tick() -> Time {
+    use nix::time::{clock_gettime, ClockId};
+    let coarse = || {
+        clock_gettime(ClockId::CLOCK_REALTIME_COARSE)
+            .map(|t| (t.tv_sec(), t.tv_nsec()))
+            .expect("CLOCK_REALTIME_COARSE exists on every Linux since 2.6.32")
+    };
+    let start = coarse();
+    // A tick is 1 to 10 ms; 100 ms covers a stalled clock without hanging.
+    for _ in 0..200 {
+        let now = coarse();
+        if now > start {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    coarse()
+}
+
+/// One path's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// Both sides held this; the disk entry looked like this.
+    Entry(Sig),
+    /// The disk side deleted it at (or before) this time, while the RAM still has an
+    /// older version: kept, so that version does not come back later.
+    Deleted(Time),
+}
+
+/// Paths are relative to the synced root, `/`-separated, without a leading `/`; the
+/// root itself has no record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// When it was taken: RAM entries with a ctime at or after it changed since. `None`
+    /// for no baseline at all (a mount of an older tmpfsctl, a lost state directory):
+    /// the merge then deletes nothing and lets the newer side of every pair win.
+    pub taken: Option<Time>,
+    pub marks: BTreeMap<Box<[u8]>, Mark>,
+}
+
+impl Baseline {
+    pub fn none() -> Baseline {
+        Baseline::default()
+    }
+
+    pub fn get(&self, path: &[u8]) -> Option<&Mark> {
+        self.marks.get(path)
+    }
+
+    /// The records of everything below `dir` (not `dir` itself).
+    pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a Box<[u8]>, &'a Mark)> + 'a {
+        let mut from = dir.to_vec();
+        from.push(b'/');
+        let mut to = dir.to_vec();
+        to.push(b'/' + 1);
+        let (from, to): (Box<[u8]>, Box<[u8]>) = (from.into(), to.into());
+        self.marks.range(from..to)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.marks.len() * 80);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT.to_le_bytes());
+        let (has, t) = match self.taken {
+            Some(t) => (1u8, t),
+            None => (0, (0, 0)),
+        };
+        out.push(has);
+        put_time(&mut out, t);
+        out.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
+        for (path, mark) in &self.marks {
+            out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+            out.extend_from_slice(path);
+            match mark {
+                Mark::Entry(s) => {
+                    out.push(0);
+                    out.extend_from_slice(&s.ino.to_le_bytes());
+                    out.extend_from_slice(&s.mode.to_le_bytes());
+                    out.extend_from_slice(&s.size.to_le_bytes());
+                    put_time(&mut out, s.mtime);
+                    put_time(&mut out, s.ctime);
+                }
+                Mark::Deleted(at) => {
+                    out.push(1);
+                    put_time(&mut out, *at);
+                }
+            }
+        }
+        let sum = fnv1a(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Baseline, BaselineError> {
+        let body_len = data.len().checked_sub(8).ok_or(BaselineError::Corrupt("truncated"))?;
+        let (body, sum) = data.split_at(body_len);
+        if fnv1a(body).to_le_bytes() != sum {
+            return Err(BaselineError::Corrupt("checksum mismatch"));
+        }
+        let mut r = Reader(body);
+        if r.take(MAGIC.len())? != MAGIC {
+            return Err(BaselineError::Corrupt("not a baseline file"));
+        }
+        let format = u32::from_le_bytes(r.array()?);
+        if format > FORMAT {
+            return Err(BaselineError::Newer(format));
+        }
+        let has = r.take(1)?[0];
+        let t = r.time()?;
+        let taken = (has == 1).then_some(t);
+        let count = u64::from_le_bytes(r.array()?);
+        let mut marks = BTreeMap::new();
+        for _ in 0..count {
+            let len = u32::from_le_bytes(r.array()?) as usize;
+            let path: Box<[u8]> = r.take(len)?.into();
+            let mark = match r.take(1)?[0] {
+                0 => Mark::Entry(Sig {
+                    ino: u64::from_le_bytes(r.array()?),
+                    mode: u32::from_le_bytes(r.array()?),
+                    size: i64::from_le_bytes(r.array()?),
+                    mtime: r.time()?,
+                    ctime: r.time()?,
+                }),
+                1 => Mark::Deleted(r.time()?),
+                _ => return Err(BaselineError::Corrupt("unknown record")),
+            };
+            marks.insert(path, mark);
+        }
+        if !r.0.is_empty() {
+            return Err(BaselineError::Corrupt("trailing bytes"));
+        }
+        Ok(Baseline { taken, marks })
+    }
+
+    /// Reads the baseline at `path`; `Ok(None)` when there is none.
+    pub fn load(path: &Path) -> Result<Option<Baseline>, BaselineError> {
+        match std::fs::read(path) {
+            Ok(data) => Baseline::decode(&data).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(BaselineError::Io(e)),
+        }
+    }
+
+    /// Writes it durably in place of the old one: temporary, `fsync`, rename, `fsync`
+    /// of the directory. A crash leaves the old or the new baseline, both safe to
+    /// merge against (the merge never trusts a baseline to be current).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        write_durably(path, &self.encode())
+    }
+}
+
+/// Temporary file (created fresh, never through a symlink), `fsync`, rename over
+/// `path`, `fsync` of the directory: readers and a power cut see the old or the new
+/// content.
+pub fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp~{}", std::process::id()));
+    let tmp = dir.join(name);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let written = f.write_all(data).and_then(|()| f.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)?.sync_all()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BaselineError {
+    #[error("the baseline is damaged ({0})")]
+    Corrupt(&'static str),
+    #[error("the baseline has format {0}, newer than this tmpfsctl's {FORMAT}: use the tmpfsctl that wrote it, or a newer one")]
+    Newer(u32),
+    #[error("cannot read the baseline: {0}")]
+    Io(std::io::Error),
+}
+
+fn put_time(out: &mut Vec<u8>, t: Time) {
+    out.extend_from_slice(&t.0.to_le_bytes());
+    out.extend_from_slice(&t.1.to_le_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BaselineError> {
+        if self.0.len() < n {
+            return Err(BaselineError::Corrupt("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], BaselineError> {
+        Ok(self.take(N)?.try_into().expect("take returned N bytes"))
+    }
+
+    fn time(&mut self) -> Result<Time, BaselineError> {
+        Ok((i64::from_le_bytes(self.array()?), i64::from_le_bytes(self.array()?)))
+    }
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The RAM (source) side of one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ram {
+    Absent,
+    /// Present, with its ctime.
+    Present(Time),
+}
+
+/// The disk (destination) side of one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disk {
+    Absent,
+    Present(Sig),
+}
+
+/// What the merge does with one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The RAM side wins: the disk entry is made equal to it (written, updated, or
+    /// deleted when the RAM has none). A name the disk lacks is put in place only if
+    /// it still lacks it.
+    Ram,
+    /// The disk side wins and stays exactly as it is; `Some(t)`: it is a deletion,
+    /// remembered in the next baseline as [`Mark::Deleted`] at `t`.
+    Disk(Option<Time>),
+    /// Neither side has it: nothing to do, nothing to remember.
+    Gone,
+}
+
+/// Whether both sides changed since the baseline: a conflict, decided for the side
+/// that changed later (the disk on a tie), and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub conflict: bool,
+}
+
+/// The three-way rule for one name (see docs/writeback.md for the table).
+///
+/// - `mark`: the baseline's record of the name; `since`: when the baseline was taken.
+/// - `ram_deleted_at`, `disk_deleted_at`: when a side that lacks the name deleted it,
+///   as far as can be told: the ctime of the directory it was in, as the pass found it
+///   (a deletion changes it; so may later changes, which makes a deletion look later,
+///   never earlier).
+///
+/// The rules: a side that did not change since the baseline follows the side that did;
+/// a name in no baseline is never deleted; when both changed, the later change wins.
+pub fn decide(
+    mark: Option<&Mark>,
+    since: Option<Time>,
+    ram: Ram,
+    disk: Disk,
+    ram_deleted_at: Time,
+    disk_deleted_at: Time,
+) -> Decision {
+    let plain = |verdict| Decision {
+        verdict,
+        conflict: false,
+    };
+    let conflict = |ram_at: Time, disk_at: Time, disk_gone: bool| Decision {
+        verdict: if ram_at > disk_at {
+            Verdict::Ram
+        } else {
+            Verdict::Disk(disk_gone.then_some(disk_at))
+        },
+        conflict: true,
+    };
+    let ram_changed = |at: Time| since.is_none_or(|s| at >= s);
+    match (mark, ram, disk) {
+        (_, Ram::Absent, Disk::Absent) => plain(Verdict::Gone),
+        // In no baseline: nothing is deleted, and of two versions the newer wins.
+        (None, Ram::Present(_), Disk::Absent) => plain(Verdict::Ram),
+        (None, Ram::Absent, Disk::Present(_)) => plain(Verdict::Disk(None)),
+        (None, Ram::Present(r), Disk::Present(d)) => Decision {
+            verdict: if r > d.ctime {
+                Verdict::Ram
+            } else {
+                Verdict::Disk(None)
+            },
+            conflict: false,
+        },
+        (Some(Mark::Entry(base)), ram, disk) => {
+            let disk_changed = match disk {
+                Disk::Present(d) => !base.unchanged(&d),
+                Disk::Absent => true,
+            };
+            let disk_at = match disk {
+                Disk::Present(d) => d.ctime,
+                Disk::Absent => disk_deleted_at,
+            };
+            let disk_gone = disk == Disk::Absent;
+            match ram {
+                _ if !disk_changed => plain(Verdict::Ram),
+                Ram::Present(r) if ram_changed(r) => conflict(r, disk_at, disk_gone),
+                Ram::Present(_) => plain(Verdict::Disk(disk_gone.then_some(disk_at))),
+                Ram::Absent => conflict(ram_deleted_at, disk_at, false),
+            }
+        }
+        (Some(Mark::Deleted(at)), Ram::Present(r), Disk::Absent) => {
+            if ram_changed(r) {
+                conflict(r, *at, true)
+            } else {
+                plain(Verdict::Disk(Some(*at)))
+            }
+        }
+        (Some(Mark::Deleted(_)), Ram::Present(r), Disk::Present(d)) => {
+            if ram_changed(r) {
+                conflict(r, d.ctime, false)
+            } else {
+                plain(Verdict::Disk(None))
+            }
+        }
+        (Some(Mark::Deleted(_)), Ram::Absent, Disk::Present(_)) => plain(Verdict::Disk(None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Time = (100, 0);
+    const SINCE: Time = (200, 0);
+    const T1: Time = (300, 0);
+    const T2: Time = (400, 0);
+
+    fn file(ino: u64, ctime: Time) -> Sig {
+        Sig {
+            ino,
+            mode: libc::S_IFREG | 0o644,
+            size: 5,
+            mtime: (50, 7),
+            ctime,
+        }
+    }
+
+    fn dir(ino: u64, ctime: Time) -> Sig {
+        Sig {
+            mode: libc::S_IFDIR | 0o755,
+            ..file(ino, ctime)
+        }
+    }
+
+    fn d(mark: Option<Mark>, ram: Ram, disk: Disk, ram_del: Time, disk_del: Time) -> Decision {
+        decide(mark.as_ref(), Some(SINCE), ram, disk, ram_del, disk_del)
+    }
+
+    fn v(verdict: Verdict) -> Decision {
+        Decision {
+            verdict,
+            conflict: false,
+        }
+    }
+
+    fn c(verdict: Verdict) -> Decision {
+        Decision {
+            verdict,
+            conflict: true,
+        }
+    }
+
+    #[test]
+    fn in_no_baseline_nothing_is_deleted_and_the_newer_wins() {
+        let (ram_new, ram_old) = (Ram::Present(T2), Ram::Present(T0));
+        let disk = Disk::Present(file(1, T1));
+        assert_eq!(d(None, ram_new, Disk::Absent, T0, T0), v(Verdict::Ram));
+        assert_eq!(d(None, Ram::Absent, disk, T2, T0), v(Verdict::Disk(None)));
+        assert_eq!(d(None, ram_new, disk, T0, T0), v(Verdict::Ram));
+        assert_eq!(d(None, ram_old, disk, T0, T0), v(Verdict::Disk(None)));
+        assert_eq!(d(None, Ram::Absent, Disk::Absent, T0, T0), v(Verdict::Gone));
+        // No baseline at all behaves the same.
+        let none = decide(None, None, Ram::Absent, disk, T2, T0);
+        assert_eq!(none, v(Verdict::Disk(None)));
+    }
+
+    #[test]
+    fn an_unchanged_disk_follows_the_ram() {
+        let base = Some(Mark::Entry(file(1, T0)));
+        let disk = Disk::Present(file(1, T0));
+        for ram in [Ram::Present(T0), Ram::Present(T2), Ram::Absent] {
+            assert_eq!(d(base, ram, disk, T2, T0), v(Verdict::Ram), "{ram:?}");
+        }
+    }
+
+    #[test]
+    fn an_unchanged_ram_follows_the_disk_and_a_disk_deletion_is_remembered() {
+        let base = Some(Mark::Entry(file(1, T0)));
+        let ram = Ram::Present(T0);
+        let changed = [
+            file(2, T0),
+            file(1, T1),
+            Sig { size: 9, ..file(1, T0) },
+            Sig { mode: libc::S_IFREG | 0o600, ..file(1, T0) },
+            dir(1, T0),
+        ];
+        for now in changed {
+            assert_eq!(d(base, ram, Disk::Present(now), T0, T0), v(Verdict::Disk(None)), "{now:?}");
+        }
+        assert_eq!(d(base, ram, Disk::Absent, T0, T1), v(Verdict::Disk(Some(T1))));
+    }
+
+    #[test]
+    fn both_changed_the_later_wins_the_disk_on_a_tie() {
+        let base = Some(Mark::Entry(file(1, T0)));
+        let disk_t1 = Disk::Present(file(2, T1));
+        assert_eq!(d(base, Ram::Present(T2), disk_t1, T0, T0), c(Verdict::Ram));
+        assert_eq!(d(base, Ram::Present(SINCE), disk_t1, T0, T0), c(Verdict::Disk(None)));
+        assert_eq!(d(base, Ram::Present(T1), disk_t1, T0, T0), c(Verdict::Disk(None)));
+        // RAM rewrote it, the disk deleted it: the later of the two.
+        assert_eq!(d(base, Ram::Present(T2), Disk::Absent, T0, T1), c(Verdict::Ram));
+        assert_eq!(
+            d(base, Ram::Present(T1), Disk::Absent, T0, T2),
+            c(Verdict::Disk(Some(T2)))
+        );
+        // RAM deleted it, the disk rewrote it.
+        assert_eq!(d(base, Ram::Absent, disk_t1, T2, T0), c(Verdict::Ram));
+        assert_eq!(d(base, Ram::Absent, disk_t1, T0, T0), c(Verdict::Disk(None)));
+        // Both deleted it.
+        assert_eq!(d(base, Ram::Absent, Disk::Absent, T1, T1), v(Verdict::Gone));
+    }
+
+    #[test]
+    fn a_directory_is_unchanged_while_it_is_the_same_inode() {
+        let base = Some(Mark::Entry(dir(1, T0)));
+        let later = Disk::Present(dir(1, T2));
+        assert_eq!(d(base, Ram::Present(T0), later, T0, T0), v(Verdict::Ram));
+        assert_eq!(d(base, Ram::Absent, later, T1, T0), v(Verdict::Ram));
+        let replaced = Disk::Present(dir(7, T1));
+        assert_eq!(d(base, Ram::Present(T0), replaced, T0, T0), v(Verdict::Disk(None)));
+    }
+
+    #[test]
+    fn a_remembered_deletion_holds_until_the_ram_writes_the_name_again() {
+        let base = Some(Mark::Deleted(T1));
+        assert_eq!(
+            d(base, Ram::Present(T0), Disk::Absent, T0, T2),
+            v(Verdict::Disk(Some(T1)))
+        );
+        assert_eq!(d(base, Ram::Present(T2), Disk::Absent, T0, T0), c(Verdict::Ram));
+        assert_eq!(
+            d(base, Ram::Present((250, 0)), Disk::Absent, T0, T0),
+            c(Verdict::Disk(Some(T1)))
+        );
+        let back = Disk::Present(file(3, T1));
+        assert_eq!(d(base, Ram::Present(T0), back, T0, T0), v(Verdict::Disk(None)));
+        assert_eq!(d(base, Ram::Present(T2), back, T0, T0), c(Verdict::Ram));
+        assert_eq!(d(base, Ram::Absent, back, T2, T0), v(Verdict::Disk(None)));
+        assert_eq!(d(base, Ram::Absent, Disk::Absent, T2, T0), v(Verdict::Gone));
+    }
+
+    #[test]
+    fn encoding_round_trips_and_damage_is_detected() {
+        let mut b = Baseline {
+            taken: Some((1_700_000_000, 123)),
+            marks: BTreeMap::new(),
+        };
+        b.marks.insert(b"a".to_vec().into(), Mark::Entry(file(1, T0)));
+        b.marks.insert(b"a/b\xff\n".to_vec().into(), Mark::Entry(dir(2, T1)));
+        b.marks.insert(b"z".to_vec().into(), Mark::Deleted(T2));
+        let data = b.encode();
+        assert_eq!(Baseline::decode(&data).unwrap(), b);
+        assert_eq!(Baseline::decode(&Baseline::none().encode()).unwrap(), Baseline::none());
+        for cut in [0, 5, data.len() - 1] {
+            assert!(matches!(Baseline::decode(&data[..cut]), Err(BaselineError::Corrupt(_))));
+        }
+        let mut flipped = data.clone();
+        flipped[40] ^= 1;
+        assert!(matches!(Baseline::decode(&flipped), Err(BaselineError::Corrupt(_))));
+        let mut newer = data[..data.len() - 8].to_vec();
+        newer[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&(FORMAT + 1).to_le_bytes());
+        let sum = fnv1a(&newer);
+        newer.extend_from_slice(&sum.to_le_bytes());
+        let err = Baseline::decode(&newer).unwrap_err();
+        assert!(matches!(err, BaselineError::Newer(2)), "{err}");
+        assert!(err.to_string().contains("newer than this tmpfsctl"));
+    }
+
+    #[test]
+    fn below_lists_exactly_the_subtree() {
+        let mut b = Baseline::none();
+        for p in ["a", "a/x", "a/y/z", "a-b", "a0", "ab", "b"] {
+            b.marks.insert(p.as_bytes().into(), Mark::Deleted(T0));
+        }
+        let got: Vec<_> = b.below(b"a").map(|(p, _)| p.to_vec()).collect();
+        assert_eq!(got, vec![b"a/x".to_vec(), b"a/y/z".to_vec()]);
+    }
+
+    #[test]
+    fn saved_durably_and_loaded_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m");
+        assert!(Baseline::load(&path).unwrap().is_none());
+        let mut b = Baseline::none();
+        b.taken = Some(T1);
+        b.save(&path).unwrap();
+        b.marks.insert(b"f".to_vec().into(), Mark::Deleted(T0));
+        b.save(&path).unwrap();
+        assert_eq!(Baseline::load(&path).unwrap(), Some(b));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left");
+    }
+}
