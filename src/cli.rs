@@ -190,6 +190,13 @@ fn load(path: &Path, host: &Host) -> Result<Spec> {
     Ok(spec::load(path, mem.mem_total)?)
 }
 
+/// For the commands that find their mounts in the mount table: a renamed or
+/// missing managed path is that mount's problem, not the whole spec's.
+fn load_as_written(path: &Path, host: &Host) -> Result<Spec> {
+    let mem = host.meminfo()?;
+    Ok(spec::load_with(path, mem.mem_total, spec::Paths::AsWritten)?)
+}
+
 fn print_json<T: serde::Serialize>(v: &T) {
     println!(
         "{}",
@@ -256,7 +263,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(r.exit_code())
         }
         Command::Status { spec, format } => {
-            let s = spec.as_deref().map(|p| load(p, &host)).transpose()?;
+            let s = spec.as_deref().map(|p| load_as_written(p, &host)).transpose()?;
             let r = status::status(s.as_ref(), &host, &state)?;
             match format {
                 Format::Human => print!("{}", report::status(&r)),
@@ -309,7 +316,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(exit::OK)
         }
         Command::Sync { spec, names, format } => {
-            let s = load(&spec, &host)?;
+            let s = load_as_written(&spec, &host)?;
             need_root("sync")?;
             let _lock = state.lock(wait)?;
             let r = sync::sync(&s, &names, &host, &state)?;
@@ -356,7 +363,7 @@ fn run(cli: Cli) -> Result<i32> {
             )
         }
         Command::Down { spec, names, format } => {
-            let s = load(&spec, &host)?;
+            let s = load_as_written(&spec, &host)?;
             need_root("down")?;
             let _lock = state.lock(wait)?;
             let r = down::down(&s, &names, &host, &state)?;

@@ -95,7 +95,11 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     for name in targets {
         // One mount's error must not keep the others from being written back.
         out.push(down_one(spec, &name, host, state).unwrap_or_else(|e| {
-            let mut r = DownResult::new(&name, spec.mount(&name).map(|m| m.path.clone()), DownOutcome::Failed);
+            let mut r = DownResult::new(
+                &name,
+                spec.mount(&name).map(|m| m.path.clone()),
+                DownOutcome::Failed,
+            );
             r.reason = Some(format!("{e:#}"));
             r
         }));
@@ -115,7 +119,11 @@ struct Found {
 fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
     let source = spec::source_for(name);
     let held_path = state.held(name);
-    let held = table.stack_at(&held_path).into_iter().find(|e| e.source == source).cloned();
+    let held = table
+        .stack_at(&held_path)
+        .into_iter()
+        .find(|e| e.source == source)
+        .cloned();
     // The tmpfs at the spec's path, not a bind of it elsewhere (a chroot).
     let at_spec_path = spec
         .mount(name)
@@ -181,11 +189,13 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
         res.reason = Some(reason);
         return Ok(res);
     }
+    if let Some(e) = &found.live {
+        res.holders = host.holders(e.dev);
+    }
     let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
     match (persisted, &found.live) {
         (Some(m), _) => {
             if let Some(e) = &found.live {
-                res.holders = host.holders(e.dev);
                 let started = Instant::now();
                 switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
                 res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
@@ -262,4 +272,3 @@ pub fn switch_to_disk(
     }
     mount::detach(&live.mount_point)
 }
-

@@ -282,7 +282,11 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     };
     let offload_blocked = |reason: String| Some(Blocked::CannotOffload { reason });
 
-    if let Some(elsewhere) = o.ours_elsewhere.as_ref().filter(|e| e.starts_with(state.held_root())) {
+    if let Some(elsewhere) = o
+        .ours_elsewhere
+        .as_ref()
+        .filter(|e| e.starts_with(state.held_root()))
+    {
         p.blocked = offload_blocked(format!(
             "an earlier tmpfs of `{}` waits at {} for its write-back into the disk directory; run `tmpfsctl sync {}` (after freeing disk space if it failed) before it can be offloaded again",
             m.name,

@@ -211,7 +211,8 @@ impl State {
         match found {
             Some(found) if found > FORMAT => Err(LockError::Newer { path, found }),
             Some(found) if found == FORMAT => Ok(()),
-            _ => write_durably(&path, format!("{FORMAT}\n").as_bytes()).map_err(|source| LockError::Io { path, source }),
+            _ => write_durably(&path, format!("{FORMAT}\n").as_bytes())
+                .map_err(|source| LockError::Io { path, source }),
         }
     }
 

@@ -22,6 +22,13 @@ pub enum MountState {
     /// The agent took it back to disk before it filled (or under memory
     /// pressure); `reason` says why and when it comes back.
     Fallback,
+    /// Back on the disk directory (`down` or the agent's fallback), but the RAM
+    /// copy's write-back failed: it is held under the state directory until a
+    /// retry (`sync`, `down`, the agent) succeeds.
+    WritebackPending,
+    /// The tmpfs is no longer at the spec's path: a parent directory was renamed
+    /// or moved with it. It is still written back and taken down.
+    Moved,
     /// Not mounted and never tried (or taken down).
     Absent,
     /// Something else is mounted at the path.
@@ -97,14 +104,41 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             for (m, o) in spec.mounts.iter().zip(&world.mounts) {
                 let degraded = state.degraded(&m.name);
                 let fallback = crate::agent::read_fallback(state, &m.name);
+                let held = state.held(&m.name);
+                let pending = crate::sync::held(&world.table, &m.name, state);
+                let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
                 let (state_now, usage) = match &o.at_path {
                     AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage.into())),
+                    _ if pending => (
+                        MountState::WritebackPending,
+                        Usage::of(&held).ok().map(Into::into),
+                    ),
+                    AtPath::Disk if moved.is_some() => (
+                        MountState::Moved,
+                        moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
+                    ),
                     AtPath::Foreign { .. } | AtPath::OtherManaged { .. } => (MountState::Foreign, None),
                     AtPath::Disk if fallback.is_some() => (MountState::Fallback, None),
                     AtPath::Disk if degraded.is_some() => (MountState::Degraded, None),
                     AtPath::Disk => (MountState::Absent, None),
                 };
                 let reason = match (&o.at_path, state_now) {
+                    (_, MountState::WritebackPending) => Some(format!(
+                        "the application uses its disk directory; the RAM copy at {} waits for its write-back{}; `tmpfsctl sync {}` retries it",
+                        held.display(),
+                        state
+                            .last_sync(&m.name)
+                            .and_then(|s| s.error)
+                            .map(|e| format!(" (last attempt: {e})"))
+                            .unwrap_or_default(),
+                        m.name
+                    )),
+                    (_, MountState::Moved) => moved.map(|p| {
+                        format!(
+                            "its tmpfs is at {} now (a parent directory was renamed or moved); `sync` and `down` still write it back",
+                            p.display()
+                        )
+                    }),
                     (AtPath::Foreign { fstype, source }, _) => {
                         Some(format!("{fstype} from {source} is mounted there"))
                     }

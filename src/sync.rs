@@ -8,12 +8,12 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::copy::{self, SyncStats};
-use crate::error::UnknownName;
-use crate::host::Host;
-use crate::observe::{self, AtPath, Lower};
 use crate::down::DownOutcome;
+use crate::error::UnknownName;
 use crate::host::mountinfo::MountTable;
+use crate::host::Host;
 use crate::mount;
+use crate::observe::{self, AtPath, Lower};
 use crate::spec::{self, MountSpec, Persist, Spec};
 use crate::state::{State, SyncRecord};
 
@@ -188,7 +188,10 @@ pub fn finish_writeback(m: &MountSpec, host: &Host, state: &State) -> Result<(Sy
 /// Whether a tmpfs of `name` is held, waiting for its write-back.
 pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
     let source = spec::source_for(name);
-    table.stack_at(&state.held(name)).iter().any(|e| e.source == source)
+    table
+        .stack_at(&state.held(name))
+        .iter()
+        .any(|e| e.source == source)
 }
 
 /// Removes the side bind and staging point of a mount that is gone, and has the

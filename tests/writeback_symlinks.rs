@@ -14,7 +14,6 @@ use common_copy::*;
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
-
 /// Everything about a tree that a write through a planted link could change: the
 /// walker's view of every entry (contents compared separately) and the root's own
 /// metadata. Atimes and link counts are left out: reading moves the former, and

@@ -163,7 +163,10 @@ impl Baseline {
     }
 
     pub fn decode(data: &[u8]) -> Result<Baseline, BaselineError> {
-        let body_len = data.len().checked_sub(8).ok_or(BaselineError::Corrupt("truncated"))?;
+        let body_len = data
+            .len()
+            .checked_sub(8)
+            .ok_or(BaselineError::Corrupt("truncated"))?;
         let (body, sum) = data.split_at(body_len);
         if fnv1a(body).to_le_bytes() != sum {
             return Err(BaselineError::Corrupt("checksum mismatch"));
@@ -276,7 +279,10 @@ impl<'a> Reader<'a> {
     }
 
     fn time(&mut self) -> Result<Time, BaselineError> {
-        Ok((i64::from_le_bytes(self.array()?), i64::from_le_bytes(self.array()?)))
+        Ok((
+            i64::from_le_bytes(self.array()?),
+            i64::from_le_bytes(self.array()?),
+        ))
     }
 }
 
@@ -476,12 +482,22 @@ mod tests {
         let changed = [
             file(2, T0),
             file(1, T1),
-            Sig { size: 9, ..file(1, T0) },
-            Sig { mode: libc::S_IFREG | 0o600, ..file(1, T0) },
+            Sig {
+                size: 9,
+                ..file(1, T0)
+            },
+            Sig {
+                mode: libc::S_IFREG | 0o600,
+                ..file(1, T0)
+            },
             dir(1, T0),
         ];
         for now in changed {
-            assert_eq!(d(base, ram, Disk::Present(now), T0, T0), v(Verdict::Disk(None)), "{now:?}");
+            assert_eq!(
+                d(base, ram, Disk::Present(now), T0, T0),
+                v(Verdict::Disk(None)),
+                "{now:?}"
+            );
         }
         assert_eq!(d(base, ram, Disk::Absent, T0, T1), v(Verdict::Disk(Some(T1))));
     }
@@ -491,7 +507,10 @@ mod tests {
         let base = Some(Mark::Entry(file(1, T0)));
         let disk_t1 = Disk::Present(file(2, T1));
         assert_eq!(d(base, Ram::Present(T2), disk_t1, T0, T0), c(Verdict::Ram));
-        assert_eq!(d(base, Ram::Present(SINCE), disk_t1, T0, T0), c(Verdict::Disk(None)));
+        assert_eq!(
+            d(base, Ram::Present(SINCE), disk_t1, T0, T0),
+            c(Verdict::Disk(None))
+        );
         assert_eq!(d(base, Ram::Present(T1), disk_t1, T0, T0), c(Verdict::Disk(None)));
         // RAM rewrote it, the disk deleted it: the later of the two.
         assert_eq!(d(base, Ram::Present(T2), Disk::Absent, T0, T1), c(Verdict::Ram));
@@ -513,7 +532,10 @@ mod tests {
         assert_eq!(d(base, Ram::Present(T0), later, T0, T0), v(Verdict::Ram));
         assert_eq!(d(base, Ram::Absent, later, T1, T0), v(Verdict::Ram));
         let replaced = Disk::Present(dir(7, T1));
-        assert_eq!(d(base, Ram::Present(T0), replaced, T0, T0), v(Verdict::Disk(None)));
+        assert_eq!(
+            d(base, Ram::Present(T0), replaced, T0, T0),
+            v(Verdict::Disk(None))
+        );
     }
 
     #[test]
@@ -542,17 +564,27 @@ mod tests {
             marks: BTreeMap::new(),
         };
         b.marks.insert(b"a".to_vec().into(), Mark::Entry(file(1, T0)));
-        b.marks.insert(b"a/b\xff\n".to_vec().into(), Mark::Entry(dir(2, T1)));
+        b.marks
+            .insert(b"a/b\xff\n".to_vec().into(), Mark::Entry(dir(2, T1)));
         b.marks.insert(b"z".to_vec().into(), Mark::Deleted(T2));
         let data = b.encode();
         assert_eq!(Baseline::decode(&data).unwrap(), b);
-        assert_eq!(Baseline::decode(&Baseline::none().encode()).unwrap(), Baseline::none());
+        assert_eq!(
+            Baseline::decode(&Baseline::none().encode()).unwrap(),
+            Baseline::none()
+        );
         for cut in [0, 5, data.len() - 1] {
-            assert!(matches!(Baseline::decode(&data[..cut]), Err(BaselineError::Corrupt(_))));
+            assert!(matches!(
+                Baseline::decode(&data[..cut]),
+                Err(BaselineError::Corrupt(_))
+            ));
         }
         let mut flipped = data.clone();
         flipped[40] ^= 1;
-        assert!(matches!(Baseline::decode(&flipped), Err(BaselineError::Corrupt(_))));
+        assert!(matches!(
+            Baseline::decode(&flipped),
+            Err(BaselineError::Corrupt(_))
+        ));
         let mut newer = data[..data.len() - 8].to_vec();
         newer[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&(FORMAT + 1).to_le_bytes());
         let sum = fnv1a(&newer);
@@ -583,6 +615,10 @@ mod tests {
         b.marks.insert(b"f".to_vec().into(), Mark::Deleted(T0));
         b.save(&path).unwrap();
         assert_eq!(Baseline::load(&path).unwrap(), Some(b));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
     }
 }

@@ -219,7 +219,11 @@ fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
                 let result = match result {
                     Ok(true) => stat::fstat(&file).map_err(dst_err("stat")).map(|st| {
                         let key = rel.as_os_str().as_bytes().into();
-                        shared.placed.lock().expect("no worker panics holding it").push((key, Sig::of(&st)));
+                        shared
+                            .placed
+                            .lock()
+                            .expect("no worker panics holding it")
+                            .push((key, Sig::of(&st)));
                         true
                     }),
                     other => other,

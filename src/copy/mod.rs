@@ -44,12 +44,12 @@ use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd;
 
+pub use baseline::Baseline;
+use baseline::{Mark, Sig};
 use ops::{
     dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
     Failed, Listing, RelPath, Reporter, Transfer,
 };
-pub use baseline::Baseline;
-use baseline::{Mark, Sig};
 pub use sync::{sync_tree, SyncStats, Synced, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
@@ -213,7 +213,11 @@ pub fn seed_tree(
 /// `ENOTDIR` (replaced by a symlink or another type since it was listed), `EINVAL`
 /// (a symlink replaced before its target was read).
 fn changed_under_us(f: &Failed) -> bool {
-    f.on_source() && matches!(f.errno(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EINVAL))
+    f.on_source()
+        && matches!(
+            f.errno(),
+            Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EINVAL)
+        )
 }
 
 /// The copy of the first name seen for a multiply-linked inode, for later names to

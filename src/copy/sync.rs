@@ -189,6 +189,7 @@ pub fn sync_tree(
             rel: RelPath::default(),
             links: HashMap::new(),
             claimed: HashSet::new(),
+            touched: HashSet::new(),
             transfer: Transfer::default(),
             temps: TempNames::new(),
             scan: scan::start(scope, src_fd, src_st),
@@ -399,6 +400,9 @@ struct Syncer<'p, 'b> {
     links: HashMap<(u64, u64), Group>,
     /// Destination inodes that stand for a group: nothing else may keep them.
     claimed: HashSet<u64>,
+    /// Multiply-linked destination inodes this pass unlinked or replaced a name of:
+    /// that changed their ctime, which is then no sign of the application's change.
+    touched: HashSet<u64>,
     transfer: Transfer,
     temps: TempNames,
     /// The source, read ahead on the scan's thread.
@@ -445,7 +449,7 @@ impl Syncer<'_, '_> {
     /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`]);
     /// conflicts are counted.
     fn decide(&mut self, path: &[u8], ram: Ram, disk: Option<&FileStat>, frame: &Frame) -> Verdict {
-        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(Sig::of(d)));
+        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d)));
         let d = baseline::decide(
             self.base.get(path),
             self.base.taken,
@@ -458,6 +462,25 @@ impl Syncer<'_, '_> {
             self.reporter.stats.conflicts += 1;
         }
         d.verdict
+    }
+
+    /// How the disk entry at `path` compares with the baseline: a ctime this pass
+    /// caused (by unlinking another name of the inode) is not the application's.
+    fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
+        let mut sig = Sig::of(d);
+        if let Some(Mark::Entry(base)) = self.base.get(path) {
+            if self.touched.contains(&sig.ino) && base.ino == sig.ino {
+                sig.ctime = base.ctime;
+            }
+        }
+        sig
+    }
+
+    /// A name of the destination inode `d` goes (unlinked or replaced).
+    fn touch(&mut self, d: &FileStat) {
+        if d.st_nlink > 1 {
+            self.touched.insert(d.st_ino);
+        }
     }
 
     /// The disk side won: left as it is, and a deletion remembered.
@@ -622,7 +645,8 @@ impl Syncer<'_, '_> {
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         let (entry, in_dst) = match step {
             Step::Remove { name, temp: true } => {
-                self.reporter.stats.temp_removed += plain_remove(dst_dir, &name.name, name.dtype, self.dst_dev)?;
+                plain_remove(dst_dir, &name.name, name.dtype, self.dst_dev)?;
+                self.reporter.stats.temp_removed += 1;
                 return Ok(Outcome::changed());
             }
             Step::Remove { name, temp: false } => return Ok(self.disk_only(parent, &name.name)?),
@@ -672,7 +696,15 @@ impl Syncer<'_, '_> {
                     _ => None,
                 };
                 let ram_meta = verdict == Verdict::Ram || tentative.is_some();
-                self.sync_dir(parent, name, path, (fd, st, entries, mount), d, ram_meta, tentative)
+                self.sync_dir(
+                    parent,
+                    name,
+                    path,
+                    (fd, st, entries, mount),
+                    d,
+                    ram_meta,
+                    tentative,
+                )
             }
             // Vanished or replaced since it was listed: the next sync sees.
             Event::Gone => {
@@ -701,6 +733,7 @@ impl Syncer<'_, '_> {
                 let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
                     self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?
                 } else {
+                    self.touch(&d);
                     (plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?, 0)
                 };
                 self.reporter.stats.deleted += removed;
@@ -778,6 +811,7 @@ impl Syncer<'_, '_> {
             other => {
                 if let Some(d) = other {
                     // A non-directory the RAM side won over.
+                    self.touch(&d);
                     self.reporter.stats.deleted += plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?;
                 }
                 // Owner-only until its metadata is applied.
@@ -852,7 +886,10 @@ impl Syncer<'_, '_> {
     /// as unchanged: `before` is how it looked before (`None` if it was created).
     fn finish_dir(&mut self, left: &Left) -> Result<(), Failed> {
         if let Some((at, parent, name)) = &left.tentative {
-            if read_names(&left.dst.fd).map_err(dst_err("read directory"))?.is_empty() {
+            if read_names(&left.dst.fd)
+                .map_err(dst_err("read directory"))?
+                .is_empty()
+            {
                 match unistd::unlinkat(parent.fd.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {
                         self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)));
@@ -942,6 +979,9 @@ impl Syncer<'_, '_> {
                     self.record(path, &d);
                     return Ok(outcome);
                 }
+                if let Some(d) = &d {
+                    self.touch(d);
+                }
                 if !self.write_hard_link(stack, name, &first, d.as_ref())? {
                     self.reporter.stats.kept_disk += 1;
                     return Ok(outcome);
@@ -986,7 +1026,7 @@ impl Syncer<'_, '_> {
                 self.record(path.clone(), d);
             }
             Action::UpdateMetadata => {}
-            Action::Rewrite => match self.rewrite(src_dir, &parent.dst, name, s, d.as_ref())? {
+            Action::Rewrite => match self.rewrite_touching(src_dir, &parent.dst, name, s, d.as_ref())? {
                 Some(placed) => {
                     if let Some(new_ino) = placed {
                         ino = Some(new_ino);
@@ -1014,6 +1054,21 @@ impl Syncer<'_, '_> {
             );
         }
         Ok(outcome)
+    }
+
+    /// [`Self::rewrite`] of a name whose old inode goes: noted in `touched` first.
+    fn rewrite_touching(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst: &Arc<DstDir>,
+        name: &CStr,
+        s: &FileStat,
+        d: Option<&FileStat>,
+    ) -> Result<Option<Option<u64>>, Failed> {
+        if let Some(d) = d {
+            self.touch(d);
+        }
+        self.rewrite(src_dir, dst, name, s, d)
     }
 
     /// Records the entry the walk itself just put in place under `name`.
@@ -1285,7 +1340,7 @@ impl Syncer<'_, '_> {
                 self.base.get(&child),
                 self.base.taken,
                 Ram::Absent,
-                Disk::Present(Sig::of(&d)),
+                Disk::Present(self.disk_sig(&child, &d)),
                 ram_deleted_at,
                 ram_deleted_at,
             );
@@ -1298,6 +1353,9 @@ impl Syncer<'_, '_> {
                 let next = open(dir, &entry.name, child)?;
                 stack.push(next);
                 continue;
+            }
+            if d.st_nlink > 1 {
+                self.touched.insert(d.st_ino);
             }
             match unistd::unlinkat(dir, entry.name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) => removed += 1,

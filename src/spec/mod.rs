@@ -3,6 +3,7 @@
 mod raw;
 pub mod size;
 mod validate;
+pub use validate::Paths;
 
 use std::path::{Path, PathBuf};
 
@@ -348,17 +349,26 @@ impl Default for AgentSettings {
 /// Reads, parses and validates a spec file. Reads the host (MemTotal, users,
 /// the managed paths) but never changes it.
 pub fn load(file: &Path, mem_total: u64) -> Result<Spec, SpecLoadError> {
+    load_with(file, mem_total, Paths::Check)
+}
+
+/// [`load`], with managed paths checked only as far as `paths` says.
+pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, SpecLoadError> {
     let text = std::fs::read_to_string(file).map_err(|e| SpecLoadError::Read {
         file: file.to_path_buf(),
         source: e,
     })?;
-    parse(file, &text, mem_total).map_err(SpecLoadError::Invalid)
+    parse_with(file, &text, mem_total, paths).map_err(SpecLoadError::Invalid)
 }
 
 /// Parses and validates spec text; `file` is only used in messages.
 pub fn parse(file: &Path, text: &str, mem_total: u64) -> Result<Spec, SpecError> {
+    parse_with(file, text, mem_total, Paths::Check)
+}
+
+fn parse_with(file: &Path, text: &str, mem_total: u64, paths: Paths) -> Result<Spec, SpecError> {
     let raw = raw_from_yaml(text).map_err(|d| SpecError::single(file, text, d))?;
-    validate::validate(file, text, raw, mem_total)
+    validate::validate(file, text, raw, mem_total, paths)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -70,6 +70,19 @@ const DEFAULT_MAX_TOTAL_PERCENT: f64 = 50.0;
 
 struct Ctx {
     diags: Vec<Diagnostic>,
+    paths: Paths,
+}
+
+/// How far managed paths are checked against the filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paths {
+    /// They must exist (or be creatable) without a symlink on the way: for
+    /// commands that mount there (`validate`, `plan`, `apply`, the agent).
+    Check,
+    /// As written: for commands that find their mounts in the mount table
+    /// (`status`, `sync`, `down`), where one renamed or missing path must not
+    /// keep the other mounts from being written back.
+    AsWritten,
 }
 
 impl Ctx {
@@ -98,8 +111,17 @@ struct Defaults {
     on_failure: OnFailure,
 }
 
-pub fn validate(file: &Path, text: &str, raw: RawSpec, mem_total: u64) -> Result<Spec, SpecError> {
-    let mut cx = Ctx { diags: Vec::new() };
+pub fn validate(
+    file: &Path,
+    text: &str,
+    raw: RawSpec,
+    mem_total: u64,
+    paths: Paths,
+) -> Result<Spec, SpecError> {
+    let mut cx = Ctx {
+        diags: Vec::new(),
+        paths,
+    };
     if raw.version.value != 1 {
         cx.at(
             &raw.version,
@@ -437,6 +459,9 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
             ),
             "an application cache directory such as /var/cache/nginx",
         );
+    }
+    if cx.paths == Paths::AsWritten {
+        return Some(p.to_path_buf());
     }
     // Walk the existing prefix with lstat so a symlink anywhere is caught.
     let mut cur = PathBuf::from("/");

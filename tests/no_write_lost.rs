@@ -1,0 +1,230 @@
+//! "No write is ever lost": the real binary, in private mount namespaces, with the
+//! application played by a writer thread. Each test counts what the writer completed
+//! against what is on disk at the end: lost = 0, resurrected = 0.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Sandbox;
+
+fn spec(sb: &Sandbox, mounts: &[(&str, &Path)]) -> PathBuf {
+    let mut y = String::from("version: 1\nmounts:\n");
+    for (name, path) in mounts {
+        y.push_str(&format!(
+            "  - name: {name}\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
+            path.display()
+        ));
+    }
+    sb.write_spec("cache.yaml", &y)
+}
+
+fn names(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".tmpfsctl"))
+        .collect()
+}
+
+/// Creates `w-N` files in `dir` (through the path, as an application does: it sees
+/// the disk or the tmpfs, whichever is mounted) until stopped; returns the names whose
+/// write completed.
+fn writer(dir: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeSet<String>> {
+    std::thread::spawn(move || {
+        let mut done = BTreeSet::new();
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let name = format!("w-{i}");
+            if fs::write(dir.join(&name), format!("written {i}")).is_ok() {
+                done.insert(name);
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        done
+    })
+}
+
+fn many_files(dir: &Path, n: usize) {
+    for i in 0..n {
+        let sub = dir.join(format!("d{}", i % 50));
+        fs::create_dir_all(&sub).unwrap();
+        fs::write(sub.join(format!("f{i}")), vec![b'x'; 2000]).unwrap();
+    }
+}
+
+/// Writes made into the disk directory while `apply` seeds it are not hidden and
+/// deleted later; writes into the tmpfs after it are written back.
+#[test]
+fn writes_during_seeding_and_after_survive_down() {
+    let sb = Sandbox::new();
+    // The writer's thread must share the sandbox's mount namespace: run all in one.
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    many_files(&cache, 20_000);
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    let dir = cache.clone();
+    // Threads spawned from here share the sandbox's mount namespace.
+    let w = writer(dir, stop2);
+    std::thread::sleep(Duration::from_millis(20));
+    let apply = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let done = w.join().unwrap();
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    apply.code(0);
+    down.code(0);
+    assert!(done.len() > 100, "the writer wrote only {} files", done.len());
+    let on_disk = names(&cache);
+    let lost: Vec<_> = done.difference(&on_disk).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} writes lost: {lost:?}\n{apply}\n{down}",
+        lost.len(),
+        done.len()
+    );
+    assert_eq!(fs::read_dir(cache.join("d7")).unwrap().count(), 400);
+}
+
+/// What the application deletes or renames on disk after the switch does not come
+/// back from the RAM copy, and what it wrote in RAM before is written back.
+#[test]
+fn deletions_on_either_side_stay_deleted() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    for n in [
+        "seeded-kept",
+        "seeded-deleted-in-ram",
+        "seeded-deleted-on-disk",
+        "seeded-renamed-on-disk",
+    ] {
+        fs::write(cache.join(n), n).unwrap();
+    }
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::remove_file(cache.join("seeded-deleted-in-ram")).unwrap();
+    fs::write(cache.join("new-in-ram"), "ram").unwrap();
+    fs::write(cache.join("seeded-kept"), "changed in ram").unwrap();
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    let lower = sb.state.join("lower/cache");
+    assert!(!lower.join("seeded-deleted-in-ram").exists());
+    assert!(lower.join("new-in-ram").exists());
+    // After this write-back, the disk side is changed by the application (through
+    // the side bind, as a process that still had the disk directory open would).
+    fs::remove_file(lower.join("seeded-deleted-on-disk")).unwrap();
+    fs::rename(
+        lower.join("seeded-renamed-on-disk"),
+        lower.join("renamed-on-disk"),
+    )
+    .unwrap();
+    fs::write(lower.join("new-on-disk"), "disk").unwrap();
+    fs::remove_file(lower.join("new-in-ram")).unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let got = names(&cache);
+    let want: BTreeSet<String> = ["seeded-kept", "renamed-on-disk", "new-on-disk"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        fs::read_to_string(cache.join("seeded-kept")).unwrap(),
+        "changed in ram"
+    );
+}
+
+/// A file the RAM changed after the last write-back, deleted on disk before it:
+/// the later change wins (the RAM's), and the reverse.
+#[test]
+fn conflicts_go_to_the_later_change() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::write(cache.join("a"), "seeded").unwrap();
+    fs::write(cache.join("b"), "seeded").unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let lower = sb.state.join("lower/cache");
+    let tick = || std::thread::sleep(Duration::from_millis(30));
+    // b: RAM rewrites first, disk rewrites later → disk wins.
+    fs::write(cache.join("b"), "ram, earlier").unwrap();
+    tick();
+    fs::write(lower.join("b.tmp"), "disk, later").unwrap();
+    fs::rename(lower.join("b.tmp"), lower.join("b")).unwrap();
+    tick();
+    // a: disk deletes first, RAM rewrites later → RAM wins.
+    fs::remove_file(lower.join("a")).unwrap();
+    tick();
+    fs::write(cache.join("a"), "ram, later").unwrap();
+    let r = sb.run([
+        "down".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    r.code(0);
+    assert_eq!(r.json()[0]["syncs"][0]["stats"]["conflicts"], 2, "{r}");
+    assert_eq!(fs::read_to_string(cache.join("a")).unwrap(), "ram, later");
+    assert_eq!(fs::read_to_string(cache.join("b")).unwrap(), "disk, later");
+}
+
+/// A mount without a baseline (an older tmpfsctl's, or a lost state directory) is
+/// merged, never mirrored: nothing on disk is deleted.
+#[test]
+fn without_a_baseline_nothing_is_deleted() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::write(cache.join("seeded"), "seeded").unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(sb.state.join("lower/cache/disk-only"), "disk").unwrap();
+    fs::remove_file(cache.join("seeded")).unwrap();
+    fs::remove_file(sb.state.join("baseline/cache")).unwrap();
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    assert!(sb.state.join("lower/cache/disk-only").exists());
+    assert!(
+        sb.state.join("lower/cache/seeded").exists(),
+        "merge only: nothing deleted"
+    );
+    // The first write-back recorded a baseline: the RAM's deletion now goes through.
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert!(cache.join("disk-only").exists());
+}
+
+/// One mount's renamed parent does not block the others; its data is still
+/// written back, through the side bind.
+#[test]
+fn a_renamed_parent_blocks_only_its_own_mount() {
+    let sb = Sandbox::new();
+    let a = sb.cache_dir("home/user/.cache", 1000, 1000, 0o700);
+    let b = sb.cache_dir("var/cache/b", 0, 0, 0o755);
+    let spec = spec(&sb, &[("a", &a), ("b", &b)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(a.join("in-a"), "a").unwrap();
+    fs::write(b.join("in-b"), "b").unwrap();
+    fs::rename(sb.path("home/user"), sb.path("home/user.old")).unwrap();
+    let st = sb.run([
+        "status".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    st.code(0);
+    assert_eq!(st.json()["mounts"][0]["state"], "moved", "{st}");
+    assert_eq!(st.json()["mounts"][1]["state"], "offloaded", "{st}");
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    assert!(sb.state.join("lower/b/in-b").exists());
+    assert!(sb.state.join("lower/a/in-a").exists());
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(fs::read_to_string(b.join("in-b")).unwrap(), "b");
+    assert_eq!(
+        fs::read_to_string(sb.path("home/user.old/.cache/in-a")).unwrap(),
+        "a"
+    );
+    assert!(sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")));
+}
