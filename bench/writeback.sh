@@ -82,12 +82,12 @@ rm -rf "$WORK/dst"
 
 # Two copies for the incremental rounds, each made by the tool that maintains it.
 mkdir "$WORK/ours" "$WORK/theirs"
-"$BENCH" sync "$SRC" "$WORK/ours" > /dev/null
+"$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base" > /dev/null
 rsync -aHAX "$SRC/" "$WORK/theirs/"
 # Warm-up, and the no-op cost.
 noop_sync=() noop_rsync=()
 for ((r = 0; r <= RUNS; r++)); do
-    a=$(time_us "$BENCH" sync "$SRC" "$WORK/ours")
+    a=$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")
     b=$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")
     if ((r > 0)); then
         noop_sync+=("$a") noop_rsync+=("$b")
@@ -98,11 +98,11 @@ changed=""
 for ((r = 1; r <= RUNS; r++)); do
     changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" 2>&1); "
     if ((r % 2)); then
-        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours")")
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")")
         incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
     else
         incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
-        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours")")
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")")
     fi
 done
 # Both copies must equal the source afterwards.
