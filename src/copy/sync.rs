@@ -904,12 +904,13 @@ impl Syncer<'_, '_> {
         let mut same = true;
         if let Some(s) = &left.meta {
             let (src, dst) = (left.src.as_fd(), left.dst.fd.as_fd());
+            let mut now = stat::fstat(dst).map_err(dst_err("stat"))?;
             if left.ram_meta {
-                let now = stat::fstat(dst).map_err(dst_err("stat"))?;
                 let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
                 same = same_xattrs && same_meta(s, &now);
                 if !same {
                     self.transfer.set_metadata(src, dst, s, true)?;
+                    now = stat::fstat(dst).map_err(dst_err("stat"))?;
                 }
                 let stats = &mut self.reporter.stats;
                 match &left.before {
@@ -921,7 +922,6 @@ impl Syncer<'_, '_> {
                 // Replaced on disk since the baseline: its owner, mode and times stay.
                 self.reporter.stats.kept_disk += 1;
             }
-            let now = stat::fstat(dst).map_err(dst_err("stat"))?;
             self.record(left.rel.clone(), &now);
         }
         if left.changed || !same {
