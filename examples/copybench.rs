@@ -38,8 +38,17 @@ fn main() -> ExitCode {
                     Some(f) => Baseline::load(f).map_err(|e| err(e.into()))?.unwrap_or_default(),
                     None => Baseline::none(),
                 };
-                let synced =
-                    sync_tree(Path::new(src), Path::new(dst), &base, None).map_err(|e| err(e.into()))?;
+                let synced = sync_tree(
+                    Path::new(src),
+                    Path::new(dst),
+                    tmpfsctl::copy::Merge {
+                        base: &base,
+                        journal: None,
+                        deletions: None,
+                    },
+                    None,
+                )
+                .map_err(|e| err(e.into()))?;
                 if let Some(f) = &base_file {
                     synced.baseline.save(f).map_err(|e| err(e.into()))?;
                 }

@@ -1243,7 +1243,7 @@ impl Agent {
             Err(e) => return Some(e.to_string()),
         };
         let spec = self.mounts[i].spec.clone();
-        match sync::finish_writeback(&spec, &self.host, &self.state) {
+        match sync::finish_writeback(&spec, &self.host, &self.state, None) {
             Ok((s, _)) if s.result == SyncOutcome::Synced => {
                 self.record_sync(i, &s);
                 info!(mount = name.as_str(), "{name}: pending write-back done");

@@ -11,7 +11,7 @@ use crate::error::exit;
 use crate::host::Host;
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
-use crate::{agent, boot, diskbench, down, execute, observe, plan, report, residency, status, sync};
+use crate::{agent, boot, diskbench, down, execute, keeper, observe, plan, report, residency, status, sync};
 
 #[derive(Parser)]
 #[command(
@@ -116,6 +116,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
+    /// Internal: watches a held mount's disk directory for deletions between two
+    /// write-back attempts (see src/keeper.rs); started by tmpfsctl itself.
+    #[command(name = "keep-deletions", hide = true)]
+    KeepDeletions { name: String, parent: i32 },
 }
 
 #[derive(Subcommand)]
@@ -362,6 +366,7 @@ fn run(cli: Cli) -> Result<i32> {
                 },
             )
         }
+        Command::KeepDeletions { name, parent } => keeper::run(&state, &name, parent),
         Command::Down { spec, names, format } => {
             let s = load_as_written(&spec, &host)?;
             need_root("down")?;

@@ -23,7 +23,7 @@ use crate::mount;
 use crate::observe;
 use crate::spec::{self, Persist, Spec};
 use crate::state::State;
-use crate::sync::{finish_writeback, SyncOutcome, SyncResult};
+use crate::sync::{finish_writeback, watch_deletions, SyncOutcome, SyncResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -195,7 +195,11 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
     let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
     match (persisted, &found.live) {
         (Some(m), _) => {
+            let mut watch = None;
             if let Some(e) = &found.live {
+                // From before the switch: the application's deletions on disk from
+                // its first moment there on.
+                watch = watch_deletions(m, state);
                 let started = Instant::now();
                 switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
                 res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
@@ -203,7 +207,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
                 crate::sync::clean_up(name, &table, state)?;
                 return Ok(res);
             }
-            let (sync, outcome) = finish_writeback(m, host, state)?;
+            let (sync, outcome) = finish_writeback(m, host, state, watch)?;
             let failed = sync.result == SyncOutcome::Failed;
             let why = sync.reason.clone().unwrap_or_default();
             res.syncs.push(sync);
@@ -268,7 +272,10 @@ pub fn switch_to_disk(
             mount::ensure_private_dir(&state.held_root(), table)?;
             std::fs::create_dir_all(&held_path).with_context(|| format!("creating {}", held_path.display()))?;
             mount::bind_private(&live.mount_point, &held_path)?;
+            crate::failpoint::hit("after-hold", name);
         }
     }
-    mount::detach(&live.mount_point)
+    mount::detach(&live.mount_point)?;
+    crate::failpoint::hit("after-switch", name);
+    Ok(())
 }

@@ -435,20 +435,14 @@ fn remove_empty_dir(path: &Path) -> Result<()> {
     }
 }
 
-/// Crash-consistency tests set `TMPFSCTL_FAILPOINT=after-<action>[:<name>]`
-/// to SIGKILL this process right after that step (of that mount), as a power
-/// cut or `kill -9` would; see tests/apply.rs.
+/// Crash point after `step` (see [`crate::failpoint`]).
 fn failpoint(step: &Step, name: &str) {
-    let Some(fp) = std::env::var_os("TMPFSCTL_FAILPOINT") else {
+    if std::env::var_os("TMPFSCTL_FAILPOINT").is_none() {
         return;
-    };
+    }
     let action = serde_json::to_value(step)
         .ok()
         .and_then(|v| v.get("action").and_then(|a| a.as_str().map(str::to_string)))
         .unwrap_or_default();
-    let fp = fp.to_string_lossy();
-    let (point, mount) = fp.split_once(':').unwrap_or((&fp, name));
-    if point == format!("after-{action}") && mount == name {
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    }
+    crate::failpoint::hit(&format!("after-{action}"), name);
 }

@@ -138,6 +138,33 @@ pub fn ensure_private_dir(dir: &Path, table: &crate::host::mountinfo::MountTable
     }
 }
 
+/// Mounts a small private tmpfs for tmpfsctl's own records at `dir` (source `source`),
+/// unless one is there already.
+pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
+    let text = std::fs::read_to_string("/proc/thread-self/mountinfo").context("reading the mount table")?;
+    let table = crate::host::mountinfo::MountTable::parse(&text)?;
+    if table
+        .top_at(dir)
+        .is_some_and(|e| e.fstype == "tmpfs" && e.source == source)
+    {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    mount(
+        Some(source),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=16m,nr_inodes=4096,mode=0700"),
+    )
+    .with_context(|| format!("mount -t tmpfs {source} {}", dir.display()))?;
+    make_private(dir)
+}
+
 /// Moves a mount; the seeded tmpfs appears at `to` in one step.
 pub fn move_mount(from: &Path, to: &Path) -> Result<()> {
     mount(Some(from), to, None::<&str>, MsFlags::MS_MOVE, None::<&str>)

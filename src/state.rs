@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::copy::baseline::{write_durably, BaselineError};
 use crate::copy::Baseline;
+use crate::copy::Journal;
 
 pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
 
@@ -20,6 +21,10 @@ pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
 /// baseline and held tmpfs mounts. An older layout is adopted as it is (its mounts
 /// have no baseline, so their first write-back only merges); a newer one is refused.
 pub const FORMAT: u32 = 2;
+
+/// The source of the records tmpfs at `STATE/run` (a `/` cannot be in a mount name,
+/// so it is never taken for a managed mount).
+pub const RUN_SOURCE: &str = "tmpfsctl/records";
 
 #[derive(Debug, Clone)]
 pub struct State {
@@ -104,7 +109,52 @@ impl State {
 
     /// The baseline to merge against; none (merge only, delete nothing) when there
     /// is none or it is damaged. A baseline of a newer format is an error.
+    ///
+    /// What the journal of an interrupted write-back recorded is part of it.
     pub fn baseline(&self, name: &str) -> Result<Baseline> {
+        let mut base = self.recorded_baseline(name)?;
+        let journal = self.journal_path(name);
+        Journal::replay(&journal, &mut base).with_context(|| format!("reading {}", journal.display()))?;
+        Ok(base)
+    }
+
+    /// Where records live that matter only as long as a tmpfs of tmpfsctl does (the
+    /// write-back journal, the deletion keeper's): a small private tmpfs, so that they
+    /// can be written when the disk is full, and go with the tmpfs at a reboot.
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// Creates [`Self::run_dir`]: a directory when the state directory is on a tmpfs
+    /// already (the default, under /run), else a tmpfs mounted there.
+    pub fn ensure_run_dir(&self) -> Result<()> {
+        self.ensure_dirs()?;
+        let on_tmpfs = nix::sys::statfs::statfs(&self.dir)
+            .is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+        if on_tmpfs {
+            return fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(self.run_dir())
+                .with_context(|| format!("creating {}", self.run_dir().display()));
+        }
+        crate::mount::ensure_records_tmpfs(&self.run_dir(), RUN_SOURCE)
+    }
+
+    /// The write-back journal of a mount (see [`crate::copy::journal`]).
+    pub fn journal_path(&self, name: &str) -> PathBuf {
+        self.run_dir().join(format!("{name}.journal"))
+    }
+
+    /// Opens the journal for a write-back pass against `base`.
+    pub fn journal(&self, name: &str, base: &Baseline) -> Result<Journal> {
+        self.ensure_run_dir()?;
+        let path = self.journal_path(name);
+        Journal::open(&path, base)
+            .with_context(|| format!("opening the write-back journal {}", path.display()))
+    }
+
+    fn recorded_baseline(&self, name: &str) -> Result<Baseline> {
         match Baseline::load(&self.baseline_path(name)) {
             Ok(b) => Ok(b.unwrap_or_default()),
             Err(e @ BaselineError::Newer(_)) => Err(anyhow::Error::new(e))
@@ -123,7 +173,10 @@ impl State {
         self.ensure_dirs()?;
         let path = self.baseline_path(name);
         b.save(&path)
-            .with_context(|| format!("saving the write-back baseline {}", path.display()))
+            .with_context(|| format!("saving the write-back baseline {}", path.display()))?;
+        // Now part of the baseline; a journal left by a crash here belongs to the old
+        // one and is ignored.
+        remove_if_present(&self.journal_path(name))
     }
 
     /// Side path where the on-disk directory stays reachable under the tmpfs.
@@ -266,13 +319,9 @@ impl State {
             self.degraded_path(name),
             self.sync_path(name),
             self.baseline_path(name),
+            self.journal_path(name),
         ] {
-            match fs::remove_file(&p) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(e).with_context(|| format!("removing {}", p.display()))
-                }
-                _ => {}
-            }
+            remove_if_present(&p)?;
         }
         Ok(())
     }
@@ -284,6 +333,15 @@ impl State {
             }
             _ => Ok(()),
         }
+    }
+}
+
+fn remove_if_present(p: &Path) -> Result<()> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", p.display()))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -2,16 +2,20 @@
 //! directories (through the private side bind), changed files only.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::copy::{self, SyncStats};
+use crate::copy::baseline::now_after_tick;
+use crate::copy::{self, DiskDeletions, Merge, SyncStats};
 use crate::down::DownOutcome;
 use crate::error::UnknownName;
+use crate::host::deletions::Deletions;
 use crate::host::mountinfo::MountTable;
 use crate::host::Host;
+use crate::keeper;
 use crate::mount;
 use crate::observe::{self, AtPath, Lower};
 use crate::spec::{self, MountSpec, Persist, Spec};
@@ -58,7 +62,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
         };
         if m.persist != Persist::None && held(&world.table, &m.name, state) {
             // A switch to disk whose write-back failed: retried here.
-            out.push(finish_writeback(m, host, state)?.0);
+            out.push(finish_writeback(m, host, state, None)?.0);
             continue;
         }
         if m.persist == Persist::None {
@@ -75,7 +79,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
                 .top_at(elsewhere)
                 .is_some_and(|e| observe::lower_reaches_disk(&world.table, e.dev, &state.lower(&m.name)));
             out.push(if reachable && !elsewhere.starts_with(state.dir()) {
-                sync_one(m, elsewhere, state)?
+                sync_one(m, elsewhere, state, None)?
             } else {
                 SyncResult {
                     result: SyncOutcome::Failed,
@@ -109,7 +113,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
             });
             continue;
         }
-        out.push(sync_one(m, &m.path, state)?);
+        out.push(sync_one(m, &m.path, state, None)?);
     }
     Ok(out)
 }
@@ -117,13 +121,31 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
 /// Writes `src` (the live tmpfs root, or where it is held) back into the mount's
 /// disk directory, merging against the baseline of the last seed or write-back,
 /// then saves the new baseline and records the outcome.
-pub fn sync_one(m: &MountSpec, src: &Path, state: &State) -> Result<SyncResult> {
+///
+/// `deletions`: names the application deleted on disk since `src` last changed
+/// (a held tmpfs, while the application works in its disk directory).
+pub fn sync_one(
+    m: &MountSpec,
+    src: &Path,
+    state: &State,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+) -> Result<SyncResult> {
     let started = Instant::now();
     let base = state.baseline(&m.name)?;
-    let res = copy::sync_tree(src, &state.lower(&m.name), &base, None)
-        .map_err(anyhow::Error::new)
+    let res = state
+        .journal(&m.name, &base)
+        .and_then(|journal| {
+            let merge = Merge {
+                base: &base,
+                journal: Some(&journal),
+                deletions,
+            };
+            copy::sync_tree(src, &state.lower(&m.name), merge, None).map_err(anyhow::Error::new)
+        })
         .and_then(|synced| {
+            crate::failpoint::hit("after-merge", &m.name);
             state.save_baseline(&m.name, &synced.baseline)?;
+            crate::failpoint::hit("after-baseline", &m.name);
             Ok(synced.stats)
         });
     let seconds = started.elapsed().as_secs_f64();
@@ -168,21 +190,65 @@ pub fn sync_one(m: &MountSpec, src: &Path, state: &State) -> Result<SyncResult> 
 /// directory; on success unmounts it (lazily if still in use: `Detached`),
 /// removes the side bind and has the state forget the mount. On failure
 /// everything stays for a retry (`Pending`).
-pub fn finish_writeback(m: &MountSpec, host: &Host, state: &State) -> Result<(SyncResult, DownOutcome)> {
+///
+/// `watch`: deletions in the disk directory watched since before the switch (see
+/// [`watch_deletions`]); a retry starts its own.
+pub fn finish_writeback(
+    m: &MountSpec,
+    host: &Host,
+    state: &State,
+    watch: Option<Deletions>,
+) -> Result<(SyncResult, DownOutcome)> {
     let held = state.held(&m.name);
-    let res = sync_one(m, &held, state)?;
+    let mut watch = watch.or_else(|| watch_deletions(m, state));
+    if let Some(w) = watch.as_mut() {
+        // The held copy got its last change through the path before this.
+        w.since(now_after_tick());
+    }
+    let watch = watch.map(Mutex::new);
+    let res = sync_one(
+        m,
+        &held,
+        state,
+        watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
+    )?;
     if res.result == SyncOutcome::Failed {
+        if let Some(w) = watch {
+            let w = w.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = keeper::hand_over(state, &m.name, &w) {
+                tracing::warn!("{}: {e:#}", m.name);
+            }
+        }
         return Ok((res, DownOutcome::Pending));
     }
+    keeper::finish(state, &m.name);
     let outcome = if mount::unmount_if_idle(&held)? {
         DownOutcome::Unmounted
     } else {
         mount::detach(&held)?;
         DownOutcome::Detached
     };
+    crate::failpoint::hit("after-release", &m.name);
     remove_side_dir(&held)?;
     clean_up(&m.name, &host.mounts()?, state)?;
     Ok((res, outcome))
+}
+
+/// Starts watching the disk directory of `m` for deletions, for a write-back of its
+/// held tmpfs: this process's own watch, what the keeper of an earlier attempt saw,
+/// and a new keeper should this process die before the write-back is done (see
+/// [`keeper`]). Without fanotify (old kernel, no CAP_SYS_ADMIN), none.
+pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
+    let mut watch = Deletions::watch(&state.lower(&m.name))
+        .map_err(|e| {
+            tracing::debug!(
+                "{}: no watch for deletions in the disk directory ({e}); names the RAM created are written back",
+                m.name
+            )
+        })
+        .ok()?;
+    keeper::take_over(state, &m.name, &mut watch);
+    Some(watch)
 }
 
 /// Whether a tmpfs of `name` is held, waiting for its write-back.

@@ -21,7 +21,7 @@ pub type Time = (i64, i64);
 
 const MAGIC: &[u8] = b"tmpfsctl-baseline\n";
 /// The format this build writes and reads; a newer one is refused, not guessed at.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// A disk entry as the baseline saw it: enough to tell whether it changed since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,12 +54,26 @@ impl Sig {
     /// Whether `now` is still this entry. A directory counts as the same while it is
     /// the same directory inode: its times change with every name added or removed,
     /// which the merge of its contents looks at one by one.
+    /// The same inode with the same type, mode, size and mtime: what a rename leaves
+    /// of it (it changes the ctime).
+    pub fn same_but_ctime(&self, now: &Sig) -> bool {
+        (self.ino, self.mode, self.size, self.mtime) == (now.ino, now.mode, now.size, now.mtime)
+    }
+
     pub fn unchanged(&self, now: &Sig) -> bool {
         if self.is_dir() || now.is_dir() {
             return self.is_dir() && now.is_dir() && self.ino == now.ino;
         }
         self == now
     }
+}
+
+/// The current time on the clock inode ctimes use (at most a tick behind them).
+pub fn now_coarse() -> Time {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_REALTIME_COARSE)
+        .map(|t| (t.tv_sec(), t.tv_nsec()))
+        .expect("CLOCK_REALTIME_COARSE exists on every Linux since 2.6.32")
 }
 
 /// The current time on the clock inode ctimes use, read just after that clock ticked:
@@ -70,12 +84,7 @@ impl Sig {
 /// from a fine-grained time never below it), so that clock is read, after waiting for
 /// it to tick once (a few milliseconds at most).
 pub fn now_after_tick() -> Time {
-    use nix::time::{clock_gettime, ClockId};
-    let coarse = || {
-        clock_gettime(ClockId::CLOCK_REALTIME_COARSE)
-            .map(|t| (t.tv_sec(), t.tv_nsec()))
-            .expect("CLOCK_REALTIME_COARSE exists on every Linux since 2.6.32")
-    };
+    let coarse = now_coarse;
     let start = coarse();
     // A tick is 1 to 10 ms; 100 ms covers a stalled clock without hanging.
     for _ in 0..200 {
@@ -96,6 +105,14 @@ pub enum Mark {
     /// The disk side deleted it at (or before) this time, while the RAM still has an
     /// older version: kept, so that version does not come back later.
     Deleted(Time),
+    /// The disk side's newer version (looking like this) won over the RAM's older one,
+    /// which the RAM still has: the disk side is followed until the RAM changes it
+    /// after that version's ctime.
+    DiskWon(Sig),
+    /// Only in a journal: a pass was about to rename this inode into place (its ctime
+    /// is the one before the rename). Found there, both sides agree; not found, the
+    /// name is unknown (the rename may never have happened).
+    Placing(Sig),
 }
 
 /// Paths are relative to the synced root, `/`-separated, without a leading `/`; the
@@ -140,22 +157,7 @@ impl Baseline {
         put_time(&mut out, t);
         out.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
         for (path, mark) in &self.marks {
-            out.extend_from_slice(&(path.len() as u32).to_le_bytes());
-            out.extend_from_slice(path);
-            match mark {
-                Mark::Entry(s) => {
-                    out.push(0);
-                    out.extend_from_slice(&s.ino.to_le_bytes());
-                    out.extend_from_slice(&s.mode.to_le_bytes());
-                    out.extend_from_slice(&s.size.to_le_bytes());
-                    put_time(&mut out, s.mtime);
-                    put_time(&mut out, s.ctime);
-                }
-                Mark::Deleted(at) => {
-                    out.push(1);
-                    put_time(&mut out, *at);
-                }
-            }
+            put_record(&mut out, path, mark);
         }
         let sum = fnv1a(&out);
         out.extend_from_slice(&sum.to_le_bytes());
@@ -185,19 +187,7 @@ impl Baseline {
         let count = u64::from_le_bytes(r.array()?);
         let mut marks = BTreeMap::new();
         for _ in 0..count {
-            let len = u32::from_le_bytes(r.array()?) as usize;
-            let path: Box<[u8]> = r.take(len)?.into();
-            let mark = match r.take(1)?[0] {
-                0 => Mark::Entry(Sig {
-                    ino: u64::from_le_bytes(r.array()?),
-                    mode: u32::from_le_bytes(r.array()?),
-                    size: i64::from_le_bytes(r.array()?),
-                    mtime: r.time()?,
-                    ctime: r.time()?,
-                }),
-                1 => Mark::Deleted(r.time()?),
-                _ => return Err(BaselineError::Corrupt("unknown record")),
-            };
+            let (path, mark) = r.record()?;
             marks.insert(path, mark);
         }
         if !r.0.is_empty() {
@@ -257,15 +247,73 @@ pub enum BaselineError {
     Io(std::io::Error),
 }
 
-fn put_time(out: &mut Vec<u8>, t: Time) {
+/// One path's record: length, path bytes, kind, payload.
+pub(super) fn put_record(out: &mut Vec<u8>, path: &[u8], mark: &Mark) {
+    out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+    out.extend_from_slice(path);
+    match mark {
+        Mark::Entry(s) => {
+            out.push(0);
+            s.put(out);
+        }
+        Mark::Deleted(at) => {
+            out.push(1);
+            put_time(out, *at);
+        }
+        Mark::DiskWon(s) => {
+            out.push(2);
+            s.put(out);
+        }
+        Mark::Placing(s) => {
+            out.push(3);
+            s.put(out);
+        }
+    }
+}
+
+pub(super) fn put_time(out: &mut Vec<u8>, t: Time) {
     out.extend_from_slice(&t.0.to_le_bytes());
     out.extend_from_slice(&t.1.to_le_bytes());
 }
 
-struct Reader<'a>(&'a [u8]);
+impl Sig {
+    pub(super) fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.ino.to_le_bytes());
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
+        put_time(out, self.mtime);
+        put_time(out, self.ctime);
+    }
+}
+
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], BaselineError> {
+    /// What [`put_record`] wrote.
+    pub(super) fn record(&mut self) -> Result<(Box<[u8]>, Mark), BaselineError> {
+        let len = u32::from_le_bytes(self.array()?) as usize;
+        let path: Box<[u8]> = self.take(len)?.into();
+        let mark = match self.take(1)?[0] {
+            0 => Mark::Entry(self.sig()?),
+            1 => Mark::Deleted(self.time()?),
+            2 => Mark::DiskWon(self.sig()?),
+            3 => Mark::Placing(self.sig()?),
+            _ => return Err(BaselineError::Corrupt("unknown record")),
+        };
+        Ok((path, mark))
+    }
+
+    pub(super) fn sig(&mut self) -> Result<Sig, BaselineError> {
+        Ok(Sig {
+            ino: u64::from_le_bytes(self.array()?),
+            mode: u32::from_le_bytes(self.array()?),
+            size: i64::from_le_bytes(self.array()?),
+            mtime: self.time()?,
+            ctime: self.time()?,
+        })
+    }
+
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], BaselineError> {
         if self.0.len() < n {
             return Err(BaselineError::Corrupt("truncated"));
         }
@@ -274,11 +322,11 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], BaselineError> {
+    pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], BaselineError> {
         Ok(self.take(N)?.try_into().expect("take returned N bytes"))
     }
 
-    fn time(&mut self) -> Result<Time, BaselineError> {
+    pub(super) fn time(&mut self) -> Result<Time, BaselineError> {
         Ok((
             i64::from_le_bytes(self.array()?),
             i64::from_le_bytes(self.array()?),
@@ -286,7 +334,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn fnv1a(data: &[u8]) -> u64 {
+/// FNV-1a: the checksum of the state's binary records.
+pub fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -373,7 +422,33 @@ pub fn decide(
             },
             conflict: false,
         },
-        (Some(Mark::Entry(base)), ram, disk) => {
+        // A journal's `Placing` is resolved against the disk before; as a fallback it
+        // counts as an entry.
+        (Some(Mark::DiskWon(won)), ram, disk) => {
+            // The disk's version `won` was the newer one: the RAM wins again only with a
+            // change made after it. Decided by times alone, so the record holds against
+            // any baseline time (it may come from the journal of an interrupted pass).
+            let disk_changed = match disk {
+                Disk::Present(d) => !won.unchanged(&d),
+                Disk::Absent => true,
+            };
+            let (disk_at, disk_gone) = match disk {
+                Disk::Present(d) => (d.ctime, false),
+                Disk::Absent => (disk_deleted_at, true),
+            };
+            let ram_at = match ram {
+                Ram::Present(r) => r,
+                Ram::Absent => ram_deleted_at,
+            };
+            if ram_at <= won.ctime {
+                plain(Verdict::Disk(disk_gone.then_some(disk_at)))
+            } else if !disk_changed {
+                plain(Verdict::Ram)
+            } else {
+                conflict(ram_at, disk_at, disk_gone && ram != Ram::Absent)
+            }
+        }
+        (Some(Mark::Entry(base) | Mark::Placing(base)), ram, disk) => {
             let disk_changed = match disk {
                 Disk::Present(d) => !base.unchanged(&d),
                 Disk::Absent => true,
@@ -416,6 +491,7 @@ mod tests {
     const SINCE: Time = (200, 0);
     const T1: Time = (300, 0);
     const T2: Time = (400, 0);
+    const T3: Time = (500, 0);
 
     fn file(ino: u64, ctime: Time) -> Sig {
         Sig {
@@ -464,6 +540,34 @@ mod tests {
         // No baseline at all behaves the same.
         let none = decide(None, None, Ram::Absent, disk, T2, T0);
         assert_eq!(none, v(Verdict::Disk(None)));
+    }
+
+    /// The disk's newer version won last time while the RAM kept its older one: the
+    /// RAM's stays lost until the RAM changes it again.
+    #[test]
+    fn a_version_that_lost_to_the_disk_stays_lost_until_it_changes() {
+        let won = Some(Mark::DiskWon(file(1, T1)));
+        // Even where the RAM's ctime is after the baseline's time (the record may come
+        // from an interrupted pass's journal): older than the disk's version.
+        let unchanged = Ram::Present((250, 0));
+        let disk = Disk::Present(file(1, T1));
+        assert_eq!(d(won, unchanged, disk, T0, T0), v(Verdict::Disk(None)));
+        // The application deleted the disk's version: the RAM's does not come back.
+        assert_eq!(
+            d(won, unchanged, Disk::Absent, T0, T2),
+            v(Verdict::Disk(Some(T2)))
+        );
+        assert_eq!(d(won, Ram::Absent, disk, T0, T0), v(Verdict::Disk(None)));
+        // Deleted in RAM after the disk's version: deleted on disk.
+        assert_eq!(d(won, Ram::Absent, disk, T2, T0), v(Verdict::Ram));
+        // Changed in RAM since, the disk unchanged: the RAM's change goes to disk.
+        assert_eq!(d(won, Ram::Present(T2), disk, T0, T0), v(Verdict::Ram));
+        // Both changed: the later change wins.
+        let newer_disk = Disk::Present(file(2, T3));
+        assert_eq!(
+            d(won, Ram::Present(T2), newer_disk, T0, T0),
+            c(Verdict::Disk(None))
+        );
     }
 
     #[test]
@@ -567,6 +671,7 @@ mod tests {
         b.marks
             .insert(b"a/b\xff\n".to_vec().into(), Mark::Entry(dir(2, T1)));
         b.marks.insert(b"z".to_vec().into(), Mark::Deleted(T2));
+        b.marks.insert(b"zz".to_vec().into(), Mark::DiskWon(file(3, T1)));
         let data = b.encode();
         assert_eq!(Baseline::decode(&data).unwrap(), b);
         assert_eq!(
@@ -590,7 +695,7 @@ mod tests {
         let sum = fnv1a(&newer);
         newer.extend_from_slice(&sum.to_le_bytes());
         let err = Baseline::decode(&newer).unwrap_err();
-        assert!(matches!(err, BaselineError::Newer(2)), "{err}");
+        assert!(matches!(err, BaselineError::Newer(n) if n == FORMAT + 1), "{err}");
         assert!(err.to_string().contains("newer than this tmpfsctl"));
     }
 

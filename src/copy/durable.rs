@@ -17,12 +17,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use nix::fcntl;
+use nix::fcntl::AtFlags;
 use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
-use super::baseline::Sig;
+use super::baseline::{now_coarse, Mark, Sig};
+use super::journal::Journal;
 use super::ops::dst_err;
+use super::sync::{deleted, put_in_place, DiskDeletions, Place, Placed};
 use super::CopyError;
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
@@ -72,9 +74,9 @@ pub(super) enum Job {
         file: File,
         temp: CString,
         name: CString,
-        /// Only if `name` does not exist (it did not when the walk looked); if it does
-        /// by now, the temporary is dropped and counted by [`Durable::finish`].
-        noreplace: bool,
+        /// Only if `name` is still free, or still the entry the walk compared; if not,
+        /// the temporary is dropped and counted by [`Durable::finish`].
+        place: Place,
         /// Relative path of `name`, for an error.
         rel: PathBuf,
     },
@@ -95,6 +97,9 @@ struct Shared {
     /// Files put in place, by relative path, as they are once there (a rename changes
     /// the ctime): the next baseline's records.
     placed: Mutex<Vec<(Box<[u8]>, Sig)>>,
+    /// Files not put in place because the application replaced or deleted them
+    /// meanwhile: what the next baseline remembers of them.
+    kept: Mutex<Vec<(Box<[u8]>, Mark)>>,
 }
 
 impl Shared {
@@ -118,14 +123,18 @@ pub(super) struct Durable {
 impl Durable {
     /// Starts the workers in `scope`; they end once the `Durable` is dropped and the
     /// queue is drained.
-    pub(super) fn start<'s>(scope: &'s std::thread::Scope<'s, '_>) -> Self {
+    pub(super) fn start<'s, 'e>(
+        scope: &'s std::thread::Scope<'s, 'e>,
+        journal: Option<&'e Journal>,
+        deletions: Option<&'e Mutex<dyn DiskDeletions + Send>>,
+    ) -> Self {
         let (jobs, queue) = mpsc::sync_channel(QUEUE);
         let (done_tx, done) = mpsc::channel();
         let queue = Arc::new(Mutex::new(queue));
         let shared = Arc::new(Shared::default());
         for _ in 0..WORKERS {
             let (queue, done_tx, shared) = (Arc::clone(&queue), done_tx.clone(), Arc::clone(&shared));
-            scope.spawn(move || work(&queue, &done_tx, &shared));
+            scope.spawn(move || work(&queue, &done_tx, &shared, journal, deletions));
         }
         Durable {
             jobs: Some(jobs),
@@ -173,6 +182,7 @@ impl Durable {
             None => Ok(Finished {
                 not_placed: self.shared.not_placed.load(Ordering::Relaxed),
                 placed: std::mem::take(&mut *self.shared.placed.lock().expect("the workers ended")),
+                kept: std::mem::take(&mut *self.shared.kept.lock().expect("the workers ended")),
             }),
         }
     }
@@ -184,9 +194,17 @@ pub(super) struct Finished {
     pub(super) not_placed: u64,
     /// Files put in place, by relative path, as they are there.
     pub(super) placed: Vec<(Box<[u8]>, Sig)>,
+    /// Files the application replaced or deleted before they could be put in place.
+    pub(super) kept: Vec<(Box<[u8]>, Mark)>,
 }
 
-fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
+fn work(
+    queue: &Mutex<Receiver<Job>>,
+    done: &Sender<usize>,
+    shared: &Shared,
+    journal: Option<&Journal>,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+) {
     loop {
         let job = queue.lock().expect("no worker panics holding it").recv();
         let Ok(job) = job else { return };
@@ -197,36 +215,78 @@ fn work(queue: &Mutex<Receiver<Job>>, done: &Sender<usize>, shared: &Shared) {
                 file,
                 temp,
                 name,
-                noreplace,
+                place,
                 rel,
             } => {
                 let result = if failed_before {
-                    Ok(false)
+                    Ok(Placed::Taken)
                 } else {
                     unistd::fsync(&file).map_err(dst_err("fsync")).and_then(|()| {
-                        let (at, temp, name) = (dir.fd.as_fd(), temp.as_c_str(), name.as_c_str());
-                        if noreplace {
-                            super::sync::rename_no_replace(at, temp, name)
-                        } else {
-                            fcntl::renameat(at, temp, at, name).map(|()| true)
+                        // Noted before the rename: a crash right after it leaves a name
+                        // the next pass must know was ours.
+                        if let Some(j) = journal {
+                            let st = stat::fstat(&file).map_err(dst_err("stat"))?;
+                            let key = rel.as_os_str().as_bytes();
+                            j.note(key, &Mark::Placing(Sig::of(&st)))
+                                .map_err(dst_err("record in the write-back journal"))?;
                         }
-                        .map_err(dst_err("rename into place"))
+                        let (at, temp, name) = (dir.fd.as_fd(), temp.as_c_str(), name.as_c_str());
+                        // A free name the application created and deleted again since the
+                        // walk looked: its deletion is the newer change.
+                        if matches!(place, Place::Free)
+                            && deletions.is_some_and(|dl| deleted(dl, at, name).is_some())
+                        {
+                            return Ok(Placed::Deleted);
+                        }
+                        put_in_place(at, temp, name, place).map_err(dst_err("rename into place"))
                     })
                 };
-                if matches!(result, Ok(false)) && !failed_before {
-                    shared.not_placed.fetch_add(1, Ordering::Relaxed);
-                }
                 let result = match result {
-                    Ok(true) => stat::fstat(&file).map_err(dst_err("stat")).map(|st| {
-                        let key = rel.as_os_str().as_bytes().into();
+                    Ok(placed @ (Placed::Taken | Placed::Deleted)) if !failed_before => {
+                        shared.not_placed.fetch_add(1, Ordering::Relaxed);
+                        // The application's newer entry (or deletion) wins, and is
+                        // remembered so the RAM's version does not come back later.
+                        let mark = match placed {
+                            Placed::Deleted => Some(Mark::Deleted(now_coarse())),
+                            _ => stat::fstatat(dir.fd.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                                .ok()
+                                .filter(|st| st.st_mode & libc::S_IFMT != libc::S_IFDIR)
+                                .map(|st| Mark::DiskWon(Sig::of(&st))),
+                        };
+                        let key = rel.as_os_str().as_bytes();
+                        let noted = match (&mark, journal) {
+                            (Some(m), Some(j)) => j
+                                .note(key, m)
+                                .map_err(dst_err("record in the write-back journal")),
+                            _ => Ok(()),
+                        };
+                        if let Some(m) = mark {
+                            shared
+                                .kept
+                                .lock()
+                                .expect("no worker panics holding it")
+                                .push((key.into(), m));
+                        }
+                        noted.map(|()| placed)
+                    }
+                    other => other,
+                };
+                let result = match result {
+                    Ok(Placed::Yes) => stat::fstat(&file).map_err(dst_err("stat")).and_then(|st| {
+                        let (key, sig) = (rel.as_os_str().as_bytes(), Sig::of(&st));
+                        if let Some(j) = journal {
+                            j.note(key, &Mark::Entry(sig))
+                                .map_err(dst_err("record in the write-back journal"))?;
+                        }
                         shared
                             .placed
                             .lock()
                             .expect("no worker panics holding it")
-                            .push((key, Sig::of(&st)));
-                        true
+                            .push((key.into(), sig));
+                        Ok(true)
                     }),
-                    other => other,
+                    Ok(_) => Ok(false),
+                    Err(f) => Err(f),
                 };
                 if failed_before || !matches!(result, Ok(true)) {
                     // Best effort: the next sync removes what is left.

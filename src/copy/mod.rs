@@ -26,6 +26,7 @@
 
 pub mod baseline;
 mod durable;
+pub mod journal;
 mod ops;
 mod scan;
 mod sync;
@@ -46,11 +47,12 @@ use nix::unistd;
 
 pub use baseline::Baseline;
 use baseline::{Mark, Sig};
+pub use journal::Journal;
 use ops::{
     dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
     Failed, Listing, RelPath, Reporter, Transfer,
 };
-pub use sync::{sync_tree, SyncStats, Synced, TEMP_PREFIX};
+pub use sync::{sync_tree, DiskDeletions, Merge, SyncStats, Synced, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nix::dir::Type;
 use nix::errno::Errno;
@@ -19,6 +19,7 @@ use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{self, Baseline, Disk, Mark, Ram, Sig, Time, Verdict};
 use super::durable::{DstDir, Durable, Job};
+use super::journal::Journal;
 use super::ops::{
     dst_err, file_type, link_to_first_copy, open_dst_dir, open_src, open_src_typed, permissions, src_err,
     Failed, RelPath, Reporter, Transfer,
@@ -173,9 +174,14 @@ pub struct Synced {
 pub fn sync_tree(
     src: &Path,
     dst: &Path,
-    base: &Baseline,
+    merge: Merge<'_>,
     progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<Synced, CopyError> {
+    let Merge {
+        base,
+        journal,
+        deletions,
+    } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
     // RAM changes from here on have a ctime at or after it: the next pass's baseline.
@@ -183,6 +189,8 @@ pub fn sync_tree(
     std::thread::scope(|scope| {
         let mut syncer = Syncer {
             base,
+            journal,
+            deletions,
             marks: BTreeMap::new(),
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
@@ -193,7 +201,7 @@ pub fn sync_tree(
             transfer: Transfer::default(),
             temps: TempNames::new(),
             scan: scan::start(scope, src_fd, src_st),
-            durable: Durable::start(scope),
+            durable: Durable::start(scope, journal, deletions),
             waiting: HashMap::new(),
         };
         let walked = syncer.run(dst_fd);
@@ -213,6 +221,9 @@ pub fn sync_tree(
         for (path, sig) in finished.placed {
             marks.insert(path, Mark::Entry(sig));
         }
+        for (path, mark) in finished.kept {
+            marks.insert(path, mark);
+        }
         reporter.report();
         Ok(Synced {
             stats: reporter.stats,
@@ -222,6 +233,36 @@ pub fn sync_tree(
             },
         })
     })
+}
+
+/// What a write-back pass merges against, besides the two trees.
+pub struct Merge<'a> {
+    /// The last pass's baseline.
+    pub base: &'a Baseline,
+    /// Where names the pass creates are recorded (see [`super::journal`]).
+    pub journal: Option<&'a Journal>,
+    /// Deletions on the disk side since the RAM side last changed.
+    pub deletions: Option<&'a Mutex<dyn DiskDeletions + Send>>,
+}
+
+/// When `name` in the disk directory `dir` was deleted, as far as `deletions` saw.
+pub(super) fn deleted(
+    deletions: &Mutex<dyn DiskDeletions + Send>,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+) -> Option<Time> {
+    deletions
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .deleted(dir, name)
+}
+
+/// Deletions on the disk side that the directory itself does not show: while the
+/// application works in the disk directory during the merge (after a switch), a name
+/// the RAM created may be created there again and deleted.
+pub trait DiskDeletions {
+    /// When `name` was deleted from the disk directory open at `dir`, if it was.
+    fn deleted(&mut self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Time>;
 }
 
 /// What the walk does with one name of a directory pair.
@@ -392,6 +433,9 @@ struct Left {
 struct Syncer<'p, 'b> {
     /// The last pass's baseline, and the next one being built.
     base: &'b Baseline,
+    /// Where each name this pass creates on disk is recorded at once.
+    journal: Option<&'b Journal>,
+    deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
     marks: BTreeMap<Box<[u8]>, Mark>,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
@@ -450,8 +494,24 @@ impl Syncer<'_, '_> {
     /// conflicts are counted.
     fn decide(&mut self, path: &[u8], ram: Ram, disk: Option<&FileStat>, frame: &Frame) -> Verdict {
         let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d)));
+        let mut mark = self.base_mark(path, disk);
+        if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
+            // Not in the baseline, but gone from the disk: below a directory the disk
+            // deleted, or seen deleted while the application worked there.
+            mark = match (&frame.tentative, self.deletions) {
+                (Some((at, ..)), _) => Some(Mark::Deleted(*at)),
+                (None, Some(deletions)) => {
+                    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+                    CString::new(name)
+                        .ok()
+                        .and_then(|name| deleted(deletions, frame.dst.fd.as_fd(), &name))
+                        .map(Mark::Deleted)
+                }
+                (None, None) => None,
+            };
+        }
         let d = baseline::decide(
-            self.base.get(path),
+            mark.as_ref(),
             self.base.taken,
             ram,
             disk,
@@ -462,6 +522,19 @@ impl Syncer<'_, '_> {
             self.reporter.stats.conflicts += 1;
         }
         d.verdict
+    }
+
+    /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
+    /// it: a name an interrupted pass was putting in place counts as agreed on if it
+    /// is there, and as unknown if not.
+    fn base_mark(&self, path: &[u8], disk: Disk) -> Option<Mark> {
+        match self.base.get(path).copied() {
+            Some(Mark::Placing(sig)) => match disk {
+                Disk::Present(d) if sig.same_but_ctime(&d) => Some(Mark::Entry(d)),
+                _ => None,
+            },
+            other => other,
+        }
     }
 
     /// How the disk entry at `path` compares with the baseline: a ctime this pass
@@ -483,12 +556,25 @@ impl Syncer<'_, '_> {
         }
     }
 
-    /// The disk side won: left as it is, and a deletion remembered.
-    fn keep_disk(&mut self, path: Vec<u8>, verdict: Verdict) {
+    /// The disk side won: left as it is (`d`, if it has the name), and remembered, so
+    /// the RAM's losing version does not come back later.
+    fn keep_disk(&mut self, path: Vec<u8>, verdict: Verdict, d: Option<&FileStat>) -> Result<(), Failed> {
         self.reporter.stats.kept_disk += 1;
-        if let Verdict::Disk(Some(at)) = verdict {
-            self.marks.insert(path.into(), Mark::Deleted(at));
+        match (verdict, d) {
+            (Verdict::Disk(Some(at)), _) => self.remember(path, Mark::Deleted(at)),
+            (Verdict::Disk(None), Some(d)) if file_type(d) != libc::S_IFDIR => {
+                self.remember(path, Mark::DiskWon(Sig::of(d)))
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// Puts `mark` in the next baseline, and at once in the journal: a retry after a
+    /// crash must know it too.
+    fn remember(&mut self, path: Vec<u8>, mark: Mark) -> Result<(), Failed> {
+        self.journal_note(&path, &mark)?;
+        self.marks.insert(path.into(), mark);
+        Ok(())
     }
 
     /// The two sides agree on `path`; the disk entry now looks like `st`.
@@ -671,7 +757,7 @@ impl Syncer<'_, '_> {
         let verdict = self.decide(&path, Ram::Present(ctime(&s)), d.as_ref(), parent);
         if file_type(&s) != libc::S_IFDIR {
             if verdict != Verdict::Ram {
-                self.keep_disk(path, verdict);
+                self.keep_disk(path, verdict, d.as_ref())?;
                 return Ok(Outcome::default());
             }
             let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
@@ -688,7 +774,7 @@ impl Syncer<'_, '_> {
                 if disk_file && verdict != Verdict::Ram {
                     // The disk's non-directory wins over the RAM's directory.
                     self.skip_scanned()?;
-                    self.keep_disk(path, verdict);
+                    self.keep_disk(path, verdict, d.as_ref())?;
                     return Ok(Outcome::default());
                 }
                 let tentative = match verdict {
@@ -719,7 +805,8 @@ impl Syncer<'_, '_> {
     /// it, and then it stays).
     fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Outcome, Failed> {
         let path = self.rel.joined(name);
-        if self.base.get(&path).is_none() {
+        if matches!(self.base.get(&path), None | Some(Mark::Placing(_))) {
+            // In no baseline (or never placed there for sure): the disk's own.
             return Ok(Outcome::default());
         }
         let dst_dir = parent.dst.fd.as_fd();
@@ -734,7 +821,8 @@ impl Syncer<'_, '_> {
                     self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?
                 } else {
                     self.touch(&d);
-                    (plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?, 0)
+                    let removed = self.remove_compared(dst_dir, name, &d)?;
+                    (removed, 1 - removed)
                 };
                 self.reporter.stats.deleted += removed;
                 self.reporter.stats.kept_disk += kept;
@@ -744,7 +832,7 @@ impl Syncer<'_, '_> {
                 })
             }
             verdict => {
-                self.keep_disk(path, verdict);
+                self.keep_disk(path, verdict, Some(&d))?;
                 Ok(Outcome::default())
             }
         }
@@ -810,17 +898,23 @@ impl Syncer<'_, '_> {
             }
             other => {
                 if let Some(d) = other {
-                    // A non-directory the RAM side won over.
+                    // A non-directory the RAM side won over, unless the application
+                    // changed it since.
                     self.touch(&d);
-                    self.reporter.stats.deleted += plain_remove(dst_dir, name, dtype_of(&d), self.dst_dev)?;
+                    if self.remove_compared(dst_dir, name, &d)? == 0 {
+                        self.skip_scanned()?;
+                        self.keep_disk(path, Verdict::Disk(None), None)?;
+                        return Ok(Outcome::default());
+                    }
+                    self.reporter.stats.deleted += 1;
                 }
                 // Owner-only until its metadata is applied.
                 stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
                 changed = true;
-                (
-                    open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?,
-                    None,
-                )
+                let fd = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
+                let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
+                self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
+                (fd, None)
             }
         };
         let disk_deleted_at = tentative
@@ -892,7 +986,7 @@ impl Syncer<'_, '_> {
             {
                 match unistd::unlinkat(parent.fd.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {
-                        self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)));
+                        self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)), None)?;
                         return Ok(());
                     }
                     // The application put something there meanwhile.
@@ -1074,8 +1168,16 @@ impl Syncer<'_, '_> {
     /// Records the entry the walk itself just put in place under `name`.
     fn record_placed(&mut self, dst_dir: BorrowedFd<'_>, name: &CStr, path: Vec<u8>) -> Result<(), Failed> {
         let now = stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(dst_err("stat"))?;
-        self.record(path, &now);
-        Ok(())
+        self.remember(path, Mark::Entry(Sig::of(&now)))
+    }
+
+    fn journal_note(&self, path: &[u8], mark: &Mark) -> Result<(), Failed> {
+        match self.journal {
+            Some(j) => j
+                .note(path, mark)
+                .map_err(dst_err("record in the write-back journal")),
+            None => Ok(()),
+        }
     }
 
     /// Updates owner, attributes, mode and times of a regular file in place, through a
@@ -1178,7 +1280,7 @@ impl Syncer<'_, '_> {
                         file,
                         temp: std::mem::take(&mut temp.name),
                         name: name.to_owned(),
-                        noreplace: d.is_none(),
+                        place: d.map_or(Place::Free, |d| Place::Over(Seen::of(d))),
                         rel: self.rel.path(Some(name)),
                     });
                     return Ok(Some(None));
@@ -1261,16 +1363,35 @@ impl Syncer<'_, '_> {
     /// missing (`d` is `None`) is only taken if still free: false (and the temporary
     /// dropped) when something took it meanwhile.
     fn replace(&mut self, mut temp: Temp<'_>, name: &CStr, d: Option<&FileStat>) -> Result<bool, Failed> {
-        let dir = temp.dir;
-        if d.is_none() {
-            let placed =
-                rename_no_replace(dir, temp.name.as_c_str(), name).map_err(dst_err("rename into place"))?;
-            temp.live = !placed;
-            return Ok(placed);
+        let place = d.map_or(Place::Free, |d| Place::Over(Seen::of(d)));
+        if self.journal.is_some() {
+            let st = stat::fstatat(temp.dir, temp.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(dst_err("stat"))?;
+            self.journal_note(&self.rel.joined(name), &Mark::Placing(Sig::of(&st)))?;
         }
-        fcntl::renameat(dir, temp.name.as_c_str(), dir, name).map_err(dst_err("rename into place"))?;
-        temp.live = false;
-        Ok(true)
+        let gone_meanwhile = matches!(place, Place::Free)
+            && self
+                .deletions
+                .is_some_and(|dl| deleted(dl, temp.dir, name).is_some());
+        let placed = if gone_meanwhile {
+            Placed::Deleted
+        } else {
+            put_in_place(temp.dir, temp.name.as_c_str(), name, place).map_err(dst_err("rename into place"))?
+        };
+        temp.live = placed != Placed::Yes;
+        if placed == Placed::Deleted {
+            self.remember(self.rel.joined(name), Mark::Deleted(baseline::now_coarse()))?;
+        }
+        Ok(placed == Placed::Yes)
+    }
+
+    /// Removes the disk non-directory `name` the rule decided to remove, if the
+    /// application did not change it since it was compared (`d`); returns how many
+    /// entries went.
+    fn remove_compared(&mut self, dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> Result<u64, Failed> {
+        let temp = self.temps.next();
+        let gone = remove_seen(dir, name, Seen::of(d), &temp).map_err(dst_err("remove"))?;
+        Ok(u64::from(gone))
     }
 
     /// Removes the disk directory `name` (at `path`) the way the rule removes names the
@@ -1336,11 +1457,12 @@ impl Syncer<'_, '_> {
                 Err(Errno::ENOENT) => continue,
                 Err(e) => return Err(dst_err("stat")(e)),
             };
+            let disk = Disk::Present(self.disk_sig(&child, &d));
             let verdict = baseline::decide(
-                self.base.get(&child),
+                self.base_mark(&child, disk).as_ref(),
                 self.base.taken,
                 Ram::Absent,
-                Disk::Present(self.disk_sig(&child, &d)),
+                disk,
                 ram_deleted_at,
                 ram_deleted_at,
             );
@@ -1357,10 +1479,11 @@ impl Syncer<'_, '_> {
             if d.st_nlink > 1 {
                 self.touched.insert(d.st_ino);
             }
-            match unistd::unlinkat(dir, entry.name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
-                Ok(()) => removed += 1,
-                Err(Errno::ENOENT) => {}
-                Err(e) => return Err(dst_err("remove")(e)),
+            let temp = self.temps.next();
+            if remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temp).map_err(dst_err("remove"))? {
+                removed += 1;
+            } else {
+                level.kept += 1;
             }
         }
         unreachable!("the last level returns")
@@ -1401,6 +1524,138 @@ pub(super) fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -
     }
 }
 
+/// A disk entry as the walk compared it. The application works in the disk directory
+/// while a held tmpfs is merged, so by the time the walk replaces or removes the
+/// entry, it may have replaced or changed it: then its entry stays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Seen {
+    ino: u64,
+    mode: u32,
+    size: i64,
+    /// Not the ctime: the walk's own rename changes it.
+    mtime: Time,
+}
+
+impl Seen {
+    pub(super) fn of(st: &FileStat) -> Seen {
+        let sig = Sig::of(st);
+        Seen {
+            ino: sig.ino,
+            mode: sig.mode,
+            size: sig.size,
+            mtime: sig.mtime,
+        }
+    }
+}
+
+/// How a finished temporary goes in place of its name.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Place {
+    /// Only if the name is still free.
+    Free,
+    /// Only over the entry the walk compared.
+    Over(Seen),
+}
+
+/// What became of a temporary to put in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Placed {
+    Yes,
+    /// The application took the name, or replaced or changed the entry, since the
+    /// walk compared it: the application's entry stays; the temporary is the caller's
+    /// to drop.
+    Taken,
+    /// The application deleted the entry since the walk compared it: that deletion is
+    /// the newer change, and stays.
+    Deleted,
+}
+
+/// Puts `temp` in place of `name` in `dir` as `place` says.
+///
+/// Over an entry, the two are exchanged atomically (`RENAME_EXCHANGE`) and what came
+/// out is checked to be the entry compared: if it is, it is unlinked; if not, the
+/// exchange is undone. A filesystem without exchange gets a plain rename after a
+/// check, which leaves a window.
+pub(super) fn put_in_place(
+    dir: BorrowedFd<'_>,
+    temp: &CStr,
+    name: &CStr,
+    place: Place,
+) -> nix::Result<Placed> {
+    let seen = match place {
+        Place::Free => {
+            return rename_no_replace(dir, temp, name).map(|ok| if ok { Placed::Yes } else { Placed::Taken })
+        }
+        Place::Over(seen) => seen,
+    };
+    let still = |at: &CStr| match stat::fstatat(dir, at, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(Seen::of(&st) == seen)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => match still(temp)? {
+            Some(true) | None => {
+                match unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => {}
+                    Err(e) => return Err(e),
+                }
+                Ok(Placed::Yes)
+            }
+            Some(false) => {
+                fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE)?;
+                Ok(Placed::Taken)
+            }
+        },
+        Err(Errno::ENOENT) => Ok(Placed::Deleted),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => match still(name)? {
+            Some(true) => fcntl::renameat(dir, temp, dir, name).map(|()| Placed::Yes),
+            Some(false) => Ok(Placed::Taken),
+            None => Ok(Placed::Deleted),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the non-directory `name` from `dir` if it is still the entry the walk
+/// compared (`seen`): it is renamed away to `temp` first (atomically), checked, then
+/// unlinked, or put back. Returns whether it went; false too when it was gone.
+fn remove_seen(dir: BorrowedFd<'_>, name: &CStr, seen: Seen, temp: &CStr) -> nix::Result<bool> {
+    match fcntl::renameat2(dir, name, dir, temp, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => {}
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            return match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if Seen::of(&st) == seen => {
+                    match unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+                        Ok(()) => Ok(true),
+                        Err(Errno::ENOENT) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(_) | Err(Errno::ENOENT) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let same = match stat::fstatat(dir, temp, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Seen::of(&st) == seen,
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if same {
+        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
+        return Ok(true);
+    }
+    // Changed since it was compared: the application's; back under its name, unless
+    // the application made a newer one there meanwhile.
+    if !rename_no_replace(dir, temp, name)? {
+        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
+    }
+    Ok(false)
+}
+
 /// Why a step stopped the walk: a failure at the step's path, or an error that
 /// already has its path (from the scan).
 enum Stop {
@@ -1417,15 +1672,6 @@ impl From<Failed> for Stop {
 impl From<CopyError> for Stop {
     fn from(e: CopyError) -> Self {
         Stop::Error(e)
-    }
-}
-
-fn dtype_of(st: &FileStat) -> Option<Type> {
-    match file_type(st) {
-        libc::S_IFDIR => Some(Type::Directory),
-        libc::S_IFREG => Some(Type::File),
-        libc::S_IFLNK => Some(Type::Symlink),
-        _ => None,
     }
 }
 
@@ -1712,6 +1958,57 @@ mod tests {
         assert_eq!(decide(lnk, Diff::Meta, Reuse::InPlace), Rewrite);
         assert_eq!(decide(lnk, Diff::Same, Reuse::InPlace), Keep);
         assert_eq!(decide(libc::S_IFIFO, Diff::Meta, Reuse::InPlace), Rewrite);
+    }
+
+    /// The application replaces, changes or deletes an entry after the walk compared it:
+    /// its version stays.
+    #[test]
+    fn entries_are_replaced_or_removed_only_as_compared() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = File::open(tmp.path()).unwrap();
+        let at = dir.as_fd();
+        let p = |n: &str| tmp.path().join(n);
+        let seen = |n: &str| Seen::of(&stat::stat(&p(n)).unwrap());
+        std::fs::write(p("a"), "disk").unwrap();
+        let compared = seen("a");
+        std::fs::write(p("t"), "ram").unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Yes
+        );
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "ram");
+        assert!(!p("t").exists());
+        // Replaced by the application after the comparison.
+        let compared = seen("a");
+        std::fs::write(p("new"), "app").unwrap();
+        std::fs::rename(p("new"), p("a")).unwrap();
+        std::fs::write(p("t"), "ram2").unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Taken
+        );
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app");
+        assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "ram2");
+        // Deleted by the application.
+        let compared = seen("a");
+        std::fs::remove_file(p("a")).unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Deleted
+        );
+        assert!(!p("a").exists());
+        // Removal: only the compared entry goes.
+        std::fs::write(p("b"), "v1").unwrap();
+        let compared = seen("b");
+        assert!(remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
+        assert!(!p("b").exists());
+        std::fs::write(p("b"), "v1").unwrap();
+        let compared = seen("b");
+        std::fs::write(p("b"), "longer v2").unwrap();
+        assert!(!remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
+        assert_eq!(std::fs::read_to_string(p("b")).unwrap(), "longer v2");
+        assert!(!p(".tmpfsctl-x").exists());
+        assert!(!remove_seen(at, c"gone", compared, c".tmpfsctl-x").unwrap());
     }
 
     #[test]

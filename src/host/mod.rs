@@ -1,6 +1,7 @@
 //! What the machine looks like. Reads only; every /proc read goes through
 //! `Host::proc_root` so tests can point it at fixture files.
 
+pub mod deletions;
 pub mod meminfo;
 pub mod mountinfo;
 pub mod procs;

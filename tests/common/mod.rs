@@ -223,3 +223,292 @@ pub fn owner_of(p: &Path) -> (u32, u32) {
     let m = fs::symlink_metadata(p).unwrap();
     (m.uid(), m.gid())
 }
+
+/// An ext4 filesystem on a loop device over an image file, mounted in the test's
+/// namespace: a small disk to fill, and a device whose image can be copied as a
+/// power cut would leave it. The loop device and the image go with it.
+pub struct LoopFs {
+    pub mount_point: PathBuf,
+    pub image: PathBuf,
+    device: String,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs a helper program, failing the test with its output if it fails.
+pub fn run_tool(prog: &str, args: &[&OsStr]) -> String {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {prog}: {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl LoopFs {
+    /// A fresh ext4 of `mib` MiB mounted at `mount_point` with `options`.
+    pub fn new(mount_point: &Path, mib: u64, options: &str) -> LoopFs {
+        let dir = disk_tempdir("tmpfsctl-loop-");
+        let image = dir.path().join("disk.img");
+        fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        run_tool("mkfs.ext4", &["-q".as_ref(), "-F".as_ref(), image.as_os_str()]);
+        let device = run_tool(
+            "losetup",
+            &["--find".as_ref(), "--show".as_ref(), image.as_os_str()],
+        );
+        let fs = LoopFs {
+            mount_point: mount_point.to_path_buf(),
+            image,
+            device,
+            _dir: dir,
+        };
+        fs::create_dir_all(mount_point).unwrap();
+        run_tool(
+            "mount",
+            &[
+                "-t".as_ref(),
+                "ext4".as_ref(),
+                "-o".as_ref(),
+                options.as_ref(),
+                fs.device.as_ref(),
+                mount_point.as_os_str(),
+            ],
+        );
+        fs
+    }
+
+    /// Mounts a copy of an image (its journal replays, as after a power cut) at
+    /// `mount_point`; unmounted and detached when the returned guard drops.
+    pub fn mount_copy(image: &Path, mount_point: &Path) -> LoopFs {
+        let device = run_tool(
+            "losetup",
+            &["--find".as_ref(), "--show".as_ref(), image.as_os_str()],
+        );
+        fs::create_dir_all(mount_point).unwrap();
+        let fs = LoopFs {
+            mount_point: mount_point.to_path_buf(),
+            image: image.to_path_buf(),
+            device,
+            _dir: disk_tempdir("tmpfsctl-loop-"),
+        };
+        run_tool(
+            "mount",
+            &[
+                "-t".as_ref(),
+                "ext4".as_ref(),
+                fs.device.as_ref(),
+                mount_point.as_os_str(),
+            ],
+        );
+        fs
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        // Mounts stacked below it (binds into the state directory) go first.
+        let mut below: Vec<PathBuf> = fs::read_to_string("/proc/thread-self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(PathBuf::from))
+            .filter(|p| p.starts_with(&self.mount_point))
+            .collect();
+        below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in below {
+            let _ = umount2(&p, MntFlags::MNT_DETACH);
+        }
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+    }
+}
+
+/// The application, played by a thread working in a directory through its path (it
+/// sees the disk or the tmpfs, whichever is mounted there): it creates, rewrites,
+/// deletes and renames files. What it did that succeeded is the expected end state.
+pub struct App {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    started: std::time::Instant,
+    /// The test's own events, merged into the history shown on a failure.
+    events: std::sync::Mutex<Vec<(std::time::Duration, String)>>,
+    thread: std::thread::JoinHandle<Expected>,
+}
+
+/// What the application's completed operations left, by name: its content, or
+/// `None` for deleted. Names whose last operation failed half way are `uncertain`.
+#[derive(Debug, Default)]
+pub struct Expected {
+    pub names: std::collections::BTreeMap<String, Option<Vec<u8>>>,
+    pub uncertain: std::collections::BTreeSet<String>,
+    pub ops: u64,
+    /// Every operation, with its time since the start and its result: shown for the
+    /// names a check finds wrong.
+    pub log: Vec<(std::time::Duration, String)>,
+    /// The test's events, by time.
+    pub events: Vec<(std::time::Duration, String)>,
+}
+
+impl App {
+    /// Starts it in `dir`, where `seeded` names (with their contents) already exist.
+    /// `seed` makes its choices reproducible.
+    pub fn start(dir: PathBuf, seeded: Vec<(String, Vec<u8>)>, seed: u64) -> App {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stop2 = std::sync::Arc::clone(&stop);
+        let started = std::time::Instant::now();
+        let thread = std::thread::spawn(move || {
+            let mut exp = Expected::default();
+            let mut live: Vec<String> = Vec::new();
+            for (n, c) in seeded {
+                live.push(n.clone());
+                exp.names.insert(n, Some(c));
+            }
+            let mut rng = seed | 1;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut i = 0u64;
+            let t0 = started;
+            let note = |exp: &mut Expected, what: String| exp.log.push((t0.elapsed(), what));
+            while !stop2.load(Ordering::Relaxed) {
+                i += 1;
+                let roll = next() % 10;
+                if roll < 5 || live.is_empty() {
+                    let name = format!("w-{i}");
+                    let content = format!("{name} {}\n", "x".repeat((next() % 3000) as usize)).into_bytes();
+                    let r = fs::write(dir.join(&name), &content);
+                    note(&mut exp, format!("create {name}: {r:?}"));
+                    match r {
+                        Ok(()) => {
+                            exp.names.insert(name.clone(), Some(content));
+                            live.push(name);
+                        }
+                        Err(_) => {
+                            if fs::remove_file(dir.join(&name)).is_err() && dir.join(&name).exists() {
+                                exp.uncertain.insert(name);
+                            }
+                        }
+                    }
+                } else {
+                    let k = (next() as usize) % live.len();
+                    let name = live[k].clone();
+                    match roll {
+                        5..=6 => {
+                            let content = format!("{name} rewritten {i}\n").into_bytes();
+                            // Write a temporary, rename it over: how caches replace entries.
+                            let tmp = dir.join(format!(".tmp-{i}"));
+                            let ok = fs::write(&tmp, &content).is_ok()
+                                && fs::rename(&tmp, dir.join(&name)).is_ok();
+                            let _ = fs::remove_file(&tmp);
+                            note(&mut exp, format!("rewrite {name} (rewritten {i}): {ok}"));
+                            if ok {
+                                exp.names.insert(name, Some(content));
+                            }
+                        }
+                        7..=8 => {
+                            let r = fs::remove_file(dir.join(&name));
+                            note(&mut exp, format!("delete {name}: {r:?}"));
+                            if r.is_ok() {
+                                exp.names.insert(name, None);
+                                live.swap_remove(k);
+                            }
+                        }
+                        _ => {
+                            let to = format!("r-{i}");
+                            let r = fs::rename(dir.join(&name), dir.join(&to));
+                            note(&mut exp, format!("rename {name} {to}: {r:?}"));
+                            if r.is_ok() {
+                                // What it renamed is what it finds under the new name: while a
+                                // write-back runs, the disk side may still show an older version.
+                                exp.names.insert(name, None);
+                                match fs::read(dir.join(&to)) {
+                                    Ok(content) => exp.names.insert(to.clone(), Some(content)),
+                                    Err(_) => exp.uncertain.insert(to.clone()).then_some(None).flatten(),
+                                };
+                                live[k] = to;
+                            }
+                        }
+                    }
+                }
+                exp.ops += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            exp
+        });
+        App {
+            stop,
+            started,
+            events: Default::default(),
+            thread,
+        }
+    }
+
+    /// Notes a moment of the test (a command started or ended) in the history.
+    pub fn event(&self, what: &str) -> std::time::Duration {
+        let at = self.started.elapsed();
+        self.events.lock().unwrap().push((at, format!("== {what}")));
+        at
+    }
+
+    pub fn stop(self) -> Expected {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut exp = self.thread.join().expect("the application thread");
+        exp.events = self.events.into_inner().unwrap();
+        exp
+    }
+}
+
+impl Expected {
+    /// Compares `dir` with what the application left: (lost, resurrected), each
+    /// with examples. Lost: a name it wrote is missing or holds other content.
+    /// Resurrected: a name it deleted or renamed away is back.
+    pub fn history(&self, name: &str) -> Vec<String> {
+        let (short, _) = name.split_once(':').unwrap_or((name, ""));
+        let mut h: Vec<_> = self
+            .log
+            .iter()
+            .filter(|(_, w)| w.split([' ', ':']).any(|t| t == short))
+            .chain(&self.events)
+            .collect();
+        h.sort();
+        h.into_iter()
+            .map(|(t, w)| format!("{:.3}s {w}", t.as_secs_f64()))
+            .collect()
+    }
+
+    pub fn check(&self, dir: &Path) -> (Vec<String>, Vec<String>) {
+        let mut lost = Vec::new();
+        let mut resurrected = Vec::new();
+        for (name, want) in &self.names {
+            if self.uncertain.contains(name) {
+                continue;
+            }
+            let have = fs::read(dir.join(name)).ok();
+            match (want, have) {
+                (Some(w), Some(h)) if *w == h => {}
+                (Some(_), Some(h)) => lost.push(format!(
+                    "{name}: other content {:?}",
+                    String::from_utf8_lossy(&h[..h.len().min(40)])
+                )),
+                (Some(_), None) => lost.push(format!("{name}: missing")),
+                (None, Some(_)) => resurrected.push(name.clone()),
+                (None, None) => {}
+            }
+        }
+        for e in fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if !self.names.contains_key(&name)
+                && !self.uncertain.contains(&name)
+                && !name.starts_with(".tmp-")
+            {
+                resurrected.push(format!("{name}: never written"));
+            }
+        }
+        (lost, resurrected)
+    }
+}

@@ -625,5 +625,15 @@ pub fn mirror(
     progress: Option<&mut dyn FnMut(&tmpfsctl::copy::SyncStats)>,
 ) -> Result<tmpfsctl::copy::SyncStats, tmpfsctl::copy::CopyError> {
     let base = unchanged_disk(dst);
-    tmpfsctl::copy::sync_tree(src, dst, &base, progress).map(|s| s.stats)
+    tmpfsctl::copy::sync_tree(
+        src,
+        dst,
+        tmpfsctl::copy::Merge {
+            base: &base,
+            journal: None,
+            deletions: None,
+        },
+        progress,
+    )
+    .map(|s| s.stats)
 }

@@ -1,0 +1,299 @@
+//! The deletion keeper: a small process that goes on watching a disk directory for
+//! the application's deletions while a held tmpfs waits for its write-back, after the
+//! tmpfsctl that switched it ended (a failed write-back) or died (kill -9).
+//!
+//! Why: once switched, the application works in its disk directory. A name its RAM
+//! copy has may be created there again and deleted; only the deletion's event tells
+//! the next write-back not to bring the RAM's version back (see
+//! [`crate::host::deletions`]). A watch lives as long as its process, so the process
+//! doing the write-back hands its watch over to a keeper before it ends:
+//!
+//! - the write-back starts its own watch and a new keeper (so a kill -9 during the
+//!   merge leaves one running), then stops the keeper of an earlier attempt (SIGTERM:
+//!   it reads its queue empty, records, exits) and takes over the record; it stops its
+//!   keeper when the write-back succeeded;
+//! - when the write-back fails, it adds what its own watch saw to the record.
+//!
+//! The record is `STATE/run/NAME.gone`: appended records of (directory handle,
+//! name), each with a checksum. The keeper exits by itself once the held tmpfs or the
+//! record is gone. A keeper killed along with tmpfsctl leaves the gap this closes.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
+
+use crate::copy::baseline::fnv1a;
+use crate::host::deletions::{Deletions, Handle};
+use crate::state::State;
+
+/// The name of the hidden subcommand a keeper runs as.
+pub const SUBCOMMAND: &str = "keep-deletions";
+
+fn record_path(state: &State, name: &str) -> PathBuf {
+    state.run_dir().join(format!("{name}.gone"))
+}
+
+fn pid_path(state: &State, name: &str) -> PathBuf {
+    state.run_dir().join(format!("{name}.keeper"))
+}
+
+fn encode(handle: &Handle, name: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16 + handle.1.len() + name.len());
+    body.extend_from_slice(&handle.0.to_le_bytes());
+    body.extend_from_slice(&(handle.1.len() as u32).to_le_bytes());
+    body.extend_from_slice(&handle.1);
+    body.extend_from_slice(name);
+    let mut out = Vec::with_capacity(body.len() + 12);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&fnv1a(&body).to_le_bytes());
+    out
+}
+
+/// The records of `data`, up to the first damaged or partial one. A record with an
+/// empty name stands for an overflow of the keeper's watch.
+fn decode(mut data: &[u8]) -> Vec<(Handle, Vec<u8>)> {
+    let mut out = Vec::new();
+    while data.len() >= 4 {
+        let len = u32::from_le_bytes(data[..4].try_into().expect("4 bytes")) as usize;
+        let Some(body) = data.get(4..4 + len) else { break };
+        let Some(sum) = data.get(4 + len..12 + len) else {
+            break;
+        };
+        if fnv1a(body).to_le_bytes() != sum || body.len() < 8 {
+            break;
+        }
+        let kind = i32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+        let hlen = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
+        let Some(handle) = body.get(8..8 + hlen) else {
+            break;
+        };
+        out.push(((kind, handle.to_vec()), body[8 + hlen..].to_vec()));
+        data = &data[12 + len..];
+    }
+    out
+}
+
+fn open_record(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+fn append(file: &mut File, seen: &[(Handle, Vec<u8>)]) -> std::io::Result<()> {
+    for (h, n) in seen {
+        file.write_all(&encode(h, n))?;
+    }
+    Ok(())
+}
+
+/// The overflow marker: no name can have zero bytes.
+fn overflow_marker() -> (Handle, Vec<u8>) {
+    ((0, Vec::new()), Vec::new())
+}
+
+/// The keeper's pid, if one runs for `name` (checked to be a keeper of `name`, not
+/// a reused pid).
+fn running(state: &State, name: &str) -> Option<Pid> {
+    let pid: i32 = std::fs::read_to_string(pid_path(state, name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let ours = args
+        .windows(2)
+        .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes());
+    ours.then(|| Pid::from_raw(pid))
+}
+
+/// Whether `pid` ended (gone, or a zombie its new parent has not reaped yet).
+fn ended(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+/// Starts a keeper for this attempt, then stops the keeper of an earlier attempt, if
+/// any, and adds what it recorded to `watch`, which must already be watching: the
+/// watches overlap, so a deletion falls into one of them whenever this process dies.
+pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
+    let earlier = running(state, name);
+    if let Err(e) = start(state, name) {
+        tracing::warn!(
+            "{name}: {e:#}; should this write-back fail, deletions on disk until the next attempt are not seen"
+        );
+    }
+    if let Some(pid) = earlier {
+        let _ = kill(pid, Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(2);
+        while !ended(pid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let seen = match std::fs::read(record_path(state, name)) {
+        Ok(data) => decode(&data),
+        Err(_) => return,
+    };
+    let overflowed = seen.iter().any(|(h, n)| h.1.is_empty() && n.is_empty());
+    watch.add((!overflowed).then_some(seen));
+}
+
+/// Starts a keeper for `name`; returns once its watch is in place.
+fn start(state: &State, name: &str) -> Result<()> {
+    state.ensure_run_dir()?;
+    let exe = std::env::current_exe().context("finding this executable to start a keeper")?;
+    let mut child = Command::new(exe)
+        .arg("--state-dir")
+        .arg(state.dir())
+        .arg(SUBCOMMAND)
+        .arg(name)
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .env_remove("TMPFSCTL_FAILPOINT")
+        // Not in our process group: a signal to it (a terminal's ^C) is ours alone.
+        .process_group(0)
+        .spawn()
+        .context("starting a deletion keeper")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("waiting for the deletion keeper")?;
+    anyhow::ensure!(
+        line.trim() == "ready",
+        "the deletion keeper did not start: {}",
+        line.trim()
+    );
+    Ok(())
+}
+
+/// Adds what `watch` saw to the record, for the next attempt.
+pub fn hand_over(state: &State, name: &str, watch: &Deletions) -> Result<()> {
+    state.ensure_run_dir()?;
+    let path = record_path(state, name);
+    let mut file = open_record(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut seen: Vec<_> = watch.seen().cloned().collect();
+    if watch.overflowed() {
+        seen.push(overflow_marker());
+    }
+    append(&mut file, &seen).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The write-back succeeded: the keeper stops and its record goes.
+pub fn finish(state: &State, name: &str) {
+    let _ = std::fs::remove_file(record_path(state, name));
+    if let Some(pid) = running(state, name) {
+        let _ = kill(pid, Signal::SIGTERM);
+    }
+    let _ = std::fs::remove_file(pid_path(state, name));
+}
+
+/// The keeper itself (`tmpfsctl keep-deletions NAME PID`): watches until SIGTERM, or
+/// until the held tmpfs or the record is gone; ignores the events of `parent`.
+pub fn run(state: &State, name: &str, parent: i32) -> Result<i32> {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.add(Signal::SIGINT);
+    mask.thread_block().context("blocking SIGTERM")?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    let held = state.held(name);
+    // A mount point: another device than the directory it is in.
+    let held_mounted = || {
+        let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+        dev(&held).is_some_and(|d| Some(d) != dev(&state.held_root()))
+    };
+    let started = Instant::now();
+    let mut was_held = false;
+    let mut watch =
+        Deletions::watch(&state.lower(name)).map_err(|e| anyhow::anyhow!("watching for deletions: {e}"))?;
+    watch.ignore(parent);
+    let record = record_path(state, name);
+    let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;
+    crate::state::write_atomic(&pid_path(state, name), std::process::id().to_string().as_bytes())?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ready")?;
+        out.flush()?;
+    }
+    // Stdout goes back to nowhere: the starter stopped reading.
+    let devnull = File::options().write(true).open("/dev/null")?;
+    nix::unistd::dup2_stdout(&devnull)?;
+    let _ = std::env::set_current_dir("/");
+    let mut overflow_noted = false;
+    loop {
+        let mut fds = [
+            PollFd::new(watch.fd(), PollFlags::POLLIN),
+            PollFd::new(std::os::fd::AsFd::as_fd(&signals), PollFlags::POLLIN),
+        ];
+        let _ = poll(&mut fds, PollTimeout::from(1000u16));
+        let stop = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let mut new = watch.drain();
+        if watch.overflowed() && !overflow_noted {
+            new.push(overflow_marker());
+            overflow_noted = true;
+        }
+        if append(&mut file, &new).is_err() {
+            return Ok(1);
+        }
+        // Started just before the switch: the held tmpfs appears, and when it goes
+        // (written back, or taken down), so does the keeper.
+        let held_now = held_mounted();
+        was_held |= held_now;
+        let gone = if was_held {
+            !held_now
+        } else {
+            started.elapsed() > Duration::from_secs(10)
+        };
+        if stop || gone || !record.exists() {
+            return Ok(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn records_round_trip_and_a_damaged_tail_is_dropped() {
+        let a = ((1, vec![1, 2, 3, 4]), b"w-1".to_vec());
+        let b = ((2, vec![9; 12]), b"odd\nname\xff".to_vec());
+        let mut data = encode(&a.0, &a.1);
+        data.extend(encode(&b.0, &b.1));
+        assert_eq!(decode(&data), vec![a.clone(), b]);
+        for cut in 0..data.len() {
+            let n = decode(&data[..cut]).len();
+            assert!(n <= 1);
+        }
+        let mut bad = data.clone();
+        let last = bad.len() - 9;
+        bad[last] ^= 1;
+        assert_eq!(decode(&bad), vec![a]);
+        let m = overflow_marker();
+        assert_eq!(decode(&encode(&m.0, &m.1)), vec![m]);
+        let distinct: HashSet<_> = decode(&data).into_iter().collect();
+        assert_eq!(distinct.len(), 2);
+    }
+}

@@ -1,0 +1,225 @@
+//! A second failure while a write-back runs: `kill -9` in every phase of `down` and
+//! `sync`, and a full disk, with the application creating, rewriting, deleting and
+//! renaming files all along. At the end, what the application completed is counted
+//! against what is on disk: lost = 0, resurrected = 0.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{App, Expected, LoopFs, Sandbox};
+
+fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
+    sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 64MiB\n    persist: on-stop\n",
+            cache.display()
+        ),
+    )
+}
+
+/// `n` files the disk directory holds before the offload.
+fn seed(dir: &Path, n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let name = format!("s-{i}");
+            let content = format!("{name} seeded\n").into_bytes();
+            fs::write(dir.join(&name), &content).unwrap();
+            (name, content)
+        })
+        .collect()
+}
+
+fn assert_nothing_lost(exp: &Expected, dir: &Path, what: &str) {
+    let (lost, resurrected) = exp.check(dir);
+    for n in lost.iter().chain(&resurrected).take(4) {
+        eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
+    }
+    assert!(
+        lost.is_empty() && resurrected.is_empty(),
+        "{what}: {} operations; lost {}: {:?}; resurrected {}: {:?}",
+        exp.ops,
+        lost.len(),
+        &lost[..lost.len().min(10)],
+        resurrected.len(),
+        &resurrected[..resurrected.len().min(10)]
+    );
+}
+
+/// Runs tmpfsctl with `args`, SIGKILLed at the failpoint `point` or, for `None`,
+/// after `after`; returns whether it was killed.
+fn killed_run(sb: &Sandbox, args: &[&std::ffi::OsStr], point: Option<&str>, after: Duration) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let mut c = sb.cmd();
+    c.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    if let Some(p) = point {
+        c.env("TMPFSCTL_FAILPOINT", p);
+    }
+    let mut child = c.spawn().unwrap();
+    if point.is_none() {
+        std::thread::sleep(after);
+        let _ = child.kill();
+    }
+    child.wait().unwrap().signal() == Some(9)
+}
+
+enum Cmd {
+    Down,
+    Sync,
+}
+
+/// Offloads, lets the application work in RAM, kills `cmd` at `point` (or after
+/// `after`), lets the application go on, then finishes with `down` and counts.
+fn kill_then_finish(cmd: Cmd, point: Option<&str>, after: Duration, seed_no: u64) {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let seeded = seed(&cache, 500);
+    let spec = spec(&sb, &cache);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let app = App::start(cache.clone(), seeded, seed_no);
+    std::thread::sleep(Duration::from_millis(400));
+    let verb = match cmd {
+        Cmd::Down => "down",
+        Cmd::Sync => "sync",
+    };
+    let what = format!("{verb} killed at {}", point.unwrap_or(&format!("{after:?}")));
+    app.event(&format!("{verb} started"));
+    let was_killed = killed_run(&sb, &[verb.as_ref(), spec.as_os_str()], point, after);
+    app.event(&format!("{verb} killed"));
+    std::thread::sleep(Duration::from_millis(200));
+    if matches!(cmd, Cmd::Sync) {
+        // The application goes on in RAM; the next pass merges against what the
+        // killed one left.
+        app.event("sync started");
+        sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+        app.event("sync done");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    app.event("down started");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    std::thread::sleep(Duration::from_millis(100));
+    let exp = app.stop();
+    down.code(0);
+    assert!(
+        sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
+        "{what}: a tmpfs is left\n{down}"
+    );
+    if point.is_some() {
+        assert!(was_killed, "{what}: the failpoint was not reached");
+    }
+    assert_nothing_lost(&exp, &cache, &what);
+}
+
+#[test]
+fn kill_9_in_every_phase_of_down() {
+    for (i, point) in [
+        "after-hold",
+        "after-switch",
+        "after-merge",
+        "after-baseline",
+        "after-release",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        kill_then_finish(
+            Cmd::Down,
+            Some(&format!("{point}:c")),
+            Duration::ZERO,
+            i as u64 + 1,
+        );
+    }
+}
+
+#[test]
+fn kill_9_during_the_merge_of_down() {
+    for (i, ms) in [5u64, 30, 80, 150].into_iter().enumerate() {
+        kill_then_finish(Cmd::Down, None, Duration::from_millis(ms), 100 + i as u64);
+    }
+}
+
+#[test]
+fn kill_9_in_every_phase_of_sync() {
+    for (i, point) in ["after-merge", "after-baseline"].into_iter().enumerate() {
+        kill_then_finish(
+            Cmd::Sync,
+            Some(&format!("{point}:c")),
+            Duration::ZERO,
+            200 + i as u64,
+        );
+    }
+    for (i, ms) in [10u64, 60, 150].into_iter().enumerate() {
+        kill_then_finish(Cmd::Sync, None, Duration::from_millis(ms), 300 + i as u64);
+    }
+}
+
+/// The disk directory (and the state directory) on a small filesystem that the RAM
+/// copy does not fit into: `down` switches, the write-back fails with ENOSPC and the
+/// RAM copy waits; once space is freed the retry (itself killed once) completes.
+#[test]
+fn a_full_disk_keeps_the_ram_copy_until_space_is_freed() {
+    let sb = Sandbox::new();
+    let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
+    let cache = disk.mount_point.join("cache");
+    fs::create_dir(&cache).unwrap();
+    let state = disk.mount_point.join("state");
+    let seeded = seed(&cache, 200);
+    let spec = spec(&sb, &cache);
+    let mut cmd = sb.cmd();
+    cmd.env("TMPFSCTL_STATE_DIR", &state);
+    sb.run_with(cmd, ["apply".as_ref(), spec.as_os_str()]).code(0);
+    // Leaves about 3 MiB free on disk; the application writes more into RAM.
+    let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    let filler = disk.mount_point.join("filler");
+    fs::write(&filler, vec![7u8; (avail.saturating_sub(3 << 20)) as usize]).unwrap();
+    let app = App::start(cache.clone(), seeded, 7);
+    let big: Vec<PathBuf> = (0..6).map(|i| cache.join(format!("big-{i}"))).collect();
+    for b in &big {
+        fs::write(b, vec![1u8; 1 << 20]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let run = |args: &[&std::ffi::OsStr]| {
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_STATE_DIR", &state);
+        sb.run_with(c, args)
+    };
+    app.event("down started");
+    let down = run(&["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    down.code(1).stdout_has("PENDING");
+    // The application is on the (full) disk now; its RAM copy waits.
+    std::thread::sleep(Duration::from_millis(200));
+    app.event("down started");
+    let again = run(&["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    again.code(1);
+    fs::remove_file(&filler).unwrap();
+    app.event("space freed");
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_STATE_DIR", &state);
+    c.args(["down".as_ref(), spec.as_os_str()]);
+    app.event("down started");
+    let mut child = c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    app.event("down killed");
+    std::thread::sleep(Duration::from_millis(100));
+    app.event("down started");
+    let last = run(&["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    std::thread::sleep(Duration::from_millis(100));
+    let mut exp = app.stop();
+    last.code(0);
+    for b in &big {
+        let name = b.file_name().unwrap().to_string_lossy().into_owned();
+        exp.names.insert(name, Some(vec![1u8; 1 << 20]));
+    }
+    assert_nothing_lost(&exp, &cache, "disk full, then freed");
+}
