@@ -15,7 +15,7 @@ exec unshare -m --propagation private bash -s "$BIN" "$FILES" "$ROUNDS" <<'INNER
 set -euo pipefail
 BIN=$1 FILES=$2 ROUNDS=$3
 work=$(mktemp -d /var/tmp/tmpfsctl-switch.XXXXXX)
-trap 'for m in held lower stage; do umount -l "$work/state/$m" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for m in held lower stage run; do umount -l "$work/state/$m" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 export TMPFSCTL_STATE_DIR=$work/state
 cache=$work/cache
 mkdir -p "$cache"

@@ -197,10 +197,10 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
         (Some(m), _) => {
             let mut watch = None;
             if let Some(e) = &found.live {
+                let started = Instant::now();
                 // From before the switch: the application's deletions on disk from
                 // its first moment there on.
                 watch = watch_deletions(m, state);
-                let started = Instant::now();
                 switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
                 res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
             } else if found.held.is_none() {

@@ -74,9 +74,21 @@ struct Agent {
 
 impl Agent {
     fn start(sb: &Sandbox, spec: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Agent {
+        let mut c = sb.cmd();
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        Agent::spawn(sb, spec, extra, c)
+    }
+
+    /// Started from the command `c` (its environment set by the caller).
+    fn start_with(sb: &Sandbox, spec: &Path, c: std::process::Command) -> Agent {
+        Agent::spawn(sb, spec, &[], c)
+    }
+
+    fn spawn(sb: &Sandbox, spec: &Path, extra: &[&str], mut c: std::process::Command) -> Agent {
         let log = sb.path("agent.log");
         let metrics = sb.path("metrics.prom");
-        let mut c = sb.cmd();
         c.arg("agent")
             .arg(spec)
             .arg("--metrics")
@@ -87,9 +99,6 @@ impl Agent {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap());
-        for (k, v) in env {
-            c.env(k, v);
-        }
         let child = c.spawn().expect("spawn tmpfsctl agent");
         Agent { child, log, metrics }
     }
@@ -147,6 +156,22 @@ impl Agent {
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Waits for the agent to end by itself; its exit code (`None`: a signal).
+    fn wait_exit(&mut self) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the agent did not end\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// SIGTERM, then the exit status (within the deadline).
@@ -804,4 +829,113 @@ fn fallback_of_a_busy_persisted_mount_loses_no_file_created_meanwhile() {
         "created {n}; lost after the fallback: {missing:?}"
     );
     assert_eq!(agent.stop(), 0);
+}
+
+/// Fallback of a persisted mount, then its re-offload, with the application
+/// creating, rewriting, deleting and renaming files all along: nothing it wrote is
+/// lost, nothing it deleted comes back.
+#[test]
+fn fallback_then_reoffload_with_a_busy_application_loses_and_resurrects_nothing() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback, reoffload_after: 10s }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let app = common::App::paced(cache.clone(), Vec::new(), 11, Duration::from_millis(8));
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&cache, "big", 5, MIB as usize);
+    agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    app.event("fallback");
+    // The application drops the big files once it sees them on disk, so the rest
+    // fits again.
+    let start = Instant::now();
+    for i in 0..5 {
+        let p = cache.join(format!("big{i:03}"));
+        while fs::remove_file(&p).is_err() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{} never reached the disk",
+                p.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    agent.wait_for("the re-offload", |m| m.actions("c", "reoffload") == 1.0);
+    app.event("re-offloaded");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(agent.stop(), 0);
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    let mut exp = app.stop();
+    down.code(0);
+    for i in 0..5 {
+        exp.names.insert(format!("big{i:03}"), None);
+    }
+    let (lost, resurrected) = exp.check(&cache);
+    for n in lost.iter().chain(&resurrected).take(4) {
+        eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
+    }
+    assert!(
+        lost.is_empty() && resurrected.is_empty(),
+        "{} operations; lost {lost:?}; resurrected {resurrected:?}",
+        exp.ops
+    );
+}
+
+/// The agent killed (`kill -9`) in every phase of a fallback of a persisted mount,
+/// the application busy all along; `down` finishes the write-back.
+#[test]
+fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
+    for (i, point) in ["after-hold", "after-switch", "after-merge", "after-baseline"]
+        .into_iter()
+        .enumerate()
+    {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("cache", 0, 0, 0o755);
+        let spec = spec_one(
+            &sb,
+            &cache,
+            "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+        );
+        let mut agent = Agent::start(&sb, &spec, &[], &[]);
+        wait_offloaded(&mut agent, "c");
+        drop(agent);
+        // Started again with the crash point, now that the mount is offloaded.
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_FAILPOINT", format!("{point}:c"));
+        let mut agent = Agent::start_with(&sb, &spec, c);
+        let app = common::App::paced(cache.clone(), Vec::new(), 40 + i as u64, Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(200));
+        fill(&cache, "big", 5, MIB as usize);
+        let status = agent.wait_exit();
+        app.event(&format!("agent died at {point}"));
+        assert_eq!(
+            status,
+            None,
+            "{point}: the agent was to be killed\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        app.event("down done");
+        let mut exp = app.stop();
+        down.code(0);
+        for i in 0..5 {
+            exp.names
+                .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
+        }
+        let (lost, resurrected) = exp.check(&cache);
+        for n in lost.iter().chain(&resurrected).take(4) {
+            eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
+        }
+        assert!(
+            lost.is_empty() && resurrected.is_empty(),
+            "{point}: {} operations; lost {lost:?}; resurrected {resurrected:?}",
+            exp.ops
+        );
+    }
 }

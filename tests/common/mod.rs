@@ -354,6 +354,11 @@ impl App {
     /// Starts it in `dir`, where `seeded` names (with their contents) already exist.
     /// `seed` makes its choices reproducible.
     pub fn start(dir: PathBuf, seeded: Vec<(String, Vec<u8>)>, seed: u64) -> App {
+        App::paced(dir, seeded, seed, std::time::Duration::from_micros(200))
+    }
+
+    /// [`App::start`], pausing `pause` between operations.
+    pub fn paced(dir: PathBuf, seeded: Vec<(String, Vec<u8>)>, seed: u64, pause: std::time::Duration) -> App {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let stop2 = std::sync::Arc::clone(&stop);
@@ -436,7 +441,7 @@ impl App {
                     }
                 }
                 exp.ops += 1;
-                std::thread::sleep(std::time::Duration::from_micros(200));
+                std::thread::sleep(pause);
             }
             exp
         });
