@@ -38,12 +38,20 @@ fn main() -> ExitCode {
                     Some(f) => Baseline::load(f).map_err(|e| err(e.into()))?.unwrap_or_default(),
                     None => Baseline::none(),
                 };
+                // As `tmpfsctl sync` does: a journal beside the baseline.
+                let journal = match &base_file {
+                    Some(f) => Some(tmpfsctl::copy::Journal::open(
+                        &f.with_extension("journal"),
+                        &base,
+                    )?),
+                    None => None,
+                };
                 let synced = sync_tree(
                     Path::new(src),
                     Path::new(dst),
                     tmpfsctl::copy::Merge {
                         base: &base,
-                        journal: None,
+                        journal: journal.as_ref(),
                         deletions: None,
                     },
                     None,
@@ -51,6 +59,7 @@ fn main() -> ExitCode {
                 .map_err(|e| err(e.into()))?;
                 if let Some(f) = &base_file {
                     synced.baseline.save(f).map_err(|e| err(e.into()))?;
+                    std::fs::remove_file(f.with_extension("journal"))?;
                 }
                 Ok::<_, std::io::Error>(serde_json::to_string(&synced.stats).expect("stats serialise"))
             })

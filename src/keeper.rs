@@ -177,9 +177,10 @@ fn start(state: &State, name: &str) -> Result<()> {
         .context("starting a deletion keeper")?;
     let mut line = String::new();
     let stdout = child.stdout.take().expect("stdout is piped");
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .context("waiting for the deletion keeper")?;
+    let read = BufReader::new(stdout).read_line(&mut line);
+    // Reaped when it ends, should this process (the agent) outlive it.
+    std::thread::spawn(move || child.wait());
+    read.context("waiting for the deletion keeper")?;
     anyhow::ensure!(
         line.trim() == "ready",
         "the deletion keeper did not start: {}",
@@ -189,11 +190,11 @@ fn start(state: &State, name: &str) -> Result<()> {
 }
 
 /// Adds what `watch` saw to the record, for the next attempt.
-pub fn hand_over(state: &State, name: &str, watch: &Deletions) -> Result<()> {
+pub fn hand_over(state: &State, name: &str, watch: &mut Deletions) -> Result<()> {
     state.ensure_run_dir()?;
     let path = record_path(state, name);
     let mut file = open_record(&path).with_context(|| format!("opening {}", path.display()))?;
-    let mut seen: Vec<_> = watch.seen().cloned().collect();
+    let mut seen = watch.seen();
     if watch.overflowed() {
         seen.push(overflow_marker());
     }
@@ -253,8 +254,9 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<i32> {
             new.push(overflow_marker());
             overflow_noted = true;
         }
-        if append(&mut file, &new).is_err() {
-            return Ok(1);
+        if append(&mut file, &new).is_err() && !overflow_noted {
+            // The record cannot grow: what it misses is an overflow, and says so.
+            overflow_noted = append(&mut file, &[overflow_marker()]).is_ok();
         }
         // Started just before the switch: the held tmpfs appears, and when it goes
         // (written back, or taken down), so does the keeper.

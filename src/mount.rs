@@ -159,7 +159,7 @@ pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
         dir,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("size=16m,nr_inodes=4096,mode=0700"),
+        Some("size=256m,nr_inodes=16384,mode=0700"),
     )
     .with_context(|| format!("mount -t tmpfs {source} {}", dir.display()))?;
     make_private(dir)

@@ -214,8 +214,8 @@ pub fn finish_writeback(
     )?;
     if res.result == SyncOutcome::Failed {
         if let Some(w) = watch {
-            let w = w.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Err(e) = keeper::hand_over(state, &m.name, &w) {
+            let mut w = w.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = keeper::hand_over(state, &m.name, &mut w) {
                 tracing::warn!("{}: {e:#}", m.name);
             }
         }

@@ -124,6 +124,9 @@ pub struct Baseline {
     /// the merge then deletes nothing and lets the newer side of every pair win.
     pub taken: Option<Time>,
     pub marks: BTreeMap<Box<[u8]>, Mark>,
+    /// For a [`Mark::Placing`] from a journal: the record it replaced, which holds
+    /// if the placing never happened. Not saved (a saved baseline has no `Placing`).
+    pub placing_before: BTreeMap<Box<[u8]>, Mark>,
 }
 
 impl Baseline {
@@ -193,7 +196,11 @@ impl Baseline {
         if !r.0.is_empty() {
             return Err(BaselineError::Corrupt("trailing bytes"));
         }
-        Ok(Baseline { taken, marks })
+        Ok(Baseline {
+            taken,
+            marks,
+            placing_before: BTreeMap::new(),
+        })
     }
 
     /// Reads the baseline at `path`; `Ok(None)` when there is none.
@@ -665,7 +672,7 @@ mod tests {
     fn encoding_round_trips_and_damage_is_detected() {
         let mut b = Baseline {
             taken: Some((1_700_000_000, 123)),
-            marks: BTreeMap::new(),
+            ..Baseline::none()
         };
         b.marks.insert(b"a".to_vec().into(), Mark::Entry(file(1, T0)));
         b.marks

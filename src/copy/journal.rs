@@ -120,6 +120,16 @@ impl Journal {
         let found = records(&data, base.taken);
         let n = found.len();
         for (p, mark) in found {
+            match mark {
+                Mark::Placing(_) => {
+                    if let Some(before) = base.marks.get(&p).filter(|m| !matches!(m, Mark::Placing(_))) {
+                        base.placing_before.insert(p.clone(), *before);
+                    }
+                }
+                _ => {
+                    base.placing_before.remove(&p);
+                }
+            }
             base.marks.insert(p, mark);
         }
         Ok(n)
@@ -144,7 +154,7 @@ mod tests {
     fn base(taken: Option<Time>) -> Baseline {
         Baseline {
             taken,
-            marks: Default::default(),
+            ..Baseline::none()
         }
     }
 

@@ -205,8 +205,8 @@ pub fn seed_tree(
     copier.run(src_fd, dst_fd)?;
     copier.reporter.report();
     let baseline = Baseline {
-        taken: None,
         marks: std::mem::take(&mut copier.marks),
+        ..Baseline::none()
     };
     Ok((copier.reporter.stats, baseline))
 }

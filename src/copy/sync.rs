@@ -230,6 +230,7 @@ pub fn sync_tree(
             baseline: Baseline {
                 taken: Some(taken),
                 marks,
+                ..Baseline::none()
             },
         })
     })
@@ -531,7 +532,7 @@ impl Syncer<'_, '_> {
         match self.base.get(path).copied() {
             Some(Mark::Placing(sig)) => match disk {
                 Disk::Present(d) if sig.same_but_ctime(&d) => Some(Mark::Entry(d)),
-                _ => None,
+                _ => self.base.placing_before.get(path).copied(),
             },
             other => other,
         }
@@ -805,8 +806,8 @@ impl Syncer<'_, '_> {
     /// it, and then it stays).
     fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Outcome, Failed> {
         let path = self.rel.joined(name);
-        if matches!(self.base.get(&path), None | Some(Mark::Placing(_))) {
-            // In no baseline (or never placed there for sure): the disk's own.
+        if self.base.get(&path).is_none() {
+            // In no baseline: the disk's own.
             return Ok(Outcome::default());
         }
         let dst_dir = parent.dst.fd.as_fd();
@@ -815,6 +816,12 @@ impl Syncer<'_, '_> {
             Err(Errno::ENOENT) => return Ok(Outcome::default()),
             Err(e) => return Err(dst_err("stat")(e)),
         };
+        if self
+            .base_mark(&path, Disk::Present(self.disk_sig(&path, &d)))
+            .is_none()
+        {
+            return Ok(Outcome::default());
+        }
         match self.decide(&path, Ram::Absent, Some(&d), parent) {
             Verdict::Ram => {
                 let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
@@ -1607,7 +1614,12 @@ pub(super) fn put_in_place(
                 Ok(Placed::Taken)
             }
         },
-        Err(Errno::ENOENT) => Ok(Placed::Deleted),
+        // Which side is missing: the name (the application deleted it: its deletion
+        // stays), or the temporary (someone removed it: an error, never a deletion).
+        Err(Errno::ENOENT) => match still(temp)? {
+            Some(_) => Ok(Placed::Deleted),
+            None => Err(Errno::ENOENT),
+        },
         Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => match still(name)? {
             Some(true) => fcntl::renameat(dir, temp, dir, name).map(|()| Placed::Yes),
             Some(false) => Ok(Placed::Taken),

@@ -35,6 +35,8 @@ pub struct Deletions {
     /// have gone at (or after) it.
     since: Option<Time>,
     gone: HashSet<(Handle, Vec<u8>)>,
+    /// The part of `gone` another watch saw.
+    added: HashSet<(Handle, Vec<u8>)>,
     own_pid: i32,
     ignored: Option<i32>,
     overflowed: bool,
@@ -43,9 +45,12 @@ pub struct Deletions {
 impl Deletions {
     /// Starts watching the filesystem `dir` is on.
     pub fn watch(dir: &Path) -> Result<Deletions, Errno> {
+        // The queue holds the whole filesystem's deletions (the merge's own too) until
+        // drained: unlimited, so that an overflow does not blind it.
         let flags = InitFlags::FAN_CLASS_NOTIF
             | InitFlags::FAN_CLOEXEC
             | InitFlags::FAN_NONBLOCK
+            | InitFlags::FAN_UNLIMITED_QUEUE
             | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME);
         let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)?;
         let at =
@@ -60,6 +65,7 @@ impl Deletions {
             group,
             since: None,
             gone: HashSet::new(),
+            added: HashSet::new(),
             own_pid: std::process::id() as i32,
             ignored: None,
             overflowed: false,
@@ -76,15 +82,26 @@ impl Deletions {
         self.ignored = Some(pid);
     }
 
-    /// What was seen deleted so far.
-    pub fn seen(&self) -> impl Iterator<Item = &(Handle, Vec<u8>)> {
-        self.gone.iter()
+    /// What this watch saw deleted itself (not what [`Self::add`] added).
+    pub fn seen(&mut self) -> Vec<(Handle, Vec<u8>)> {
+        self.drain();
+        self.gone
+            .iter()
+            .filter(|k| !self.added.contains(*k))
+            .cloned()
+            .collect()
     }
 
     /// Adds deletions seen by another watch (a keeper's); `None`: that watch overflowed.
     pub fn add(&mut self, seen: Option<Vec<(Handle, Vec<u8>)>>) {
         match seen {
-            Some(seen) => self.gone.extend(seen),
+            Some(seen) => {
+                for k in seen {
+                    if self.gone.insert(k.clone()) {
+                        self.added.insert(k);
+                    }
+                }
+            }
             None => self.overflowed = true,
         }
     }
