@@ -30,6 +30,7 @@ BENCH=${BENCH:-$PWD/target/release/examples/copybench}
 WORK=$(mktemp -d /tmp/tmpfsctl-wb-bench-XXXXXX)
 cleanup() {
     umount -l "$WORK/src" 2>/dev/null || true
+    umount -l "$WORK/state" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -81,13 +82,17 @@ done
 rm -rf "$WORK/dst"
 
 # Two copies for the incremental rounds, each made by the tool that maintains it.
-mkdir "$WORK/ours" "$WORK/theirs"
-"$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base" > /dev/null
+# The baseline and journal live where tmpfsctl keeps them by default: in its state
+# directory under /run, a tmpfs.
+mkdir "$WORK/ours" "$WORK/theirs" "$WORK/state"
+mount -t tmpfs -o size=256m tmpfsctl-bench-state "$WORK/state"
+BASE=$WORK/state/ours.base
+"$BENCH" sync "$SRC" "$WORK/ours" "$BASE" > /dev/null
 rsync -aHAX "$SRC/" "$WORK/theirs/"
 # Warm-up, and the no-op cost.
 noop_sync=() noop_rsync=()
 for ((r = 0; r <= RUNS; r++)); do
-    a=$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")
+    a=$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$BASE")
     b=$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")
     if ((r > 0)); then
         noop_sync+=("$a") noop_rsync+=("$b")
@@ -98,11 +103,11 @@ changed=""
 for ((r = 1; r <= RUNS; r++)); do
     changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" 2>&1); "
     if ((r % 2)); then
-        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")")
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$BASE")")
         incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
     else
         incr_rsync+=("$(time_us rsync -aHAX --delete "$SRC/" "$WORK/theirs/")")
-        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$WORK/ours.base")")
+        incr_sync+=("$(time_us "$BENCH" sync "$SRC" "$WORK/ours" "$BASE")")
     fi
 done
 # Both copies must equal the source afterwards.

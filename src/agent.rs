@@ -22,6 +22,7 @@
 //! eviction (volatile caches only) does not, so it is never held up.
 
 mod evict;
+mod quiet;
 mod wake;
 
 use std::collections::BTreeMap;
@@ -50,7 +51,7 @@ use crate::observe::{self, AtPath};
 use crate::plan::{self, Plan};
 use crate::spec::size::format_bytes;
 use crate::spec::{self, Action, MetricsTarget, MountSpec, Persist, PressureAction, Spec};
-use crate::state::{self, State};
+use crate::state::{self, AgentAction, AgentMount, AgentStatus, State};
 use crate::sync::{self, SyncOutcome, SyncResult};
 use crate::watchdog::{self, Act, Budget, Guard, Level, Limits, MemView, PressureView, Tracker};
 
@@ -100,7 +101,7 @@ pub struct FallbackRecord {
     pub reoffload_at: Option<u64>,
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -215,6 +216,9 @@ struct Watched {
     metrics: MountMetrics,
     fallback: Option<FallbackRecord>,
     next_sync: Option<Instant>,
+    /// Files the last eviction deleted.
+    last_evicted: u64,
+    quiet: quiet::Quiet,
 }
 
 impl Watched {
@@ -231,6 +235,8 @@ impl Watched {
             state: MountState::Absent,
             metrics,
             next_sync: None,
+            last_evicted: 0,
+            quiet: quiet::Quiet::default(),
         }
     }
 
@@ -273,6 +279,8 @@ struct Agent {
     reloads: BTreeMap<&'static str, u64>,
     start_time: u64,
     metrics_last: Option<(Vec<u64>, Instant)>,
+    /// What `STATE/agent.json` last said of the mounts, and when it was written.
+    agent_status_last: Option<(String, Instant)>,
     status_last: String,
     psi_warned: bool,
     alive: Arc<Alive>,
@@ -400,6 +408,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         guard_exhausted: false,
         reloads: BTreeMap::new(),
         start_time: unix_now(),
+        agent_status_last: None,
         metrics_last: None,
         status_last: String::new(),
         psi_warned: false,
@@ -714,6 +723,42 @@ impl Agent {
             self.check_mount(i);
         }
         self.guard();
+        self.summarise();
+    }
+
+    /// Logs what [`quiet::Quiet`] held back over a whole window, one line a kind.
+    fn summarise(&mut self) {
+        let now = Instant::now();
+        for w in &mut self.mounts {
+            let name = w.spec.name.clone();
+            let usage = w.usage.map(|u| pct(u.used, u.size)).unwrap_or_default();
+            let secs = quiet::WINDOW.as_secs();
+            for s in w.quiet.due(now) {
+                match s.kind.as_str() {
+                    "evict" => info!(
+                        mount = name.as_str(),
+                        action = "evict",
+                        "{name}: {} more evictions in the last {secs}s: {} files ({}); usage now {usage}",
+                        s.count,
+                        s.files,
+                        format_bytes(s.bytes)
+                    ),
+                    "evict-none" => warn!(
+                        mount = name.as_str(),
+                        action = "evict",
+                        "{name}: {} more evictions in the last {secs}s found nothing to evict; usage now {usage}",
+                        s.count
+                    ),
+                    transition => info!(
+                        mount = name.as_str(),
+                        level = w.tracker.level.name(),
+                        "{name}: level {transition} {} more times in the last {secs}s; now {} at {usage}",
+                        s.count,
+                        w.tracker.level.name()
+                    ),
+                }
+            }
+        }
     }
 
     fn check_mount(&mut self, i: usize) {
@@ -724,10 +769,16 @@ impl Agent {
             let w = &mut self.mounts[i];
             let wd = w.spec.watchdog.clone();
             let lim = w.limits();
-            let v = watchdog::decide(&wd, &mut w.tracker, &u, lim, &mem, &b);
+            let now_ms = self.alive.now_ms();
+            let w = &mut self.mounts[i];
+            let v = watchdog::decide(&wd, &mut w.tracker, &u, lim, &mem, &b, now_ms);
             w.metrics.level = w.tracker.level;
             let name = w.spec.name.clone();
-            if let Some((from, to)) = v.transition {
+            let now = Instant::now();
+            if let Some((from, to)) = v.transition.filter(|(from, to)| {
+                w.quiet
+                    .pass(&format!("{} -> {}", from.name(), to.name()), now, 0, 0)
+            }) {
                 let text = format!(
                     "{name}: usage {} of {} ({}), inodes {} of {} ({}): level {} -> {}",
                     format_bytes(u.used),
@@ -748,14 +799,14 @@ impl Agent {
             for (a, why) in &v.skipped {
                 info!(mount = name.as_str(), "{name}: {} skipped: {why}", a.name());
             }
-            if v.exhausted {
+            if let Some(retry_ms) = v.exhausted {
                 warn!(
                     mount = name.as_str(),
-                    "{name}: usage {} stays at or above high {}% and no action of [{}] is left; it stays until usage falls to low {}%",
+                    "{name}: usage {} stays at or above high {}% and [{}] can free nothing now (files open for writing, or none left); tried again in {}, sooner when usage moves",
                     pct(u.used, u.size),
                     wd.bytes.high,
                     wd.actions.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
-                    wd.bytes.low
+                    describe_ms(retry_ms)
                 );
             }
             let Some(act) = v.act else { return };
@@ -767,7 +818,8 @@ impl Agent {
             }
             let Some(after) = self.measure(i) else { return };
             let w = &mut self.mounts[i];
-            watchdog::after_action(&wd, &mut w.tracker, &act, &after);
+            let freed = !matches!(act, Act::Evict { .. }) || w.last_evicted > 0;
+            watchdog::after_action(&wd, &mut w.tracker, &act, &after, freed);
         }
     }
 
@@ -862,9 +914,11 @@ impl Agent {
         let name = w.spec.name.clone();
         let Some(root) = w.root.as_ref() else { return false };
         let before = w.usage;
-        let res = evict::evict(root.as_fd(), &self.host, target, &|| Usage::of_fd(root));
+        let group = w.spec.watchdog.evict_group;
+        let res = evict::evict(root.as_fd(), &self.host, target, group, &|| Usage::of_fd(root));
         let after = Usage::of_fd(root).ok();
         w.usage = after.or(w.usage);
+        w.last_evicted = res.as_ref().map_or(0, |r| r.files);
         match res {
             Ok(r) => {
                 w.metrics.count("evict");
@@ -886,13 +940,16 @@ impl Agent {
                         String::new()
                     }
                 );
+                let now = Instant::now();
                 if r.files == 0 {
-                    warn!(
-                        mount = name.as_str(),
-                        action = "evict",
-                        "{msg}: nothing could be evicted"
-                    );
-                } else {
+                    if w.quiet.pass("evict-none", now, 0, 0) {
+                        warn!(
+                            mount = name.as_str(),
+                            action = "evict",
+                            "{msg}: nothing could be evicted"
+                        );
+                    }
+                } else if w.quiet.pass("evict", now, r.files, r.bytes) {
                     info!(mount = name.as_str(), action = "evict", "{msg}");
                 }
                 true
@@ -989,7 +1046,7 @@ impl Agent {
         let usage = self.mounts[i].usage;
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
-        let r = match down::down_one(&self.spec, &name, &self.host, &self.state) {
+        let r = match down::down_one(&self.spec, &name, &self.host, &self.state, "fallback") {
             Ok(r) => r,
             Err(e) => {
                 error!(
@@ -1127,7 +1184,13 @@ impl Agent {
             let name = w.spec.name.clone();
             let _busy = self.alive.busy();
             let res = match self.state.lock(self.opts.wait) {
-                Ok(_lock) => sync::sync(&self.spec, std::slice::from_ref(&name), &self.host, &self.state),
+                Ok(_lock) => sync::sync(
+                    &self.spec,
+                    std::slice::from_ref(&name),
+                    &self.host,
+                    &self.state,
+                    "schedule",
+                ),
                 Err(e) => {
                     warn!("{name}: periodic write-back postponed: {e}");
                     self.mounts[i].next_sync =
@@ -1243,7 +1306,7 @@ impl Agent {
             Err(e) => return Some(e.to_string()),
         };
         let spec = self.mounts[i].spec.clone();
-        match sync::finish_writeback(&spec, &self.host, &self.state, None) {
+        match sync::finish_writeback(&spec, &self.host, &self.state, None, "retry") {
             Ok((s, _)) if s.result == SyncOutcome::Synced => {
                 self.record_sync(i, &s);
                 info!(mount = name.as_str(), "{name}: pending write-back done");
@@ -1570,6 +1633,7 @@ impl Agent {
     /// SIGTERM/SIGINT: write persisted mounts back, then exit.
     fn stop(&mut self, sig: Signal) -> i32 {
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        self.state.clear_agent_status(std::process::id());
         info!("{sig}: stopping");
         let _busy = self.alive.busy();
         let persisted: Vec<String> = self
@@ -1584,7 +1648,7 @@ impl Agent {
         let mut code = crate::error::exit::OK;
         if !persisted.is_empty() {
             match self.state.lock(self.opts.wait) {
-                Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state) {
+                Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state, "stop") {
                     Ok(results) => {
                         for s in &results {
                             if let Some(i) = self.mounts.iter().position(|w| w.spec.name == s.name) {
@@ -1687,11 +1751,66 @@ impl Agent {
 
     /// Writes metrics when something changed, and every [`METRICS_REFRESH`]
     /// for the usage and memory figures; updates the systemd status line.
+    /// What `tmpfsctl status` shows of this agent.
+    fn agent_status(&self) -> AgentStatus {
+        let now_ms = self.alive.now_ms();
+        let mounts = self
+            .mounts
+            .iter()
+            .map(|w| {
+                let t = &w.tracker;
+                let exhausted = t.exhausted.then(|| {
+                    format!(
+                        "usage stays at or above high and [{}] can free nothing now (files open for writing, or none left); tried again in {}, sooner when usage moves",
+                        w.spec.watchdog.actions.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
+                        describe_ms(t.retry_at_ms.saturating_sub(now_ms).div_ceil(1000) * 1000)
+                    )
+                });
+                let m = &w.metrics;
+                (
+                    w.spec.name.clone(),
+                    AgentMount {
+                        level: t.level.name().to_string(),
+                        last_action: m.last_action.map(|(action, at)| AgentAction {
+                            action: action.to_string(),
+                            at,
+                            detail: match action {
+                                "evict" => format!("{} files evicted so far", m.evicted_files),
+                                _ => String::new(),
+                            },
+                        }),
+                        evicted_files: m.evicted_files,
+                        evicted_bytes: m.evicted_bytes,
+                        exhausted,
+                    },
+                )
+            })
+            .collect();
+        AgentStatus {
+            pid: std::process::id(),
+            since: self.start_time,
+            updated: unix_now(),
+            mounts,
+        }
+    }
+
     fn publish(&mut self) {
         let status = self.status_line();
         if status != self.status_last {
             let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
             self.status_last = status;
+        }
+        let st = self.agent_status();
+        let key = serde_json::to_string(&st.mounts).unwrap_or_default();
+        let due = self
+            .agent_status_last
+            .as_ref()
+            .is_none_or(|(k, at)| *k != key || at.elapsed() >= METRICS_REFRESH);
+        if due {
+            if let Err(e) = self.state.write_agent_status(&st) {
+                debug!("{e:#}");
+            }
+            self.agent_status_last = Some((key, Instant::now()));
         }
         let Some(path) = self.metrics_path.clone() else {
             return;

@@ -323,7 +323,7 @@ fn run(cli: Cli) -> Result<i32> {
             let s = load_as_written(&spec, &host)?;
             need_root("sync")?;
             let _lock = state.lock(wait)?;
-            let r = sync::sync(&s, &names, &host, &state)?;
+            let r = sync::sync(&s, &names, &host, &state, "sync")?;
             match format {
                 Format::Human => print!("{}", report::sync(&r)),
                 Format::Json => print_json(&r),

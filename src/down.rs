@@ -94,7 +94,7 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     let mut out = Vec::new();
     for name in targets {
         // One mount's error must not keep the others from being written back.
-        out.push(down_one(spec, &name, host, state).unwrap_or_else(|e| {
+        out.push(down_one(spec, &name, host, state, "down").unwrap_or_else(|e| {
             let mut r = DownResult::new(
                 &name,
                 spec.mount(&name).map(|m| m.path.clone()),
@@ -176,7 +176,9 @@ fn refusal(spec: &Spec, name: &str, found: &Found, table: &MountTable, state: &S
 /// detached lazily; nothing is written back. A persisted one is switched to the
 /// disk directory at once ([`switch_to_disk`]), then written back from where it
 /// is held ([`finish_writeback`]).
-pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<DownResult> {
+///
+/// `by` is recorded with the write-back: `down`, or `fallback` for the agent.
+pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -> Result<DownResult> {
     let table = host.mounts()?;
     let found = find(spec, name, &table, state);
     let mut res = DownResult::new(
@@ -207,7 +209,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State) -> Result<D
                 crate::sync::clean_up(name, &table, state)?;
                 return Ok(res);
             }
-            let (sync, outcome) = finish_writeback(m, host, state, watch)?;
+            let (sync, outcome) = finish_writeback(m, host, state, watch, by)?;
             let failed = sync.result == SyncOutcome::Failed;
             let why = sync.reason.clone().unwrap_or_default();
             res.syncs.push(sync);

@@ -68,6 +68,8 @@ pub struct MountMetrics {
     pub last_sync: Option<(u64, f64, bool)>,
     pub syncs_ok: u64,
     pub syncs_failed: u64,
+    /// The last action and the unix time it was taken.
+    pub last_action: Option<(&'static str, u64)>,
 }
 
 impl MountMetrics {
@@ -84,11 +86,13 @@ impl MountMetrics {
             last_sync: None,
             syncs_ok: 0,
             syncs_failed: 0,
+            last_action: None,
         }
     }
 
     pub fn count(&mut self, action: &'static str) {
         *self.actions.entry(action).or_insert(0) += 1;
+        self.last_action = Some((action, crate::agent::unix_now()));
     }
 }
 

@@ -169,15 +169,36 @@ pub fn status(r: &StatusReport) -> String {
         let line: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:w$}")).collect();
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     for m in &r.mounts {
         if let Some(reason) = &m.reason {
             let _ = writeln!(s, "{}: {reason}", m.name);
         }
+        if let Some(a) = &m.agent {
+            let last = a
+                .last_action
+                .as_ref()
+                .map(|l| format!("; last action {} {}s ago", l.action, now.saturating_sub(l.at)))
+                .unwrap_or_default();
+            let evicted = if a.evicted_files > 0 {
+                format!(
+                    "; evicted {} files ({})",
+                    a.evicted_files,
+                    format_bytes(a.evicted_bytes)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(s, "{}: agent: level {}{last}{evicted}", m.name, a.level);
+            if let Some(why) = &a.exhausted {
+                let _ = writeln!(s, "{}: agent: EXHAUSTED: {why}", m.name);
+            }
+        }
         if let Some(ls) = &m.last_sync {
-            let age = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs().saturating_sub(ls.at))
-                .unwrap_or(0);
+            let age = now.saturating_sub(ls.at);
             let how = match &ls.error {
                 None => format!(
                     "ok, {} files, {}",
@@ -186,9 +207,19 @@ pub fn status(r: &StatusReport) -> String {
                 ),
                 Some(e) => format!("FAILED: {e}"),
             };
-            let _ = writeln!(s, "{}: last sync {age}s ago ({how})", m.name);
+            let by = if ls.by.is_empty() { "sync" } else { ls.by.as_str() };
+            let _ = writeln!(s, "{}: last write-back ({by}) {age}s ago ({how})", m.name);
         }
     }
+    let _ = match (r.agent.running, r.agent.pid, r.agent.since) {
+        (true, Some(pid), Some(since)) => {
+            writeln!(s, "agent: running, pid {pid}, for {}s", now.saturating_sub(since))
+        }
+        _ => writeln!(
+            s,
+            "agent: not running (no watchdog, no `persist: every` schedule)"
+        ),
+    };
     let mem = &r.memory;
     let _ = writeln!(
         s,

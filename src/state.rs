@@ -44,6 +44,10 @@ pub struct Record {
 /// The outcome of the last write-back of a mount.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncRecord {
+    /// Who wrote back: `sync`, `down`, `schedule` (the agent's `persist: every`),
+    /// `fallback` (the agent), `retry` (the agent retrying a pending write-back).
+    #[serde(default)]
+    pub by: String,
     /// Unix time the sync finished.
     pub at: u64,
     pub seconds: f64,
@@ -53,6 +57,39 @@ pub struct SyncRecord {
     pub files_written: u64,
     pub bytes_written: u64,
     pub deleted: u64,
+}
+
+/// What a running agent publishes for `status` (`STATE/agent.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub pid: u32,
+    /// Unix time it started, and last published.
+    pub since: u64,
+    pub updated: u64,
+    pub mounts: std::collections::BTreeMap<String, AgentMount>,
+}
+
+/// One mount as the agent sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AgentMount {
+    /// `ok`, `warn` or `high`.
+    pub level: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub last_action: Option<AgentAction>,
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+    /// The chain can free nothing right now, and why; it is tried again.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exhausted: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentAction {
+    /// `warn`, `evict`, `grow`, `shrink`, `fallback`, `reoffload`, `sync`.
+    pub action: String,
+    /// Unix time.
+    pub at: u64,
+    pub detail: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -303,6 +340,44 @@ impl State {
         write_atomic(&self.sync_path(name), &json)
     }
 
+    fn agent_status_path(&self) -> PathBuf {
+        self.dir.join("agent.json")
+    }
+
+    /// What the agent last published; `None` when no agent wrote one, or the one
+    /// that did is not running any more.
+    pub fn agent_status(&self) -> Option<AgentStatus> {
+        let text = fs::read_to_string(self.agent_status_path()).ok()?;
+        let st: AgentStatus = serde_json::from_str(&text).ok()?;
+        let cmdline = fs::read(format!("/proc/{}/cmdline", st.pid)).ok()?;
+        let running = cmdline.split(|&b| b == 0).any(|a| a == b"agent");
+        running.then_some(st)
+    }
+
+    pub fn write_agent_status(&self, st: &AgentStatus) -> Result<()> {
+        self.ensure_dirs()?;
+        let json = serde_json::to_vec_pretty(st).expect("an AgentStatus always serialises");
+        // Rewritten often, read by `status`: atomic, but not worth an fsync.
+        let path = self.agent_status_path();
+        let tmp = path.with_extension("json.tmp~");
+        let _ = fs::remove_file(&tmp);
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &json))
+            .and_then(|()| fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn clear_agent_status(&self, pid: u32) {
+        if self.agent_status().is_none_or(|s| s.pid == pid) {
+            let _ = fs::remove_file(self.agent_status_path());
+        }
+    }
+
     pub fn degraded(&self, name: &str) -> Option<String> {
         fs::read_to_string(self.degraded_path(name)).ok()
     }
@@ -312,12 +387,12 @@ impl State {
         write_atomic(&self.degraded_path(name), reason.as_bytes())
     }
 
-    /// Forgets a mount: record, degraded marker, last sync and baseline.
+    /// Forgets a mount: record, degraded marker, baseline and journal. The record of
+    /// its last write-back stays, for `status`.
     pub fn forget(&self, name: &str) -> Result<()> {
         for p in [
             self.record_path(name),
             self.degraded_path(name),
-            self.sync_path(name),
             self.baseline_path(name),
             self.journal_path(name),
         ] {

@@ -10,7 +10,7 @@ use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::observe::{self, AtPath};
 use crate::spec::{self, Spec};
-use crate::state::{State, SyncRecord};
+use crate::state::{AgentMount, State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -50,6 +50,20 @@ pub struct MountStatus {
     pub persist: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_sync: Option<SyncRecord>,
+    /// What the running agent says of it (none without an agent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentMount>,
+}
+
+/// Whether an agent runs for this state directory.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentView {
+    pub running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Unix time it started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,6 +104,7 @@ pub struct Memory {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusReport {
+    pub agent: AgentView,
     pub mounts: Vec<MountStatus>,
     pub memory: Memory,
 }
@@ -164,6 +179,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                     usage,
                     persist: Some(crate::execute::persist_name(m.persist)),
                     last_sync: state.last_sync(&m.name),
+                    agent: None,
                 });
             }
             for (name, path) in world.orphans {
@@ -189,12 +205,23 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             }
         }
     }
+    let agent = state.agent_status();
+    if let Some(a) = &agent {
+        for m in &mut mounts {
+            m.agent = a.mounts.get(&m.name).cloned();
+        }
+    }
     let managed_used = mounts
         .iter()
         .filter_map(|m| m.usage.as_ref())
         .map(|u| u.used)
         .sum();
     Ok(StatusReport {
+        agent: AgentView {
+            running: agent.is_some(),
+            pid: agent.as_ref().map(|a| a.pid),
+            since: agent.as_ref().map(|a| a.since),
+        },
         mounts,
         memory: Memory {
             mem_total: mem.mem_total,
@@ -214,5 +241,6 @@ fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountSt
         path,
         state: st,
         reason: None,
+        agent: None,
     }
 }

@@ -43,7 +43,9 @@ pub struct SyncResult {
 }
 
 /// Syncs `names` (every persisted mount of the spec when empty).
-pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result<Vec<SyncResult>> {
+///
+/// `by` is recorded with each write-back: `sync`, `schedule`, `stop`.
+pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str) -> Result<Vec<SyncResult>> {
     UnknownName::check(spec, names, |_| false)?;
     let world = observe::observe(spec, host, state)?;
     let mut out = Vec::new();
@@ -62,7 +64,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
         };
         if m.persist != Persist::None && held(&world.table, &m.name, state) {
             // A switch to disk whose write-back failed: retried here.
-            out.push(finish_writeback(m, host, state, None)?.0);
+            out.push(finish_writeback(m, host, state, None, by)?.0);
             continue;
         }
         if m.persist == Persist::None {
@@ -79,7 +81,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
                 .top_at(elsewhere)
                 .is_some_and(|e| observe::lower_reaches_disk(&world.table, e.dev, &state.lower(&m.name)));
             out.push(if reachable && !elsewhere.starts_with(state.dir()) {
-                sync_one(m, elsewhere, state, None)?
+                sync_one(m, elsewhere, state, None, by)?
             } else {
                 SyncResult {
                     result: SyncOutcome::Failed,
@@ -113,7 +115,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
             });
             continue;
         }
-        out.push(sync_one(m, &m.path, state, None)?);
+        out.push(sync_one(m, &m.path, state, None, by)?);
     }
     Ok(out)
 }
@@ -129,6 +131,7 @@ pub fn sync_one(
     src: &Path,
     state: &State,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+    by: &str,
 ) -> Result<SyncResult> {
     let started = Instant::now();
     let base = state.baseline(&m.name)?;
@@ -164,6 +167,7 @@ pub fn sync_one(
     state.write_sync(
         &m.name,
         &SyncRecord {
+            by: by.to_string(),
             at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -198,6 +202,7 @@ pub fn finish_writeback(
     host: &Host,
     state: &State,
     watch: Option<Deletions>,
+    by: &str,
 ) -> Result<(SyncResult, DownOutcome)> {
     let held = state.held(&m.name);
     let mut watch = watch.or_else(|| watch_deletions(m, state));
@@ -211,6 +216,7 @@ pub fn finish_writeback(
         &held,
         state,
         watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
+        by,
     )?;
     if res.result == SyncOutcome::Failed {
         if let Some(w) = watch {

@@ -81,11 +81,29 @@ pub struct Tracker {
     pub level: Level,
     /// Index into the `action` chain of the action in force.
     pub stage: usize,
-    /// The chain ran out during this excursion (logged once).
+    /// The chain ran out: nothing could be freed right now. Never for good: it is
+    /// tried again from the start at `retry_at_ms`, or sooner when usage moves.
     pub exhausted: bool,
+    /// The running out was reported during this excursion (logged once).
+    pub exhausted_reported: bool,
+    /// When the chain ran out, and the usage then (bytes, inodes).
+    pub exhausted_at_ms: u64,
+    pub exhausted_usage: (u64, u64),
+    /// The next try; the wait doubles from [`RETRY_MIN_MS`] to [`RETRY_MAX_MS`]
+    /// while nothing can be freed, and starts over once something was.
+    pub retry_at_ms: u64,
+    pub backoff_ms: u64,
     /// `warn` (the action) was reported during this excursion.
     pub warned: bool,
 }
+
+/// The first wait after a chain ran out.
+pub const RETRY_MIN_MS: u64 = 1_000;
+/// The longest wait between tries while nothing can be freed.
+pub const RETRY_MAX_MS: u64 = 30_000;
+/// Usage that moved since the chain ran out brings the next try forward, but not
+/// closer than this to the last one.
+pub const RETRY_MOVED_MS: u64 = 250;
 
 /// Host-wide facts a decision may depend on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -118,8 +136,10 @@ pub struct Verdict {
     pub act: Option<Act>,
     /// Stages skipped on the way, with why (logged).
     pub skipped: Vec<(Action, String)>,
-    /// Usage is at or above `high` and no action is left (reported once).
-    pub exhausted: bool,
+    /// Usage is at or above `high` and nothing could be freed; the chain is tried
+    /// again in this many milliseconds, or sooner when usage moves (reported once
+    /// per excursion).
+    pub exhausted: Option<u64>,
 }
 
 /// An action to carry out now.
@@ -178,8 +198,17 @@ pub struct Limits {
     pub spec_inodes: Option<u64>,
 }
 
-/// One check of one mount: updates `t` and says what to do.
-pub fn decide(w: &Watchdog, t: &mut Tracker, u: &Usage, lim: Limits, mem: &MemView, b: &Budget) -> Verdict {
+/// One check of one mount at `now_ms` (a monotonic clock): updates `t` and says
+/// what to do.
+pub fn decide(
+    w: &Watchdog,
+    t: &mut Tracker,
+    u: &Usage,
+    lim: Limits,
+    mem: &MemView,
+    b: &Budget,
+    now_ms: u64,
+) -> Verdict {
     let fill = Fill::of(u);
     let before = t.level;
     let high = fill.at_or_above(w, |t| t.high);
@@ -198,18 +227,30 @@ pub fn decide(w: &Watchdog, t: &mut Tracker, u: &Usage, lim: Limits, mem: &MemVi
     };
     if fill.at_or_below_low(w) {
         // Re-armed: the next excursion starts the chain from the beginning.
-        t.stage = 0;
-        t.exhausted = false;
-        t.warned = false;
+        *t = Tracker {
+            level: t.level,
+            ..Tracker::default()
+        };
     }
     let mut v = Verdict {
         transition: (t.level != before).then_some((before, t.level)),
         act: None,
         skipped: Vec::new(),
-        exhausted: false,
+        exhausted: None,
     };
     if !high {
         return v;
+    }
+    if t.exhausted {
+        let (bytes, inodes) = t.exhausted_usage;
+        let moved = u.used.abs_diff(bytes) >= (u.size / 100).max(1) || u.inodes_used != inodes;
+        let due = now_ms >= t.retry_at_ms || (moved && now_ms >= t.exhausted_at_ms + RETRY_MOVED_MS);
+        if !due {
+            return v;
+        }
+        // Something may be freeable again: the whole chain, from the start.
+        t.exhausted = false;
+        t.stage = 0;
     }
     while let Some(&action) = w.actions.get(t.stage) {
         match action {
@@ -242,18 +283,30 @@ pub fn decide(w: &Watchdog, t: &mut Tracker, u: &Usage, lim: Limits, mem: &MemVi
             }
         }
     }
-    if !t.exhausted {
-        t.exhausted = true;
-        v.exhausted = true;
+    t.exhausted = true;
+    t.exhausted_at_ms = now_ms;
+    t.exhausted_usage = (u.used, u.inodes_used);
+    t.backoff_ms = (t.backoff_ms * 2).clamp(RETRY_MIN_MS, RETRY_MAX_MS);
+    t.retry_at_ms = now_ms + t.backoff_ms;
+    if !t.exhausted_reported {
+        t.exhausted_reported = true;
+        v.exhausted = Some(t.backoff_ms);
     }
     v
 }
 
-/// After an action ran: `after` is the usage it left. An eviction that could
-/// not get usage below `high` hands over to the next action of the chain.
-pub fn after_action(w: &Watchdog, t: &mut Tracker, act: &Act, after: &Usage) {
+/// After an action ran: `after` is the usage it left, `freed` whether it freed
+/// anything. An eviction that left usage at or above `high` hands over to the next
+/// action of the chain; the last one evicts again as long as it frees something
+/// (the application may refill as fast as it frees), and counts as having run out
+/// once it frees nothing.
+pub fn after_action(w: &Watchdog, t: &mut Tracker, act: &Act, after: &Usage, freed: bool) {
+    if freed {
+        t.backoff_ms = 0;
+    }
     if let Act::Evict { .. } = act {
-        if Fill::of(after).at_or_above(w, |t| t.high) {
+        let last = t.stage + 1 >= w.actions.len();
+        if Fill::of(after).at_or_above(w, |t| t.high) && (!freed || !last) {
             t.stage += 1;
         }
     }
@@ -336,22 +389,50 @@ pub struct Candidate {
     pub bytes: u64,
     /// It frees an inode (its last name).
     pub frees_inode: bool,
+    /// The cache entry it belongs to: the files of one entry go together.
+    pub entry: usize,
+    /// Open for writing: it, and so its whole entry, stays.
+    pub busy: bool,
 }
 
-/// Picks, least recently used first, the candidates to delete to free
-/// `need_bytes` and `need_inodes`. Returns indices into `c`, in deletion order.
+/// Picks, least recently used entry first, the candidates to delete to free
+/// `need_bytes` and `need_inodes`: whole entries (an entry was used when any of its
+/// files was), never one with a file open for writing. Returns indices into `c`, in
+/// deletion order; within an entry the smaller files go first (a header or index
+/// before its data, so a reader finds the entry whole or not at all).
 pub fn pick_evictions(c: &[Candidate], need_bytes: u64, need_inodes: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..c.len()).collect();
-    order.sort_by_key(|&i| c[i].last_use);
+    #[derive(Default)]
+    struct Entry {
+        last_use: i128,
+        bytes: u64,
+        inodes: u64,
+        busy: bool,
+        members: Vec<usize>,
+    }
+    let mut entries: std::collections::HashMap<usize, Entry> = std::collections::HashMap::new();
+    for (i, f) in c.iter().enumerate() {
+        let e = entries.entry(f.entry).or_insert_with(|| Entry {
+            last_use: i128::MIN,
+            ..Entry::default()
+        });
+        e.last_use = e.last_use.max(f.last_use);
+        e.bytes += f.bytes;
+        e.inodes += u64::from(f.frees_inode);
+        e.busy |= f.busy;
+        e.members.push(i);
+    }
+    let mut order: Vec<(usize, Entry)> = entries.into_iter().filter(|(_, e)| !e.busy).collect();
+    order.sort_by_key(|(id, e)| (e.last_use, *id));
     let (mut bytes, mut inodes) = (0u64, 0u64);
     let mut out = Vec::new();
-    for i in order {
+    for (_, mut e) in order {
         if bytes >= need_bytes && inodes >= need_inodes {
             break;
         }
-        bytes += c[i].bytes;
-        inodes += u64::from(c[i].frees_inode);
-        out.push(i);
+        bytes += e.bytes;
+        inodes += e.inodes;
+        e.members.sort_by_key(|&i| (c[i].bytes, i));
+        out.extend(e.members);
     }
     out
 }
@@ -507,7 +588,11 @@ mod tests {
     };
 
     fn check(w: &Watchdog, t: &mut Tracker, size: u64, used: u64) -> Verdict {
-        decide(w, t, &usage(size, used), LIM, &mem(8 * GIB), &budget())
+        check_at(w, t, size, used, 0)
+    }
+
+    fn check_at(w: &Watchdog, t: &mut Tracker, size: u64, used: u64, now_ms: u64) -> Verdict {
+        decide(w, t, &usage(size, used), LIM, &mem(8 * GIB), &budget(), now_ms)
     }
 
     #[test]
@@ -576,7 +661,7 @@ mod tests {
             inodes: 1000,
             inodes_used: 960,
         };
-        let v = decide(&w, &mut t, &u, LIM, &mem(8 * GIB), &budget());
+        let v = decide(&w, &mut t, &u, LIM, &mem(8 * GIB), &budget(), 0);
         assert_eq!(t.level, Level::High);
         let Some(Act::Evict { target }) = v.act else {
             panic!("{v:?}")
@@ -595,7 +680,7 @@ mod tests {
         };
         assert_eq!(target.bytes, 70 * MIB);
         // Everything left was open for writing: still at 96%.
-        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB));
+        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), false);
         assert_eq!(check(&w, &mut t, 100 * MIB, 96 * MIB).act, Some(Act::Fallback));
     }
 
@@ -604,7 +689,13 @@ mod tests {
         let w = wd(&[Action::Evict, Action::Fallback]);
         let mut t = Tracker::default();
         let v = check(&w, &mut t, 100 * MIB, 96 * MIB);
-        after_action(&w, &mut t, v.act.as_ref().unwrap(), &usage(100 * MIB, 80 * MIB));
+        after_action(
+            &w,
+            &mut t,
+            v.act.as_ref().unwrap(),
+            &usage(100 * MIB, 80 * MIB),
+            true,
+        );
         assert_eq!(t.stage, 0);
         assert!(matches!(
             check(&w, &mut t, 100 * MIB, 95 * MIB).act,
@@ -692,10 +783,81 @@ mod tests {
         let w = wd(&[Action::Grow]);
         let mut t = Tracker::default();
         let v = check(&w, &mut t, 200 * MIB, 199 * MIB);
-        assert!(v.exhausted && v.act.is_none(), "{v:?}");
-        assert!(!check(&w, &mut t, 200 * MIB, 199 * MIB).exhausted);
+        assert!(v.exhausted.is_some() && v.act.is_none(), "{v:?}");
+        assert!(check(&w, &mut t, 200 * MIB, 199 * MIB).exhausted.is_none());
         check(&w, &mut t, 200 * MIB, 10 * MIB);
-        assert_eq!(t, Tracker::default());
+        assert_eq!(
+            t,
+            Tracker {
+                level: Level::Ok,
+                ..Tracker::default()
+            }
+        );
+    }
+
+    /// Apache refills what an eviction freed within milliseconds: as long as each
+    /// eviction frees something, the last action of the chain evicts again.
+    #[test]
+    fn the_last_eviction_repeats_while_it_frees_something() {
+        let w = wd(&[Action::Evict]);
+        let mut t = Tracker::default();
+        for round in 0..50 {
+            let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, round * 75);
+            let act = v.act.clone().unwrap_or_else(|| panic!("round {round}: {v:?}"));
+            assert!(matches!(act, Act::Evict { .. }));
+            // Freed down to 70%, refilled to 96% before the agent looked again.
+            after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), true);
+            assert!(!t.exhausted);
+        }
+    }
+
+    /// Nothing evictable (every file open for writing): the chain runs out, and is
+    /// tried again after a growing wait, or sooner once usage moves; never for good.
+    #[test]
+    fn a_chain_with_nothing_to_free_backs_off_and_tries_again() {
+        let w = wd(&[Action::Evict]);
+        let mut t = Tracker::default();
+        let mut now = 0;
+        let mut retries = Vec::new();
+        for _ in 0..8 {
+            let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
+            let act = v.act.expect("an eviction is tried");
+            after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), false);
+            let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
+            assert!(v.act.is_none());
+            retries.push(t.retry_at_ms - now);
+            // Not before it is due, when nothing moved.
+            let due = t.retry_at_ms;
+            assert!(check_at(&w, &mut t, 100 * MIB, 96 * MIB, due - 1).act.is_none());
+            now = t.retry_at_ms;
+        }
+        assert_eq!(
+            retries,
+            [1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000]
+        );
+        // Usage moved by 1% or more: tried again soon, not at the end of the wait.
+        let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
+        after_action(
+            &w,
+            &mut t,
+            v.act.as_ref().unwrap(),
+            &usage(100 * MIB, 96 * MIB),
+            false,
+        );
+        check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
+        let soon = now + RETRY_MOVED_MS;
+        assert!(check_at(&w, &mut t, 100 * MIB, 98 * MIB, soon - 1).act.is_none());
+        let v = check_at(&w, &mut t, 100 * MIB, 98 * MIB, soon);
+        assert!(matches!(v.act, Some(Act::Evict { .. })), "{v:?}");
+        // Once something was freed, the wait starts over.
+        after_action(
+            &w,
+            &mut t,
+            v.act.as_ref().unwrap(),
+            &usage(100 * MIB, 70 * MIB),
+            true,
+        );
+        assert_eq!(t.backoff_ms, 0);
     }
 
     #[test]
@@ -719,32 +881,51 @@ mod tests {
 
     #[test]
     fn evictions_are_least_recently_used_first_until_enough() {
+        let f = |last_use, bytes, frees_inode, entry| Candidate {
+            last_use,
+            bytes,
+            frees_inode,
+            entry,
+            busy: false,
+        };
         let c = [
-            Candidate {
-                last_use: 30,
-                bytes: 10,
-                frees_inode: true,
-            },
-            Candidate {
-                last_use: 10,
-                bytes: 10,
-                frees_inode: true,
-            },
-            Candidate {
-                last_use: 20,
-                bytes: 0,
-                frees_inode: false,
-            },
-            Candidate {
-                last_use: 40,
-                bytes: 100,
-                frees_inode: true,
-            },
+            f(30, 10, true, 0),
+            f(10, 10, true, 1),
+            f(20, 0, false, 2),
+            f(40, 100, true, 3),
         ];
         assert_eq!(pick_evictions(&c, 15, 0), [1, 2, 0]);
         assert_eq!(pick_evictions(&c, 0, 0), Vec::<usize>::new());
         assert_eq!(pick_evictions(&c, 0, 2), [1, 2, 0]);
         assert_eq!(pick_evictions(&c, 1000, 0), [1, 2, 0, 3], "all there is");
+    }
+
+    /// Apache's `X.header` and `X.data` go together, header first, and only when
+    /// neither is open for writing; the entry was used when either was.
+    #[test]
+    fn entries_go_whole_smaller_files_first_and_never_with_a_busy_member() {
+        let f = |last_use, bytes, entry, busy| Candidate {
+            last_use,
+            bytes,
+            frees_inode: true,
+            entry,
+            busy,
+        };
+        let c = [
+            f(10, 65536, 0, false), // A.data, old
+            f(50, 300, 0, false),   // A.header, read recently: A is recent
+            f(20, 65536, 1, false), // B.data
+            f(20, 280, 1, false),   // B.header
+            f(5, 65536, 2, false),  // C.data, oldest
+            f(5, 300, 2, true),     // C.header, being written
+        ];
+        assert_eq!(
+            pick_evictions(&c, 1, 0),
+            [3, 2],
+            "B whole, header first; C is busy"
+        );
+        assert_eq!(pick_evictions(&c, 70_000, 0), [3, 2, 1, 0]);
+        assert_eq!(pick_evictions(&c, u64::MAX, 0), [3, 2, 1, 0], "never C");
     }
 
     fn settings() -> AgentSettings {

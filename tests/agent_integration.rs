@@ -939,3 +939,121 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
         );
     }
 }
+
+/// A cache that refills as fast as it is evicted (Apache under load): the agent
+/// evicts again and again, never gives up, and the writer never meets a full disk.
+#[test]
+fn evict_keeps_up_with_a_writer_that_refills_at_once() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 85%, low: 60%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    // 64 KiB every 10 ms (6.4 MB/s) for 3 s: the 8 MiB mount fills three times over.
+    let mut enospc = 0;
+    let chunk = vec![0x42u8; 64 << 10];
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        if let Err(e) = fs::write(cache.join(format!("obj{i:05}")), &chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            enospc += 1;
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = agent.metrics();
+    assert!(
+        m.actions("c", "evict") >= 3.0,
+        "evictions: {}\n{}",
+        m.actions("c", "evict"),
+        agent.log()
+    );
+    assert_eq!(enospc, 0, "writes that found the mount full\n{}", agent.log());
+    let st = sb.run([
+        "status".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    st.code(0);
+    let j = st.json();
+    assert_eq!(j["agent"]["running"], true, "{st}");
+    assert!(
+        j["mounts"][0]["agent"]["evicted_files"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    assert!(j["mounts"][0]["agent"]["exhausted"].is_null(), "{st}");
+    let log = agent.log();
+    let evict_lines = log.lines().filter(|l| l.contains("evicted")).count();
+    assert!(
+        evict_lines <= 3,
+        "the log repeats itself: {evict_lines} eviction lines in 3 s\n{log}"
+    );
+    assert_eq!(agent.stop(), 0);
+    let st = sb.run([
+        "status".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    assert_eq!(st.json()["agent"]["running"], false, "{st}");
+    sb.run(["status".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("agent: not running");
+}
+
+/// Apache `mod_cache_disk` keeps an entry in two files, `X.header` and `X.data`:
+/// eviction takes both or neither.
+#[test]
+fn evict_removes_apache_entries_whole() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 80%, low: 40%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let sub = cache.join("aB").join("cD");
+    fs::create_dir_all(&sub).unwrap();
+    // Headers read recently, data written long ago: an entry is as recent as its
+    // most recent file, so neither goes alone.
+    for i in 0..70 {
+        let stem = format!("k{i:03}xYz");
+        fs::write(sub.join(format!("{stem}.data")), vec![1u8; 100 << 10]).unwrap();
+        fs::write(sub.join(format!("{stem}.header")), vec![2u8; 300]).unwrap();
+        let old = nix::sys::time::TimeSpec::new(1_000_000 + i, 0);
+        let read = nix::sys::time::TimeSpec::new(2_000_000 - i, 0);
+        for (name, t) in [("data", old), ("header", read)] {
+            nix::sys::stat::utimensat(
+                nix::fcntl::AT_FDCWD,
+                &sub.join(format!("{stem}.{name}")),
+                &t,
+                &t,
+                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+            )
+            .unwrap();
+        }
+    }
+    agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    let mut gone = 0;
+    for i in 0..70 {
+        let stem = format!("k{i:03}xYz");
+        let (d, h) = (
+            sub.join(format!("{stem}.data")).exists(),
+            sub.join(format!("{stem}.header")).exists(),
+        );
+        assert_eq!(d, h, "{stem}: data {d}, header {h}\n{}", agent.log());
+        gone += usize::from(!d);
+    }
+    assert!(gone > 0);
+    // The entries whose header was read last (the first ones) stay.
+    assert!(sub.join("k000xYz.data").exists());
+    assert_eq!(agent.stop(), 0);
+}

@@ -469,7 +469,7 @@ fn sync_writes_ram_back_to_disk_and_propagates_deletions() {
     assert_eq!(j["mounts"][0]["last_sync"]["ok"], true);
     sb.run(["status".as_ref(), spec.as_os_str()])
         .code(0)
-        .stdout_has("last sync");
+        .stdout_has("last write-back (sync)");
 }
 
 #[test]

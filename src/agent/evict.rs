@@ -1,4 +1,12 @@
-//! Eviction: deletes least-recently-used regular files of a volatile cache.
+//! Eviction: deletes least-recently-used cache entries of a volatile cache.
+//!
+//! An entry is a group of files that go together (`watchdog.evict_group`): by
+//! default files of one directory named alike up to their first `.`, so Apache
+//! `mod_cache_disk`'s `X.header`, `X.data` and `X.header.vary` leave together
+//! (a header without its data gives `AH00708` errors), while nginx's and Squid's
+//! dotless hash names stay one file per entry. An entry was used when any of its
+//! files was; one with a file open for writing stays whole; its smaller files go
+//! first (the header before the data).
 //!
 //! The tree is walked from the agent's held descriptor of the tmpfs root;
 //! every directory is opened relative to it with `openat2(RESOLVE_BENEATH |
@@ -17,7 +25,7 @@
 //! mappings are not detected; deleting such a file is harmless (the mapping
 //! keeps its pages until unmapped), it only frees nothing at once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -31,6 +39,7 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use crate::host::usage::Usage;
 use crate::host::Host;
+use crate::spec::EvictGroup;
 use crate::watchdog::{pick_evictions, Candidate, EvictTarget};
 
 /// What an eviction did.
@@ -91,13 +100,33 @@ fn ns(sec: i64, nsec: i64) -> i128 {
     sec as i128 * 1_000_000_000 + nsec as i128
 }
 
-fn scan(root: BorrowedFd<'_>, open_for_write: &HashSet<u64>, skipped_open: &mut u64) -> Result<Tree> {
+/// The cache entry a file belongs to, under `group`: (directory, key).
+fn entry_key(group: EvictGroup, dir: usize, name: &OsStr, file: usize) -> (usize, Vec<u8>) {
+    let bytes = name.as_bytes();
+    match group {
+        EvictGroup::File => (dir, file.to_le_bytes().to_vec()),
+        EvictGroup::Directory => (dir, Vec::new()),
+        EvictGroup::Stem => match bytes.iter().position(|&b| b == b'.') {
+            // A dotfile, or no dot at all: alone (nginx's and Squid's names).
+            Some(0) | None => (dir, [b"/", bytes].concat()),
+            Some(dot) => (dir, bytes[..dot].to_vec()),
+        },
+    }
+}
+
+fn scan(
+    root: BorrowedFd<'_>,
+    open_for_write: &HashSet<u64>,
+    group: EvictGroup,
+    skipped_open: &mut u64,
+) -> Result<Tree> {
     let root_dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
     let mut t = Tree {
         dirs: vec![(0, OsString::from("."))],
         files: Vec::new(),
         candidates: Vec::new(),
     };
+    let mut entries_by_key: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
     let mut stack = vec![0usize];
     while let Some(d) = stack.pop() {
         let fd = match beneath(root, &t.rel(d)) {
@@ -131,11 +160,12 @@ fn scan(root: BorrowedFd<'_>, open_for_write: &HashSet<u64>, skipped_open: &mut 
                 t.dirs.push((d, name));
                 stack.push(t.dirs.len() - 1);
             } else if kind == SFlag::S_IFREG {
-                if open_for_write.contains(&st.st_ino) {
-                    *skipped_open += 1;
-                    continue;
-                }
-                t.candidates.push(candidate(&st));
+                let busy = open_for_write.contains(&st.st_ino);
+                *skipped_open += u64::from(busy);
+                let key = entry_key(group, d, &name, t.files.len());
+                let next = entries_by_key.len();
+                let entry = *entries_by_key.entry(key).or_insert(next);
+                t.candidates.push(candidate(&st, entry, busy));
                 t.files.push(File {
                     dir: d,
                     name,
@@ -147,13 +177,15 @@ fn scan(root: BorrowedFd<'_>, open_for_write: &HashSet<u64>, skipped_open: &mut 
     Ok(t)
 }
 
-fn candidate(st: &FileStat) -> Candidate {
+fn candidate(st: &FileStat, entry: usize, busy: bool) -> Candidate {
     let last = ns(st.st_atime, st.st_atime_nsec).max(ns(st.st_mtime, st.st_mtime_nsec));
     let last_name = st.st_nlink <= 1;
     Candidate {
         last_use: last,
         bytes: if last_name { st.st_blocks as u64 * 512 } else { 0 },
         frees_inode: last_name,
+        entry,
+        busy,
     }
 }
 
@@ -209,26 +241,29 @@ pub fn fdinfo_flags(text: &str) -> Option<i32> {
         .and_then(|v| i32::from_str_radix(v.trim(), 8).ok())
 }
 
-/// Deletes least-recently-used files below `root` until usage is at or
-/// below `target`; `usage` re-measures the filesystem.
+/// Deletes least-recently-used cache entries (files grouped by `group`) below
+/// `root` until usage is at or below `target`; `usage` re-measures the filesystem.
 pub fn evict(
     root: BorrowedFd<'_>,
     host: &Host,
     target: EvictTarget,
+    group: EvictGroup,
     usage: &dyn Fn() -> Result<Usage>,
 ) -> Result<Evicted> {
     let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
     let writing = open_for_write(host, dev);
     let mut out = Evicted::default();
-    let tree = scan(root, &writing, &mut out.skipped_open)?;
+    let tree = scan(root, &writing, group, &mut out.skipped_open)?;
     let now = usage()?;
     let (need_bytes, need_inodes) = target.need(&now);
     let order = pick_evictions(&tree.candidates, need_bytes, need_inodes);
     let mut current_dir: Option<(usize, OwnedFd)> = None;
-    for (n, i) in order.into_iter().enumerate() {
+    for (n, &i) in order.iter().enumerate() {
         // The estimate can be off (sparse files, concurrent writes): measure
-        // every so often and stop as soon as the target is reached.
-        if n > 0 && n % 64 == 0 {
+        // every so often and stop as soon as the target is reached, between
+        // entries only.
+        let entry_starts = n == 0 || tree.candidates[order[n - 1]].entry != tree.candidates[i].entry;
+        if n > 0 && n % 64 == 0 && entry_starts {
             let u = usage()?;
             if target.need(&u) == (0, 0) {
                 break;
@@ -266,6 +301,33 @@ pub fn evict(
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn entries_are_grouped_by_stem_directory_or_file() {
+        let k = |g, dir, name: &str, file| entry_key(g, dir, OsStr::new(name), file);
+        let s = EvictGroup::Stem;
+        assert_eq!(k(s, 1, "abc.header", 0), k(s, 1, "abc.data", 1));
+        assert_eq!(k(s, 1, "abc.header", 0), k(s, 1, "abc.header.vary", 2));
+        assert_ne!(
+            k(s, 1, "abc.header", 0),
+            k(s, 2, "abc.data", 1),
+            "another directory"
+        );
+        assert_ne!(k(s, 1, "abc.header", 0), k(s, 1, "abd.header", 1));
+        // nginx and Squid names have no dot: one file, one entry.
+        assert_ne!(k(s, 1, "d41d8cd98f00b204", 0), k(s, 1, "d41d8cd98f00b205", 1));
+        assert_ne!(k(s, 1, "abc", 0), k(s, 1, "abc.data", 1));
+        assert_ne!(
+            k(s, 1, ".hidden", 0),
+            k(s, 1, ".other", 1),
+            "dotfiles stand alone"
+        );
+        let d = EvictGroup::Directory;
+        assert_eq!(k(d, 3, "x", 0), k(d, 3, "y.z", 1));
+        assert_ne!(k(d, 3, "x", 0), k(d, 4, "x", 1));
+        let f = EvictGroup::File;
+        assert_ne!(k(f, 1, "abc.header", 0), k(f, 1, "abc.data", 1));
+    }
 
     #[test]
     fn fdinfo_flags_are_octal() {
@@ -316,7 +378,7 @@ mod tests {
             bytes: 2 * 8192,
             inodes: 100,
         };
-        let r = evict(fd.as_fd(), &host, target, &usage).unwrap();
+        let r = evict(fd.as_fd(), &host, target, EvictGroup::Stem, &usage).unwrap();
         count.set(2);
         assert_eq!(r.skipped_open, 1, "{r:?}");
         assert_eq!(r.files, 2, "{r:?}");

@@ -9,7 +9,7 @@
 //! private to tmpfsctl until that moment: it is taken before the seeded tmpfs is moved
 //! into place, and at the start of each write-back pass).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -115,6 +115,9 @@ pub enum Mark {
     Placing(Sig),
 }
 
+/// Records by path: looked up once per entry of the tree in every pass.
+pub type Marks = HashMap<Box<[u8]>, Mark>;
+
 /// Paths are relative to the synced root, `/`-separated, without a leading `/`; the
 /// root itself has no record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,10 +126,11 @@ pub struct Baseline {
     /// for no baseline at all (a mount of an older tmpfsctl, a lost state directory):
     /// the merge then deletes nothing and lets the newer side of every pair win.
     pub taken: Option<Time>,
-    pub marks: BTreeMap<Box<[u8]>, Mark>,
+    /// By path: looked up once per entry of the tree each pass, so hashed.
+    pub marks: Marks,
     /// For a [`Mark::Placing`] from a journal: the record it replaced, which holds
     /// if the placing never happened. Not saved (a saved baseline has no `Placing`).
-    pub placing_before: BTreeMap<Box<[u8]>, Mark>,
+    pub placing_before: Marks,
 }
 
 impl Baseline {
@@ -138,14 +142,12 @@ impl Baseline {
         self.marks.get(path)
     }
 
-    /// The records of everything below `dir` (not `dir` itself).
+    /// The records of everything below `dir` (not `dir` itself), in no order. A scan
+    /// of all records: only needed for a subtree a pass did not walk.
     pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a Box<[u8]>, &'a Mark)> + 'a {
-        let mut from = dir.to_vec();
-        from.push(b'/');
-        let mut to = dir.to_vec();
-        to.push(b'/' + 1);
-        let (from, to): (Box<[u8]>, Box<[u8]>) = (from.into(), to.into());
-        self.marks.range(from..to)
+        let mut prefix = dir.to_vec();
+        prefix.push(b'/');
+        self.marks.iter().filter(move |(p, _)| p.starts_with(&prefix))
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -159,6 +161,7 @@ impl Baseline {
         out.push(has);
         put_time(&mut out, t);
         out.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
+        // In the map's order: the decoded records are the same, whatever the order.
         for (path, mark) in &self.marks {
             put_record(&mut out, path, mark);
         }
@@ -188,18 +191,18 @@ impl Baseline {
         let t = r.time()?;
         let taken = (has == 1).then_some(t);
         let count = u64::from_le_bytes(r.array()?);
-        let mut marks = BTreeMap::new();
+        let mut records = Vec::with_capacity(count.min(1 << 24) as usize);
         for _ in 0..count {
-            let (path, mark) = r.record()?;
-            marks.insert(path, mark);
+            records.push(r.record()?);
         }
+        let marks = marks_from(records);
         if !r.0.is_empty() {
             return Err(BaselineError::Corrupt("trailing bytes"));
         }
         Ok(Baseline {
             taken,
             marks,
-            placing_before: BTreeMap::new(),
+            placing_before: Marks::default(),
         })
     }
 
@@ -252,6 +255,14 @@ pub enum BaselineError {
     Newer(u32),
     #[error("cannot read the baseline: {0}")]
     Io(std::io::Error),
+}
+
+/// The marks of records made in this order: for a path recorded more than once the
+/// last record holds.
+pub fn marks_from(records: Vec<(Box<[u8]>, Mark)>) -> Marks {
+    let mut marks = Marks::with_capacity(records.len());
+    marks.extend(records);
+    marks
 }
 
 /// One path's record: length, path bytes, kind, payload.
@@ -707,12 +718,36 @@ mod tests {
     }
 
     #[test]
+    fn the_last_record_of_a_path_holds() {
+        let m = |t| Mark::Deleted((t, 0));
+        let recs: Vec<(Box<[u8]>, Mark)> =
+            [("b", m(1)), ("a", m(2)), ("b", m(3)), ("a/x", m(4)), ("a", m(5))]
+                .into_iter()
+                .map(|(p, k)| (p.as_bytes().into(), k))
+                .collect();
+        let mut got: Vec<_> = marks_from(recs)
+            .into_iter()
+            .map(|(p, k)| (p.to_vec(), k))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            got,
+            vec![
+                (b"a".to_vec(), m(5)),
+                (b"a/x".to_vec(), m(4)),
+                (b"b".to_vec(), m(3))
+            ]
+        );
+    }
+
+    #[test]
     fn below_lists_exactly_the_subtree() {
         let mut b = Baseline::none();
         for p in ["a", "a/x", "a/y/z", "a-b", "a0", "ab", "b"] {
             b.marks.insert(p.as_bytes().into(), Mark::Deleted(T0));
         }
-        let got: Vec<_> = b.below(b"a").map(|(p, _)| p.to_vec()).collect();
+        let mut got: Vec<_> = b.below(b"a").map(|(p, _)| p.to_vec()).collect();
+        got.sort();
         assert_eq!(got, vec![b"a/x".to_vec(), b"a/y/z".to_vec()]);
     }
 

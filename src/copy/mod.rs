@@ -32,7 +32,7 @@ mod scan;
 mod sync;
 mod xattrs;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
@@ -251,7 +251,7 @@ struct Copier<'p> {
     links: HashMap<(u64, u64), FirstCopy>,
     transfer: Transfer,
     /// Every entry copied, as its source was: the seed's baseline.
-    marks: BTreeMap<Box<[u8]>, Mark>,
+    marks: baseline::Marks,
 }
 
 impl<'p> Copier<'p> {
@@ -262,7 +262,7 @@ impl<'p> Copier<'p> {
             rel: RelPath::default(),
             links: HashMap::new(),
             transfer: Transfer::default(),
-            marks: BTreeMap::new(),
+            marks: baseline::Marks::default(),
         }
     }
 

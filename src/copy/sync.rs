@@ -2,7 +2,7 @@
 //! through its private side bind) against the [`Baseline`] of the last seed or
 //! write-back, writing only what changed: see [`sync_tree`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -191,7 +191,7 @@ pub fn sync_tree(
             base,
             journal,
             deletions,
-            marks: BTreeMap::new(),
+            marks: Vec::new(),
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -218,18 +218,19 @@ pub fn sync_tree(
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
         reporter.stats.kept_disk += finished.not_placed;
-        for (path, sig) in finished.placed {
-            marks.insert(path, Mark::Entry(sig));
-        }
-        for (path, mark) in finished.kept {
-            marks.insert(path, mark);
-        }
+        marks.extend(
+            finished
+                .placed
+                .into_iter()
+                .map(|(path, sig)| (path, Mark::Entry(sig))),
+        );
+        marks.extend(finished.kept);
         reporter.report();
         Ok(Synced {
             stats: reporter.stats,
             baseline: Baseline {
                 taken: Some(taken),
-                marks,
+                marks: baseline::marks_from(marks),
                 ..Baseline::none()
             },
         })
@@ -437,7 +438,8 @@ struct Syncer<'p, 'b> {
     /// Where each name this pass creates on disk is recorded at once.
     journal: Option<&'b Journal>,
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
-    marks: BTreeMap<Box<[u8]>, Mark>,
+    /// The next baseline's records, in the order made (the last of a path holds).
+    marks: Vec<(Box<[u8]>, Mark)>,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -542,8 +544,11 @@ impl Syncer<'_, '_> {
     /// caused (by unlinking another name of the inode) is not the application's.
     fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
         let mut sig = Sig::of(d);
+        if !self.touched.contains(&sig.ino) {
+            return sig;
+        }
         if let Some(Mark::Entry(base)) = self.base.get(path) {
-            if self.touched.contains(&sig.ino) && base.ino == sig.ino {
+            if base.ino == sig.ino {
                 sig.ctime = base.ctime;
             }
         }
@@ -561,26 +566,30 @@ impl Syncer<'_, '_> {
     /// the RAM's losing version does not come back later.
     fn keep_disk(&mut self, path: Vec<u8>, verdict: Verdict, d: Option<&FileStat>) -> Result<(), Failed> {
         self.reporter.stats.kept_disk += 1;
-        match (verdict, d) {
-            (Verdict::Disk(Some(at)), _) => self.remember(path, Mark::Deleted(at)),
-            (Verdict::Disk(None), Some(d)) if file_type(d) != libc::S_IFDIR => {
-                self.remember(path, Mark::DiskWon(Sig::of(d)))
-            }
-            _ => Ok(()),
+        let mark = match (verdict, d) {
+            (Verdict::Disk(Some(at)), _) => Mark::Deleted(at),
+            (Verdict::Disk(None), Some(d)) if file_type(d) != libc::S_IFDIR => Mark::DiskWon(Sig::of(d)),
+            _ => return Ok(()),
+        };
+        if self.base.get(&path) == Some(&mark) {
+            // Known already: carried, not journaled again.
+            self.marks.push((path.into(), mark));
+            return Ok(());
         }
+        self.remember(path, mark)
     }
 
     /// Puts `mark` in the next baseline, and at once in the journal: a retry after a
     /// crash must know it too.
     fn remember(&mut self, path: Vec<u8>, mark: Mark) -> Result<(), Failed> {
         self.journal_note(&path, &mark)?;
-        self.marks.insert(path.into(), mark);
+        self.marks.push((path.into(), mark));
         Ok(())
     }
 
     /// The two sides agree on `path`; the disk entry now looks like `st`.
     fn record(&mut self, path: Vec<u8>, st: &FileStat) {
-        self.marks.insert(path.into(), Mark::Entry(Sig::of(st)));
+        self.marks.push((path.into(), Mark::Entry(Sig::of(st))));
     }
 
     /// `path` was not looked at (it vanished from the RAM while the pass ran, or lies
@@ -588,10 +597,10 @@ impl Syncer<'_, '_> {
     fn carry(&mut self, path: &[u8]) {
         let base = self.base;
         if let Some(m) = base.get(path) {
-            self.marks.insert(path.into(), *m);
+            self.marks.push((path.into(), *m));
         }
         for (p, m) in base.below(path) {
-            self.marks.insert(p.clone(), *m);
+            self.marks.push((p.clone(), *m));
         }
     }
 
@@ -758,6 +767,16 @@ impl Syncer<'_, '_> {
         let verdict = self.decide(&path, Ram::Present(ctime(&s)), d.as_ref(), parent);
         if file_type(&s) != libc::S_IFDIR {
             if verdict != Verdict::Ram {
+                let regular = |st: &FileStat| file_type(st) == libc::S_IFREG;
+                if let Some(d) = d
+                    .as_ref()
+                    .filter(|d| regular(&s) && regular(d) && compare_stats(&s, d) == Diff::Same)
+                {
+                    // The disk's side is the same as the RAM's: they agree.
+                    self.reporter.stats.unchanged += 1;
+                    self.record(path, d);
+                    return Ok(Outcome::default());
+                }
                 self.keep_disk(path, verdict, d.as_ref())?;
                 return Ok(Outcome::default());
             }

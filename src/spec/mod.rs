@@ -249,6 +249,29 @@ impl PressureAction {
     }
 }
 
+/// Which files eviction treats as one cache entry, deleted together (see
+/// src/agent/evict.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictGroup {
+    /// Names in one directory up to their first `.`: Apache's `X.header`,
+    /// `X.data` and `X.header.vary`. Names without a dot (nginx, Squid) stand alone.
+    #[default]
+    Stem,
+    /// Every file of a directory.
+    Directory,
+    /// Every file alone.
+    File,
+}
+
+impl EvictGroup {
+    pub const ALL: [(&'static str, EvictGroup); 3] = [
+        ("stem", EvictGroup::Stem),
+        ("directory", EvictGroup::Directory),
+        ("file", EvictGroup::File),
+    ];
+}
+
 /// A mount's `watchdog:` with the defaults' fields merged in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Watchdog {
@@ -268,6 +291,8 @@ pub struct Watchdog {
     pub pressure: Vec<PressureAction>,
     /// Under memory pressure lower priorities are acted on first.
     pub priority: u32,
+    /// Files eviction deletes together.
+    pub evict_group: EvictGroup,
 }
 
 impl Default for Watchdog {
@@ -282,6 +307,7 @@ impl Default for Watchdog {
             reoffload_after: None,
             pressure: vec![PressureAction::Shrink, PressureAction::Fallback],
             priority: DEFAULT_PRIORITY,
+            evict_group: EvictGroup::Stem,
         }
     }
 }

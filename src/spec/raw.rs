@@ -98,6 +98,8 @@ pub struct RawWatchdog {
     pub pressure: Option<S<NameList>>,
     #[serde(default)]
     pub priority: Option<S<u32>>,
+    #[serde(default)]
+    pub evict_group: Option<S<String>>,
 }
 
 /// Inode thresholds; unset ones follow the byte thresholds.

@@ -8,8 +8,8 @@ use serde_saphyr::{Location, Spanned};
 use super::raw::{NameList, RawAgent, RawDefaults, RawMount, RawSpec, RawWatchdog};
 use super::size::{self, SizeLit, COUNT_ACCEPTED, SIZE_ACCEPTED};
 use super::{
-    Action, AgentSettings, Atime, Flags, Huge, MetricsTarget, MountSpec, OnFailure, Persist, PressureAction,
-    Seed, Spec, Thresholds, Watchdog, DEFAULT_PRIORITY,
+    Action, AgentSettings, Atime, EvictGroup, Flags, Huge, MetricsTarget, MountSpec, OnFailure, Persist,
+    PressureAction, Seed, Spec, Thresholds, Watchdog, DEFAULT_PRIORITY,
 };
 use crate::error::{Diagnostic, SpecError};
 
@@ -1189,10 +1189,27 @@ fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
         Some(p) => p.v.value,
     };
 
+    let evict_group = match w.pick("evict_group", |r| r.evict_group.as_ref()) {
+        None => EvictGroup::default(),
+        Some(p) => match EvictGroup::ALL.iter().find(|(n, _)| *n == p.v.value.trim()) {
+            Some((_, g)) => *g,
+            None => {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    format!("invalid evict_group `{}`", p.v.value),
+                    Some("stem (files named alike up to their first dot go together), directory, or file"),
+                );
+                EvictGroup::default()
+            }
+        },
+    };
+
     if cx.diags.len() != before {
         return None;
     }
     Some(Watchdog {
+        evict_group,
         bytes: bytes?,
         inodes: inodes?,
         max_size: max_size.filter(|_| has(Action::Grow)),
