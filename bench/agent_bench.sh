@@ -4,9 +4,14 @@
 #   reaction  time from the write that crosses `high` to the eviction being
 #             done, median (and p90, max) of TRIALS trials, with fanotify
 #             wake-up and with polling alone (--no-fanotify, interval 1s)
-#   idle      CPU and RSS of an agent watching 20 idle mounts for 60 s
+#   idle      CPU (/proc/PID/task/*/schedstat) and RSS of an agent watching 20
+#             idle mounts for IDLE_SECS (60) s, metrics off (IDLE_METRICS=PATH: on)
+#   churn     a writer of 64 KiB files at RATE (100) MB/s into a 64 MiB mount with
+#             evict (high 85%, low 60%) for CHURN_SECS (30) s: writes that failed
+#             (ENOSPC), peak usage, and the time usage stayed at or above high each
+#             time it got there (p50, p99, max): the agent's reaction under load
 #
-# Usage (as root): bash bench/agent_bench.sh [reaction|idle|all] [path/to/tmpfsctl]
+# Usage (as root): bash bench/agent_bench.sh [reaction|idle|churn|all] [path/to/tmpfsctl]
 # Default binary: target/release/tmpfsctl (build it with `cargo build --release`).
 # Needs python3 (timing, log parsing). Runs itself in a private mount
 # namespace; cleans up after itself.
@@ -117,16 +122,16 @@ idle() {
             printf '    watchdog: { high: 90%%, low: 50%%, action: evict }\n'
         done
     } > "$WORK/i/spec.yaml"
-    "$BIN" agent "$WORK/i/spec.yaml" --metrics "$WORK/i/metrics.prom" >"$WORK/i/agent.log" 2>&1 &
+    "$BIN" agent "$WORK/i/spec.yaml" --metrics "${IDLE_METRICS:-off}" >"$WORK/i/agent.log" 2>&1 &
     AGENT=$!
     sleep 5 # start-up (20 applies) is not idle time
     python3 - "$AGENT" "$IDLE_SECS" <<'EOF'
-import os, sys, time
+import glob, os, sys, time
 pid, secs = sys.argv[1], int(sys.argv[2])
-tick = os.sysconf("SC_CLK_TCK")
 def cpu():
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / tick    # utime + stime
+    # Nanoseconds on a CPU, per thread, from the scheduler: short bursts between
+    # two ticks count too (utime/stime ticks miss them).
+    return sum(int(open(t).read().split()[0]) for t in glob.glob(f"/proc/{pid}/task/*/schedstat")) / 1e9
 def rss():
     for l in open(f"/proc/{pid}/status"):
         if l.startswith("VmRSS:"):
@@ -145,16 +150,88 @@ EOF
     "$BIN" down "$WORK/i/spec.yaml" >/dev/null 2>&1 || true
 }
 
+churn() {
+    rm -rf "${WORK:?}/c" && mkdir -p "$WORK/c/cache"
+    cat > "$WORK/c/spec.yaml" <<EOF
+version: 1
+mounts:
+  - name: churn
+    path: $WORK/c/cache
+    size: 64MiB
+    watchdog: { high: 85%, low: 60%, action: evict }
+EOF
+    "$BIN" agent "$WORK/c/spec.yaml" --metrics off >"$WORK/c/agent.log" 2>&1 &
+    AGENT=$!
+    for _ in $(seq 100); do
+        grep -q ": watching /" "$WORK/c/agent.log" && break
+        sleep 0.05
+    done
+    python3 - "$WORK/c/cache" "${RATE:-100}" "${CHURN_SECS:-30}" <<'EOF'
+import os, sys, time, threading
+cache, rate, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+CHUNK = b"\x07" * (64 << 10)
+per_file = len(CHUNK) / (rate * 1e6)
+stop = False
+samples = []  # (time, used fraction), every ~0.5 ms
+
+def watch():
+    while not stop:
+        s = os.statvfs(cache)
+        samples.append((time.monotonic(), (s.f_blocks - s.f_bfree) / s.f_blocks))
+        time.sleep(0.0005)
+
+t = threading.Thread(target=watch)
+t.start()
+written = failed = n = 0
+start = time.monotonic()
+while time.monotonic() - start < secs:
+    due = start + n * per_file
+    now = time.monotonic()
+    if due > now:
+        time.sleep(due - now)
+    try:
+        with open(os.path.join(cache, f"o{n:08d}"), "wb") as f:
+            f.write(CHUNK)
+        written += 1
+    except OSError:
+        failed += 1
+    n += 1
+elapsed = time.monotonic() - start
+stop = True
+t.join()
+spells, above = [], None
+for ts, u in samples:
+    if u >= 0.85 and above is None:
+        above = ts
+    elif u < 0.85 and above is not None:
+        spells.append((ts - above) * 1000)
+        above = None
+peak = max(u for _, u in samples)
+spells.sort()
+def q(p):
+    return spells[min(len(spells) - 1, int(len(spells) * p))] if spells else float("nan")
+print(f"churn: {written} files of 64 KiB in {elapsed:.1f} s ({written * len(CHUNK) / elapsed / 1e6:.0f} MB/s), "
+      f"{failed} writes failed (ENOSPC), peak usage {100 * peak:.1f}%")
+print(f"churn: {len(spells)} times at or above high 85%; time there: p50 {q(0.5):.1f} ms, "
+      f"p99 {q(0.99):.1f} ms, max {spells[-1] if spells else float('nan'):.1f} ms")
+EOF
+    echo "(agent log: $(grep -c . "$WORK/c/agent.log") lines, $(grep -c evict "$WORK/c/agent.log") about evictions)"
+    kill -TERM "$AGENT"; wait "$AGENT" || true; AGENT=
+    "$BIN" down "$WORK/c/spec.yaml" >/dev/null 2>&1 || true
+}
+
 case $WHAT in
 reaction)
     reaction "fanotify wake-up"
     reaction "polling alone (interval 1s)" --no-fanotify --interval 1s
     ;;
 idle) idle ;;
+churn) churn ;;
 all)
     reaction "fanotify wake-up"
     reaction "polling alone (interval 1s)" --no-fanotify --interval 1s
     idle
+    churn
     ;;
-*) echo "usage: $0 [reaction|idle|all] [tmpfsctl]" >&2; exit 2 ;;
+*) echo "usage: $0 [reaction|idle|churn|all] [tmpfsctl]" >&2; exit 2 ;;
 esac

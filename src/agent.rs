@@ -80,6 +80,15 @@ const RELOAD_SETTLE: Duration = Duration::from_millis(200);
 const METRICS_REFRESH: Duration = Duration::from_secs(5);
 /// The mount table is re-read at least this often (besides on change).
 const RESCAN_EVERY: Duration = Duration::from_secs(30);
+
+/// With fanotify, how often quiet mounts are measured anyway.
+const IDLE_MEASURE: Duration = Duration::from_secs(30);
+
+/// The period of rounds while everything is quiet (see [`Agent::check_period`]).
+const QUIET_PERIOD: Duration = Duration::from_secs(5);
+
+/// The PSI trigger: memory stalls of 100 ms within 1 s wake the agent at once.
+const PSI_TRIGGER: &str = "some 100000 1000000";
 /// At most this many actions per mount per check (grow steps, evict, next).
 const MAX_ROUNDS: usize = 32;
 /// MemAvailable and PSI are re-read at most this often.
@@ -279,8 +288,14 @@ struct Agent {
     reloads: BTreeMap<&'static str, u64>,
     start_time: u64,
     metrics_last: Option<(Vec<u64>, Instant)>,
-    /// What `STATE/agent.json` last said of the mounts, and when it was written.
-    agent_status_last: Option<(String, Instant)>,
+    /// What `STATE/agent.json` last said of the mounts.
+    agent_status_last: Option<String>,
+    /// When the mounts were last measured (see [`Agent::check`]).
+    measured_at: Option<Instant>,
+    /// What the status line and `agent.json` were last built from.
+    published_sig: Option<Vec<u64>>,
+    /// `/proc/pressure/memory` with a trigger: readable (POLLPRI) on memory stalls.
+    psi_trigger: Option<File>,
     status_last: String,
     psi_warned: bool,
     alive: Arc<Alive>,
@@ -324,6 +339,7 @@ pub fn init_logging() {
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
 pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<i32> {
+    let psi_trigger = psi_trigger(&host);
     init_logging();
     let spec_text = std::fs::read_to_string(spec_path).map_err(|e| spec::SpecLoadError::Read {
         file: spec_path.to_path_buf(),
@@ -409,6 +425,9 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         reloads: BTreeMap::new(),
         start_time: unix_now(),
         agent_status_last: None,
+        measured_at: None,
+        published_sig: None,
+        psi_trigger,
         metrics_last: None,
         status_last: String::new(),
         psi_warned: false,
@@ -449,7 +468,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         }
     }
     agent.apply(&names, "start");
-    agent.check();
+    agent.check(true);
     let status = agent.status_line();
     let _ = sd_notify::notify(
         false,
@@ -468,6 +487,20 @@ fn describe_ms(ms: u64) -> String {
     } else {
         format!("{ms}ms")
     }
+}
+
+/// A PSI trigger on memory stalls ([`PSI_TRIGGER`]); none without PSI or the
+/// right to set one.
+fn psi_trigger(host: &Host) -> Option<File> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(host.proc_path("pressure/memory"))
+        .ok()?;
+    f.write_all(PSI_TRIGGER.as_bytes()).ok()?;
+    Some(f)
 }
 
 /// Watches the directory of the spec file (and of its target, when it is a
@@ -592,6 +625,10 @@ impl Agent {
                 fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
                 fds.len() - 1
             });
+            let psi_at = self.psi_trigger.as_ref().map(|f| {
+                fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
+                fds.len() - 1
+            });
             let wake_at = match (&self.wake, wake_open) {
                 (Some(w), true) => {
                     fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
@@ -611,6 +648,7 @@ impl Agent {
             let reload_wake = ready(1);
             let mi = mi_at.is_some_and(ready);
             let woke = wake_at.is_some_and(ready);
+            let psi = psi_at.is_some_and(ready);
             drop(fds);
 
             if sig {
@@ -634,7 +672,7 @@ impl Agent {
             if mi || self.last_rescan.elapsed() >= RESCAN_EVERY {
                 self.rescan();
             }
-            let mut check = Instant::now() >= next_check;
+            let mut check = Instant::now() >= next_check || psi;
             if woke {
                 let n = self.wake.as_ref().map(|w| w.drain()).unwrap_or(0);
                 debug!("fanotify: {n} events");
@@ -642,8 +680,8 @@ impl Agent {
                 wake_armed_at = Instant::now() + WAKE_GAP;
             }
             if check {
-                self.check();
-                next_check = Instant::now() + self.interval;
+                self.check(woke);
+                next_check = Instant::now() + self.check_period();
             }
             self.periodic_syncs();
             self.reoffloads();
@@ -712,15 +750,51 @@ impl Agent {
         }
     }
 
-    /// One round over every mount, then the memory guard.
-    fn check(&mut self) {
+    /// Until the next round: `interval`, or [`QUIET_PERIOD`] while every mount is
+    /// quiet and fanotify reports writes: no tmpfs can grow unseen then, and memory
+    /// is read that often (half the guard's default cooldown); a PSI trigger, where
+    /// the kernel offers one, wakes the agent at once on memory stalls.
+    fn check_period(&self) -> Duration {
+        let quiet = self.wake.is_some()
+            && self.pressure.is_none()
+            && self
+                .mounts
+                .iter()
+                .all(|w| w.tracker.level == Level::Ok && !w.tracker.exhausted);
+        if quiet {
+            self.interval.max(QUIET_PERIOD)
+        } else {
+            self.interval
+        }
+    }
+
+    /// One round over every mount, then the memory guard. With fanotify, usage only
+    /// changes when something is written, which wakes the loop: a quiet round
+    /// (`woke` false) looks at memory only, unless a mount is above `warn`, out of
+    /// actions, or [`IDLE_MEASURE`] passed since the mounts were last measured
+    /// (writes fanotify does not report: shared mappings).
+    fn check(&mut self, woke: bool) {
         self.read_mem();
-        for i in 0..self.mounts.len() {
-            self.measure(i);
+        let active = self
+            .mounts
+            .iter()
+            .any(|w| w.tracker.level != Level::Ok || w.tracker.exhausted);
+        let measure = woke
+            || self.wake.is_none()
+            || active
+            || self.pressure.is_some()
+            || self.measured_at.is_none_or(|t| t.elapsed() >= IDLE_MEASURE);
+        if measure {
+            self.measured_at = Some(Instant::now());
+            for i in 0..self.mounts.len() {
+                self.measure(i);
+            }
         }
         self.update_pressure();
-        for i in 0..self.mounts.len() {
-            self.check_mount(i);
+        if measure {
+            for i in 0..self.mounts.len() {
+                self.check_mount(i);
+            }
         }
         self.guard();
         self.summarise();
@@ -1627,7 +1701,7 @@ impl Agent {
         // A mount whose path changed is still mounted at the old path: plan
         // reports it as blocked (take it down with the old spec first).
         self.apply(&changed, "reload");
-        self.check();
+        self.check(true);
     }
 
     /// SIGTERM/SIGINT: write persisted mounts back, then exit.
@@ -1795,22 +1869,26 @@ impl Agent {
     }
 
     fn publish(&mut self) {
-        let status = self.status_line();
-        if status != self.status_last {
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
-            self.status_last = status;
-        }
-        let st = self.agent_status();
-        let key = serde_json::to_string(&st.mounts).unwrap_or_default();
-        let due = self
-            .agent_status_last
-            .as_ref()
-            .is_none_or(|(k, at)| *k != key || at.elapsed() >= METRICS_REFRESH);
-        if due {
-            if let Err(e) = self.state.write_agent_status(&st) {
-                debug!("{e:#}");
+        // Rebuilt only when something it shows changed: an idle agent does not
+        // format and compare them every second.
+        let mut sig = self.signature();
+        sig.extend(self.mounts.iter().map(|w| u64::from(w.tracker.exhausted)));
+        sig.extend(self.mounts.iter().filter_map(|w| w.usage.map(|u| u.used >> 20)));
+        if self.published_sig.as_ref() != Some(&sig) {
+            self.published_sig = Some(sig);
+            let status = self.status_line();
+            if status != self.status_last {
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
+                self.status_last = status;
             }
-            self.agent_status_last = Some((key, Instant::now()));
+            let st = self.agent_status();
+            let key = serde_json::to_string(&st.mounts).unwrap_or_default();
+            if self.agent_status_last.as_ref() != Some(&key) {
+                if let Err(e) = self.state.write_agent_status(&st) {
+                    debug!("{e:#}");
+                }
+                self.agent_status_last = Some(key);
+            }
         }
         let Some(path) = self.metrics_path.clone() else {
             return;
