@@ -227,6 +227,8 @@ struct Watched {
     next_sync: Option<Instant>,
     /// Files the last eviction deleted.
     last_evicted: u64,
+    /// The last eviction's scan of the tree, kept for the next ones.
+    scanned: Option<evict::Scanned>,
     quiet: quiet::Quiet,
 }
 
@@ -245,6 +247,7 @@ impl Watched {
             metrics,
             next_sync: None,
             last_evicted: 0,
+            scanned: None,
             quiet: quiet::Quiet::default(),
         }
     }
@@ -989,7 +992,14 @@ impl Agent {
         let Some(root) = w.root.as_ref() else { return false };
         let before = w.usage;
         let group = w.spec.watchdog.evict_group;
-        let res = evict::evict(root.as_fd(), &self.host, target, group, &|| Usage::of_fd(root));
+        let res = evict::evict(
+            root.as_fd(),
+            &self.host,
+            target,
+            group,
+            &|| Usage::of_fd(root),
+            &mut w.scanned,
+        );
         let after = Usage::of_fd(root).ok();
         w.usage = after.or(w.usage);
         w.last_evicted = res.as_ref().map_or(0, |r| r.files);
@@ -1496,6 +1506,7 @@ impl Agent {
 
     /// Stops watching mount `i` (before it goes away).
     fn unwatch(&mut self, i: usize) {
+        self.mounts[i].scanned = None;
         let w = &mut self.mounts[i];
         if let Some(root) = w.root.take() {
             if let Some(wake) = &self.wake {

@@ -241,23 +241,95 @@ pub fn fdinfo_flags(text: &str) -> Option<i32> {
         .and_then(|v| i32::from_str_radix(v.trim(), 8).ok())
 }
 
+/// How long a scan of the tree serves the next evictions. Under churn the walk is
+/// the slow part (a cache with thousands of directories takes tens of
+/// milliseconds) while the room above `high` fills in as many; the entries the
+/// next eviction takes are the oldest, which a scan a moment ago already saw.
+/// Files created since are the newest, so nothing is missed that would go first.
+const SCAN_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A scan kept between evictions of one mount (see [`SCAN_REUSE`]).
+pub struct Scanned {
+    tree: Tree,
+    group: EvictGroup,
+    /// Files deleted (or found gone) since.
+    gone: Vec<bool>,
+    at: std::time::Instant,
+}
+
 /// Deletes least-recently-used cache entries (files grouped by `group`) below
 /// `root` until usage is at or below `target`; `usage` re-measures the filesystem.
+/// `cache` keeps the scan for the next evictions of the same mount.
 pub fn evict(
     root: BorrowedFd<'_>,
     host: &Host,
     target: EvictTarget,
     group: EvictGroup,
     usage: &dyn Fn() -> Result<Usage>,
+    cache: &mut Option<Scanned>,
 ) -> Result<Evicted> {
+    let first = evict_once(root, host, target, group, usage, cache, true)?;
+    if first.files > 0 || !first.reused {
+        return Ok(first.evicted);
+    }
+    // The kept scan had nothing left that could go: look again.
+    Ok(evict_once(root, host, target, group, usage, cache, false)?.evicted)
+}
+
+struct Pass {
+    evicted: Evicted,
+    files: u64,
+    reused: bool,
+}
+
+fn evict_once(
+    root: BorrowedFd<'_>,
+    host: &Host,
+    target: EvictTarget,
+    group: EvictGroup,
+    usage: &dyn Fn() -> Result<Usage>,
+    cache: &mut Option<Scanned>,
+    may_reuse: bool,
+) -> Result<Pass> {
     let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
     let writing = open_for_write(host, dev);
     let mut out = Evicted::default();
-    let tree = scan(root, &writing, group, &mut out.skipped_open)?;
+    let reused = may_reuse
+        && cache
+            .as_ref()
+            .is_some_and(|c| c.group == group && c.at.elapsed() < SCAN_REUSE);
+    if !reused {
+        let tree = scan(root, &writing, group, &mut out.skipped_open)?;
+        *cache = Some(Scanned {
+            gone: vec![false; tree.files.len()],
+            tree,
+            group,
+            at: std::time::Instant::now(),
+        });
+    }
+    let c = cache.as_mut().expect("set just above or reused");
+    // What may go now: not deleted since the scan, and not open for writing now.
+    let live: Vec<usize> = (0..c.tree.files.len()).filter(|&i| !c.gone[i]).collect();
+    let candidates: Vec<Candidate> = live
+        .iter()
+        .map(|&i| {
+            let mut cd = c.tree.candidates[i];
+            cd.busy |= writing.contains(&c.tree.files[i].ino);
+            cd
+        })
+        .collect();
+    if reused {
+        out.skipped_open = candidates.iter().filter(|cd| cd.busy).count() as u64;
+    }
+    let tree = &c.tree;
     let now = usage()?;
     let (need_bytes, need_inodes) = target.need(&now);
-    let order = pick_evictions(&tree.candidates, need_bytes, need_inodes);
+    let order: Vec<usize> = pick_evictions(&candidates, need_bytes, need_inodes)
+        .into_iter()
+        .map(|k| live[k])
+        .collect();
     let mut current_dir: Option<(usize, OwnedFd)> = None;
+    let mut gone = Vec::with_capacity(order.len());
     for (n, &i) in order.iter().enumerate() {
         // The estimate can be off (sparse files, concurrent writes): measure
         // every so often and stop as soon as the target is reached, between
@@ -293,8 +365,17 @@ pub fn evict(
             }
             _ => out.raced += 1,
         }
+        gone.push(i);
     }
-    Ok(out)
+    for i in gone {
+        c.gone[i] = true;
+    }
+    let files = out.files;
+    Ok(Pass {
+        evicted: out,
+        files,
+        reused,
+    })
 }
 
 #[cfg(test)]
@@ -378,7 +459,7 @@ mod tests {
             bytes: 2 * 8192,
             inodes: 100,
         };
-        let r = evict(fd.as_fd(), &host, target, EvictGroup::Stem, &usage).unwrap();
+        let r = evict(fd.as_fd(), &host, target, EvictGroup::Stem, &usage, &mut None).unwrap();
         count.set(2);
         assert_eq!(r.skipped_open, 1, "{r:?}");
         assert_eq!(r.files, 2, "{r:?}");
