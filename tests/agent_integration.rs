@@ -875,15 +875,7 @@ fn fallback_then_reoffload_with_a_busy_application_loses_and_resurrects_nothing(
     for i in 0..5 {
         exp.names.insert(format!("big{i:03}"), None);
     }
-    let (lost, resurrected) = exp.check(&cache);
-    for n in lost.iter().chain(&resurrected).take(4) {
-        eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
-    }
-    assert!(
-        lost.is_empty() && resurrected.is_empty(),
-        "{} operations; lost {lost:?}; resurrected {resurrected:?}",
-        exp.ops
-    );
+    exp.assert_nothing_lost(&cache, "fallback, then re-offload");
 }
 
 /// The agent killed (`kill -9`) in every phase of a fallback of a persisted mount,
@@ -928,15 +920,7 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
             exp.names
                 .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
         }
-        let (lost, resurrected) = exp.check(&cache);
-        for n in lost.iter().chain(&resurrected).take(4) {
-            eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
-        }
-        assert!(
-            lost.is_empty() && resurrected.is_empty(),
-            "{point}: {} operations; lost {lost:?}; resurrected {resurrected:?}",
-            exp.ops
-        );
+        exp.assert_nothing_lost(&cache, point);
     }
 }
 

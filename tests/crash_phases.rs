@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{App, Expected, LoopFs, Sandbox};
+use common::{App, LoopFs, Sandbox};
 
 fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
     sb.write_spec(
@@ -32,22 +32,6 @@ fn seed(dir: &Path, n: usize) -> Vec<(String, Vec<u8>)> {
             (name, content)
         })
         .collect()
-}
-
-fn assert_nothing_lost(exp: &Expected, dir: &Path, what: &str) {
-    let (lost, resurrected) = exp.check(dir);
-    for n in lost.iter().chain(&resurrected).take(4) {
-        eprintln!("{n}:\n  {}", exp.history(n).join("\n  "));
-    }
-    assert!(
-        lost.is_empty() && resurrected.is_empty(),
-        "{what}: {} operations; lost {}: {:?}; resurrected {}: {:?}",
-        exp.ops,
-        lost.len(),
-        &lost[..lost.len().min(10)],
-        resurrected.len(),
-        &resurrected[..resurrected.len().min(10)]
-    );
 }
 
 /// Runs tmpfsctl with `args`, SIGKILLed at the failpoint `point` or, for `None`,
@@ -112,7 +96,7 @@ fn kill_then_finish(cmd: Cmd, point: Option<&str>, after: Duration, seed_no: u64
     if point.is_some() {
         assert!(was_killed, "{what}: the failpoint was not reached");
     }
-    assert_nothing_lost(&exp, &cache, &what);
+    exp.assert_nothing_lost(&cache, &what);
 }
 
 #[test]
@@ -221,5 +205,5 @@ fn a_full_disk_keeps_the_ram_copy_until_space_is_freed() {
         let name = b.file_name().unwrap().to_string_lossy().into_owned();
         exp.names.insert(name, Some(vec![1u8; 1 << 20]));
     }
-    assert_nothing_lost(&exp, &cache, "disk full, then freed");
+    exp.assert_nothing_lost(&cache, "disk full, then freed");
 }

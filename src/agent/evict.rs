@@ -268,38 +268,34 @@ pub fn evict(
     usage: &dyn Fn() -> Result<Usage>,
     cache: &mut Option<Scanned>,
 ) -> Result<Evicted> {
-    let first = evict_once(root, host, target, group, usage, cache, true)?;
-    if first.files > 0 || !first.reused {
-        return Ok(first.evicted);
+    let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
+    let writing = open_for_write(host, dev);
+    let (first, reused) = evict_once(root, &writing, target, group, usage, cache, true)?;
+    if first.files > 0 || !reused {
+        return Ok(first);
     }
     // The kept scan had nothing left that could go: look again.
-    Ok(evict_once(root, host, target, group, usage, cache, false)?.evicted)
+    Ok(evict_once(root, &writing, target, group, usage, cache, false)?.0)
 }
 
-struct Pass {
-    evicted: Evicted,
-    files: u64,
-    reused: bool,
-}
-
+/// One eviction from the kept scan (when `may_reuse` and it is recent) or a new
+/// one; also says whether the scan was reused.
 fn evict_once(
     root: BorrowedFd<'_>,
-    host: &Host,
+    writing: &HashSet<u64>,
     target: EvictTarget,
     group: EvictGroup,
     usage: &dyn Fn() -> Result<Usage>,
     cache: &mut Option<Scanned>,
     may_reuse: bool,
-) -> Result<Pass> {
-    let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
-    let writing = open_for_write(host, dev);
+) -> Result<(Evicted, bool)> {
     let mut out = Evicted::default();
     let reused = may_reuse
         && cache
             .as_ref()
             .is_some_and(|c| c.group == group && c.at.elapsed() < SCAN_REUSE);
     if !reused {
-        let tree = scan(root, &writing, group, &mut out.skipped_open)?;
+        let tree = scan(root, writing, group, &mut out.skipped_open)?;
         *cache = Some(Scanned {
             gone: vec![false; tree.files.len()],
             tree,
@@ -370,12 +366,7 @@ fn evict_once(
     for i in gone {
         c.gone[i] = true;
     }
-    let files = out.files;
-    Ok(Pass {
-        evicted: out,
-        files,
-        reused,
-    })
+    Ok((out, reused))
 }
 
 #[cfg(test)]

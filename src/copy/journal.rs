@@ -20,7 +20,7 @@
 //! the journal) is ignored.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -86,8 +86,13 @@ impl Journal {
     /// appended to, anything else is replaced by a new one.
     pub fn open(path: &Path, base: &Baseline) -> io::Result<Journal> {
         let head = header(base.taken);
-        let current = match std::fs::read(path) {
-            Ok(data) => data.starts_with(&head),
+        // Only the header tells whose journal it is.
+        let current = match File::open(path) {
+            Ok(f) => {
+                let mut found = Vec::with_capacity(head.len());
+                std::io::Read::take(f, head.len() as u64).read_to_end(&mut found)?;
+                found == head
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => return Err(e),
         };

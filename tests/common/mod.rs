@@ -486,6 +486,24 @@ impl Expected {
             .collect()
     }
 
+    /// Fails the test, with the history of the first names found wrong, unless
+    /// nothing the application wrote was lost and nothing it deleted came back.
+    pub fn assert_nothing_lost(&self, dir: &Path, what: &str) {
+        let (lost, resurrected) = self.check(dir);
+        for n in lost.iter().chain(&resurrected).take(4) {
+            eprintln!("{n}:\n  {}", self.history(n).join("\n  "));
+        }
+        assert!(
+            lost.is_empty() && resurrected.is_empty(),
+            "{what}: {} operations; lost {}: {:?}; resurrected {}: {:?}",
+            self.ops,
+            lost.len(),
+            &lost[..lost.len().min(10)],
+            resurrected.len(),
+            &resurrected[..resurrected.len().min(10)]
+        );
+    }
+
     pub fn check(&self, dir: &Path) -> (Vec<String>, Vec<String>) {
         let mut lost = Vec::new();
         let mut resurrected = Vec::new();
