@@ -20,8 +20,10 @@ use nix::sys::stat::FileStat;
 pub type Time = (i64, i64);
 
 const MAGIC: &[u8] = b"tmpfsctl-baseline\n";
-/// The format this build writes and reads; a newer one is refused, not guessed at.
-pub const FORMAT: u32 = 2;
+/// The format this build writes; it reads it and older ones, and refuses a newer one
+/// rather than guess at it. Format 2 has the same records with a bytewise FNV-1a
+/// checksum, which took longer than the rest of a load.
+pub const FORMAT: u32 = 3;
 
 /// A disk entry as the baseline saw it: enough to tell whether it changed since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,8 +117,7 @@ pub enum Mark {
     Placing(Sig),
 }
 
-/// Records by path: looked up once per entry of the tree in every pass.
-pub type Marks = HashMap<Box<[u8]>, Mark>;
+pub use super::marks::Marks;
 
 /// Paths are relative to the synced root, `/`-separated, without a leading `/`; the
 /// root itself has no record.
@@ -130,7 +131,7 @@ pub struct Baseline {
     pub marks: Marks,
     /// For a [`Mark::Placing`] from a journal: the record it replaced, which holds
     /// if the placing never happened. Not saved (a saved baseline has no `Placing`).
-    pub placing_before: Marks,
+    pub placing_before: HashMap<Box<[u8]>, Mark>,
 }
 
 impl Baseline {
@@ -144,7 +145,7 @@ impl Baseline {
 
     /// The records of everything below `dir` (not `dir` itself), in no order. A scan
     /// of all records: only needed for a subtree a pass did not walk.
-    pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a Box<[u8]>, &'a Mark)> + 'a {
+    pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], &'a Mark)> + 'a {
         let mut prefix = dir.to_vec();
         prefix.push(b'/');
         self.marks.iter().filter(move |(p, _)| p.starts_with(&prefix))
@@ -161,11 +162,11 @@ impl Baseline {
         out.push(has);
         put_time(&mut out, t);
         out.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
-        // In the map's order: the decoded records are the same, whatever the order.
-        for (path, mark) in &self.marks {
+        // In the order they were made, which the next pass's walk nearly repeats.
+        for (path, mark) in self.marks.iter() {
             put_record(&mut out, path, mark);
         }
-        let sum = fnv1a(&out);
+        let sum = sum64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
     }
@@ -176,9 +177,6 @@ impl Baseline {
             .checked_sub(8)
             .ok_or(BaselineError::Corrupt("truncated"))?;
         let (body, sum) = data.split_at(body_len);
-        if fnv1a(body).to_le_bytes() != sum {
-            return Err(BaselineError::Corrupt("checksum mismatch"));
-        }
         let mut r = Reader(body);
         if r.take(MAGIC.len())? != MAGIC {
             return Err(BaselineError::Corrupt("not a baseline file"));
@@ -187,22 +185,31 @@ impl Baseline {
         if format > FORMAT {
             return Err(BaselineError::Newer(format));
         }
+        let checksum = if format >= 3 { sum64 } else { fnv1a };
+        if checksum(body).to_le_bytes() != sum {
+            return Err(BaselineError::Corrupt("checksum mismatch"));
+        }
         let has = r.take(1)?[0];
         let t = r.time()?;
         let taken = (has == 1).then_some(t);
         let count = u64::from_le_bytes(r.array()?);
-        let mut records = Vec::with_capacity(count.min(1 << 24) as usize);
+        // Every record is 4 bytes of length and 17 of payload besides its path.
+        let count = usize::try_from(count)
+            .ok()
+            .filter(|&n| n <= r.0.len() / 21)
+            .ok_or(BaselineError::Corrupt("record count"))?;
+        let mut marks = Marks::with_capacity(count, r.0.len() - count * 21);
         for _ in 0..count {
-            records.push(r.record()?);
+            let (path, mark) = r.record()?;
+            marks.insert(path, mark);
         }
-        let marks = marks_from(records);
         if !r.0.is_empty() {
             return Err(BaselineError::Corrupt("trailing bytes"));
         }
         Ok(Baseline {
             taken,
             marks,
-            placing_before: Marks::default(),
+            placing_before: HashMap::new(),
         })
     }
 
@@ -257,14 +264,6 @@ pub enum BaselineError {
     Io(std::io::Error),
 }
 
-/// The marks of records made in this order: for a path recorded more than once the
-/// last record holds.
-pub fn marks_from(records: Vec<(Box<[u8]>, Mark)>) -> Marks {
-    let mut marks = Marks::with_capacity(records.len());
-    marks.extend(records);
-    marks
-}
-
 /// One path's record: length, path bytes, kind, payload.
 pub(super) fn put_record(out: &mut Vec<u8>, path: &[u8], mark: &Mark) {
     out.extend_from_slice(&(path.len() as u32).to_le_bytes());
@@ -308,9 +307,9 @@ pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
     /// What [`put_record`] wrote.
-    pub(super) fn record(&mut self) -> Result<(Box<[u8]>, Mark), BaselineError> {
+    pub(super) fn record(&mut self) -> Result<(&'a [u8], Mark), BaselineError> {
         let len = u32::from_le_bytes(self.array()?) as usize;
-        let path: Box<[u8]> = self.take(len)?.into();
+        let path = self.take(len)?;
         let mark = match self.take(1)?[0] {
             0 => Mark::Entry(self.sig()?),
             1 => Mark::Deleted(self.time()?),
@@ -352,11 +351,30 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// FNV-1a: the checksum of the state's binary records.
+/// FNV-1a: the checksum of the state's small binary records (and of format-2
+/// baselines).
 pub fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// The checksum of a baseline (megabytes for a large tree): FNV's multiply-xor a word
+/// at a time, each step folding the high half down so every bit reaches the rest, and
+/// the length mixed in. It detects damage, it authenticates nothing.
+pub fn sum64(data: &[u8]) -> u64 {
+    let step = |h: u64, w: u64| {
+        let h = (h ^ w).wrapping_mul(0x0100_0000_01b3);
+        h ^ (h >> 32)
+    };
+    let mut chunks = data.chunks_exact(8);
+    let mut h = 0xcbf2_9ce4_8422_2325 ^ data.len() as u64;
+    for c in &mut chunks {
+        h = step(h, u64::from_le_bytes(c.try_into().expect("chunks of 8")));
+    }
+    let mut last = [0u8; 8];
+    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    step(h, u64::from_le_bytes(last))
 }
 
 /// The RAM (source) side of one name.
@@ -685,11 +703,10 @@ mod tests {
             taken: Some((1_700_000_000, 123)),
             ..Baseline::none()
         };
-        b.marks.insert(b"a".to_vec().into(), Mark::Entry(file(1, T0)));
-        b.marks
-            .insert(b"a/b\xff\n".to_vec().into(), Mark::Entry(dir(2, T1)));
-        b.marks.insert(b"z".to_vec().into(), Mark::Deleted(T2));
-        b.marks.insert(b"zz".to_vec().into(), Mark::DiskWon(file(3, T1)));
+        b.marks.insert(b"a", Mark::Entry(file(1, T0)));
+        b.marks.insert(b"a/b\xff\n", Mark::Entry(dir(2, T1)));
+        b.marks.insert(b"z", Mark::Deleted(T2));
+        b.marks.insert(b"zz", Mark::DiskWon(file(3, T1)));
         let data = b.encode();
         assert_eq!(Baseline::decode(&data).unwrap(), b);
         assert_eq!(
@@ -710,7 +727,7 @@ mod tests {
         ));
         let mut newer = data[..data.len() - 8].to_vec();
         newer[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&(FORMAT + 1).to_le_bytes());
-        let sum = fnv1a(&newer);
+        let sum = sum64(&newer);
         newer.extend_from_slice(&sum.to_le_bytes());
         let err = Baseline::decode(&newer).unwrap_err();
         assert!(matches!(err, BaselineError::Newer(n) if n == FORMAT + 1), "{err}");
@@ -718,33 +735,59 @@ mod tests {
     }
 
     #[test]
-    fn the_last_record_of_a_path_holds() {
-        let m = |t| Mark::Deleted((t, 0));
-        let recs: Vec<(Box<[u8]>, Mark)> =
-            [("b", m(1)), ("a", m(2)), ("b", m(3)), ("a/x", m(4)), ("a", m(5))]
-                .into_iter()
-                .map(|(p, k)| (p.as_bytes().into(), k))
-                .collect();
-        let mut got: Vec<_> = marks_from(recs)
-            .into_iter()
-            .map(|(p, k)| (p.to_vec(), k))
-            .collect();
-        got.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(
-            got,
-            vec![
-                (b"a".to_vec(), m(5)),
-                (b"a/x".to_vec(), m(4)),
-                (b"b".to_vec(), m(3))
-            ]
-        );
+    fn a_format_2_baseline_with_its_bytewise_checksum_is_still_read() {
+        let mut b = Baseline {
+            taken: Some(T1),
+            ..Baseline::none()
+        };
+        b.marks.insert(b"d/f", Mark::Entry(file(9, T0)));
+        let data = b.encode();
+        let mut old = data[..data.len() - 8].to_vec();
+        old[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
+        let sum = fnv1a(&old);
+        old.extend_from_slice(&sum.to_le_bytes());
+        assert_eq!(Baseline::decode(&old).unwrap(), b);
+        let wrong = sum64(&old[..old.len() - 8]);
+        old.truncate(old.len() - 8);
+        old.extend_from_slice(&wrong.to_le_bytes());
+        assert!(matches!(
+            Baseline::decode(&old),
+            Err(BaselineError::Corrupt("checksum mismatch"))
+        ));
+    }
+
+    #[test]
+    fn a_record_count_beyond_the_data_is_damage() {
+        let mut data = Baseline::none().encode();
+        data.truncate(data.len() - 8);
+        let at = data.len() - 8;
+        data[at..].copy_from_slice(&u64::MAX.to_le_bytes());
+        let sum = sum64(&data);
+        data.extend_from_slice(&sum.to_le_bytes());
+        assert!(matches!(
+            Baseline::decode(&data),
+            Err(BaselineError::Corrupt("record count"))
+        ));
+    }
+
+    #[test]
+    fn the_checksum_sees_any_change_of_one_word_and_the_length() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let sum = sum64(&data);
+        for i in (0..data.len()).step_by(7) {
+            let mut d = data.clone();
+            d[i] ^= 0x10;
+            assert_ne!(sum64(&d), sum, "byte {i}");
+        }
+        assert_ne!(sum64(&data[..999]), sum);
+        assert_ne!(sum64(&[0]), sum64(&[0, 0]));
     }
 
     #[test]
     fn below_lists_exactly_the_subtree() {
         let mut b = Baseline::none();
         for p in ["a", "a/x", "a/y/z", "a-b", "a0", "ab", "b"] {
-            b.marks.insert(p.as_bytes().into(), Mark::Deleted(T0));
+            b.marks.insert(p.as_bytes(), Mark::Deleted(T0));
         }
         let mut got: Vec<_> = b.below(b"a").map(|(p, _)| p.to_vec()).collect();
         got.sort();
@@ -759,7 +802,7 @@ mod tests {
         let mut b = Baseline::none();
         b.taken = Some(T1);
         b.save(&path).unwrap();
-        b.marks.insert(b"f".to_vec().into(), Mark::Deleted(T0));
+        b.marks.insert(b"f", Mark::Deleted(T0));
         b.save(&path).unwrap();
         assert_eq!(Baseline::load(&path).unwrap(), Some(b));
         assert_eq!(

@@ -74,7 +74,7 @@ fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Mark)> {
         if fnv1a(body).to_le_bytes() != sum {
             break;
         }
-        out.push((path, mark));
+        out.push((path.into(), mark));
         rest = r.0;
     }
     out
@@ -135,7 +135,7 @@ impl Journal {
                     base.placing_before.remove(&p);
                 }
             }
-            base.marks.insert(p, mark);
+            base.marks.insert(&p, mark);
         }
         Ok(n)
     }

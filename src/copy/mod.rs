@@ -27,6 +27,7 @@
 pub mod baseline;
 mod durable;
 pub mod journal;
+mod marks;
 mod ops;
 mod scan;
 mod sync;
@@ -328,13 +329,13 @@ impl<'p> Copier<'p> {
         if kind == libc::S_IFDIR {
             let fd = opened.expect("stat_entry opens every directory");
             let frame = self.enter_dir(dst_dir, name, fd, st)?;
-            self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
+            self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
             return Ok(frame);
         }
         let key = (st.st_dev, st.st_ino);
         if st.st_nlink > 1 && self.link_to_first_copy(stack, key, name)? {
             self.reporter.stats.hardlinks += 1;
-            self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
+            self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
             return Ok(None);
         }
         match kind {
@@ -352,7 +353,7 @@ impl<'p> Copier<'p> {
             };
             self.links.insert(key, first);
         }
-        self.marks.insert(path.into(), Mark::Entry(Sig::of(&st)));
+        self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
         Ok(None)
     }
 

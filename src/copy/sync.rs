@@ -191,7 +191,7 @@ pub fn sync_tree(
             base,
             journal,
             deletions,
-            marks: Vec::new(),
+            marks: baseline::Marks::with_capacity(base.marks.len(), 0),
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -218,19 +218,18 @@ pub fn sync_tree(
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
         reporter.stats.kept_disk += finished.not_placed;
-        marks.extend(
-            finished
-                .placed
-                .into_iter()
-                .map(|(path, sig)| (path, Mark::Entry(sig))),
-        );
-        marks.extend(finished.kept);
+        for (path, sig) in finished.placed {
+            marks.insert(&path, Mark::Entry(sig));
+        }
+        for (path, mark) in finished.kept {
+            marks.insert(&path, mark);
+        }
         reporter.report();
         Ok(Synced {
             stats: reporter.stats,
             baseline: Baseline {
                 taken: Some(taken),
-                marks: baseline::marks_from(marks),
+                marks,
                 ..Baseline::none()
             },
         })
@@ -439,7 +438,7 @@ struct Syncer<'p, 'b> {
     journal: Option<&'b Journal>,
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
     /// The next baseline's records, in the order made (the last of a path holds).
-    marks: Vec<(Box<[u8]>, Mark)>,
+    marks: baseline::Marks,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -573,7 +572,7 @@ impl Syncer<'_, '_> {
         };
         if self.base.get(&path) == Some(&mark) {
             // Known already: carried, not journaled again.
-            self.marks.push((path.into(), mark));
+            self.marks.insert(&path, mark);
             return Ok(());
         }
         self.remember(path, mark)
@@ -583,13 +582,13 @@ impl Syncer<'_, '_> {
     /// crash must know it too.
     fn remember(&mut self, path: Vec<u8>, mark: Mark) -> Result<(), Failed> {
         self.journal_note(&path, &mark)?;
-        self.marks.push((path.into(), mark));
+        self.marks.insert(&path, mark);
         Ok(())
     }
 
     /// The two sides agree on `path`; the disk entry now looks like `st`.
     fn record(&mut self, path: Vec<u8>, st: &FileStat) {
-        self.marks.push((path.into(), Mark::Entry(Sig::of(st))));
+        self.marks.insert(&path, Mark::Entry(Sig::of(st)));
     }
 
     /// `path` was not looked at (it vanished from the RAM while the pass ran, or lies
@@ -597,10 +596,10 @@ impl Syncer<'_, '_> {
     fn carry(&mut self, path: &[u8]) {
         let base = self.base;
         if let Some(m) = base.get(path) {
-            self.marks.push((path.into(), *m));
+            self.marks.insert(path, *m);
         }
         for (p, m) in base.below(path) {
-            self.marks.push((p.clone(), *m));
+            self.marks.insert(p, *m);
         }
     }
 

@@ -601,7 +601,7 @@ pub fn unchanged_disk(dst: &Path) -> tmpfsctl::copy::Baseline {
             let rel = rel.join(e.file_name());
             let m = fs::symlink_metadata(dst.join(&rel)).expect("stat");
             b.marks.insert(
-                rel.as_os_str().as_bytes().into(),
+                rel.as_os_str().as_bytes(),
                 Mark::Entry(Sig {
                     ino: m.ino(),
                     mode: m.mode(),
