@@ -1621,6 +1621,11 @@ impl Agent {
     /// force stays; a valid one replaces it and the mounts that changed (or
     /// are new) are applied.
     fn reload(&mut self, why: &str, force: bool) {
+        if let Err(e) = spec::only_root_can_change(&self.path) {
+            error!("reload ({why}): {e}; the spec in force stays");
+            *self.reloads.entry("refused").or_insert(0) += 1;
+            return;
+        }
         let text = match std::fs::read_to_string(&self.path) {
             Ok(t) => t,
             Err(e) => {

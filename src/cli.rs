@@ -171,11 +171,17 @@ pub fn main() -> i32 {
                 eprint!("{se}");
                 return exit::BAD_INPUT;
             }
-            if let Some(SpecLoadError::Read { .. }) = e.downcast_ref::<SpecLoadError>() {
+            if let Some(SpecLoadError::Read { .. } | SpecLoadError::Untrusted { .. }) =
+                e.downcast_ref::<SpecLoadError>()
+            {
                 eprintln!("error: {e}");
                 return exit::BAD_INPUT;
             }
             if e.downcast_ref::<crate::error::UnknownName>().is_some() {
+                eprintln!("error: {e}");
+                return exit::BAD_INPUT;
+            }
+            if let Some(LockError::Unsafe(_)) = e.downcast_ref::<LockError>() {
                 eprintln!("error: {e}");
                 return exit::BAD_INPUT;
             }

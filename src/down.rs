@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 
 use crate::error::UnknownName;
@@ -272,7 +272,7 @@ pub fn switch_to_disk(
         ),
         None => {
             mount::ensure_private_dir(&state.held_root(), table)?;
-            std::fs::create_dir_all(&held_path).with_context(|| format!("creating {}", held_path.display()))?;
+            mount::ensure_mount_point(&held_path)?;
             mount::bind_private(&live.mount_point, &held_path)?;
             crate::failpoint::hit("after-hold", name);
         }

@@ -288,7 +288,7 @@ fn run_step(
             if *mounted {
                 mount::make_private(dir)?;
             } else {
-                mkdir_private(dir)?;
+                mount::ensure_mount_point(dir)?;
                 mount::bind_private(dir, dir)?;
             }
         }
@@ -299,7 +299,7 @@ fn run_step(
             set_root(&pin(pinned, path)?.proc_path(), *root)?;
         }
         Step::BindLower { path, lower } => {
-            mkdir_private(lower)?;
+            mount::ensure_mount_point(lower)?;
             mount::bind_private(&pin(pinned, path)?.proc_path(), lower)?;
             undo.push(Undo::Detach(lower.clone()));
         }
@@ -308,7 +308,7 @@ fn run_step(
             stage,
             options,
         } => {
-            mkdir_private(stage)?;
+            mount::ensure_mount_point(stage)?;
             mount::mount_tmpfs(source, stage, options)?;
             undo.push(Undo::Detach(stage.clone()));
         }
@@ -384,20 +384,13 @@ fn restore_lower(path: &Path, lower: &Path, scratch: &Path) -> Result<()> {
     let base = path
         .file_name()
         .context("the managed path has a last component")?;
-    mkdir_private(scratch)?;
+    mount::ensure_mount_point(scratch)?;
     mount::bind_private(parent, scratch)?;
-    let result = mkdir_private(lower).and_then(|_| mount::bind_private(&scratch.join(base), lower));
+    let result =
+        mount::ensure_mount_point(lower).and_then(|_| mount::bind_private(&scratch.join(base), lower));
     mount::detach(scratch)?;
     remove_empty_dir(scratch)?;
     result
-}
-
-fn mkdir_private(dir: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))
 }
 
 fn create_dir(path: &Path) -> Result<()> {

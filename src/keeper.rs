@@ -108,7 +108,8 @@ fn overflow_marker() -> (Handle, Vec<u8>) {
 /// The keeper's pid, if one runs for `name` (checked to be a keeper of `name`, not
 /// a reused pid).
 fn running(state: &State, name: &str) -> Option<Pid> {
-    let pid: i32 = std::fs::read_to_string(pid_path(state, name))
+    let pid: i32 = crate::copy::baseline::read_nofollow(&pid_path(state, name))
+        .map(|d| String::from_utf8_lossy(&d).into_owned())
         .ok()?
         .trim()
         .parse()
@@ -149,7 +150,7 @@ pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let seen = match std::fs::read(record_path(state, name)) {
+    let seen = match crate::copy::baseline::read_nofollow(&record_path(state, name)) {
         Ok(data) => decode(&data),
         Err(_) => return,
     };

@@ -138,6 +138,34 @@ pub fn ensure_private_dir(dir: &Path, table: &crate::host::mountinfo::MountTable
     }
 }
 
+/// Makes `dir`, a mount point of tmpfsctl's in its state directory, a real directory:
+/// created (0700, with missing parents) if absent; a symlink there is removed and
+/// logged, never mounted through; anything else that is not a directory is refused
+/// with its path.
+pub fn ensure_mount_point(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(m) if m.file_type().is_symlink() => {
+            tracing::warn!(
+                "{}: a symlink where tmpfsctl mounts; removed, not followed",
+                dir.display()
+            );
+            std::fs::remove_file(dir).with_context(|| format!("removing the symlink {}", dir.display()))?;
+        }
+        Ok(_) => anyhow::bail!(
+            "{} is not a directory, and tmpfsctl mounts there; remove it if nothing needs it",
+            dir.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("checking {}", dir.display())),
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
 /// Mounts a small private tmpfs for tmpfsctl's own records at `dir` (source `source`),
 /// unless one is there already.
 pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
@@ -149,11 +177,7 @@ pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
     {
         return Ok(());
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))?;
+    ensure_mount_point(dir)?;
     mount(
         Some(source),
         dir,

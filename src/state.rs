@@ -11,9 +11,10 @@ use anyhow::{Context, Result};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::copy::baseline::{write_durably, BaselineError};
+use crate::copy::baseline::{read_nofollow, write_durably, BaselineError};
 use crate::copy::Baseline;
 use crate::copy::Journal;
+use crate::host::trust::{self, Untrusted};
 
 pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
 
@@ -98,6 +99,8 @@ pub enum LockError {
     Busy { path: PathBuf, waited: Duration },
     #[error("cannot lock {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("the state directory must be root's alone, and {0}: use a --state-dir that only root can change (the default is {DEFAULT_DIR})")]
+    Unsafe(Untrusted),
     #[error("{} was written by a newer tmpfsctl (state format {found}, this one knows {FORMAT}); use that tmpfsctl, or a newer one, to manage these mounts", path.display())]
     Newer { path: PathBuf, found: u32 },
 }
@@ -237,19 +240,48 @@ impl State {
 
     /// Creates the state directory tree, root-only.
     pub fn ensure_dirs(&self) -> Result<()> {
-        for d in [
-            self.dir.clone(),
-            self.dir.join("lower"),
-            self.dir.join("stage"),
-            self.dir.join("mounts"),
-            self.dir.join("baseline"),
-            self.held_root(),
-        ] {
+        for d in std::iter::once(self.dir.clone()).chain(SUBDIRS.iter().map(|s| self.dir.join(s))) {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&d)
                 .with_context(|| format!("creating state directory {}", d.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Makes sure the state directory is root's alone before root trusts anything in
+    /// it: created 0700 if missing; refused if it, or a directory above it, could be
+    /// changed by another user; its own directories repaired where they are not
+    /// plain root-only directories (a symlink there is removed, never followed). Run
+    /// as another user (who cannot mount anyway) it only creates the tree.
+    fn secure(&self) -> Result<(), LockError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LockError::Io { path, source }
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return self.ensure_dirs().map_err(|e| LockError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other(format!("{e:#}")),
+            });
+        }
+        if let Some(parent) = self.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .map_err(io(parent))?;
+        }
+        match fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(&self.dir)(e)),
+            _ => {}
+        }
+        trust::root_directory(&self.dir).map_err(LockError::Unsafe)?;
+        own_directory(&self.dir).map_err(io(&self.dir))?;
+        for sub in SUBDIRS {
+            let d = self.dir.join(sub);
+            own_directory(&d).map_err(io(&d))?;
         }
         Ok(())
     }
@@ -266,12 +298,24 @@ impl State {
             .mode(0o700)
             .create(&self.dir)
             .map_err(io)?;
+        self.secure()?;
+        match fs::symlink_metadata(&path) {
+            Ok(m) if !m.is_file() => {
+                tracing::warn!(
+                    "{}: not a regular file where tmpfsctl keeps its lock; removed",
+                    path.display()
+                );
+                fs::remove_file(&path).map_err(io)?;
+            }
+            _ => {}
+        }
         let start = Instant::now();
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(io)?;
         loop {
@@ -295,9 +339,7 @@ impl State {
     /// Refuses a state directory of a newer format; records this one's otherwise.
     fn adopt_format(&self) -> Result<(), LockError> {
         let path = self.dir.join("format");
-        let found = fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok());
+        let found = read_text(&path).and_then(|t| t.trim().parse::<u32>().ok());
         match found {
             Some(found) if found > FORMAT => Err(LockError::Newer { path, found }),
             Some(found) if found == FORMAT => Ok(()),
@@ -315,7 +357,7 @@ impl State {
     }
 
     pub fn record(&self, name: &str) -> Option<Record> {
-        let text = fs::read_to_string(self.record_path(name)).ok()?;
+        let text = read_text(&self.record_path(name))?;
         serde_json::from_str(&text).ok()
     }
 
@@ -330,7 +372,7 @@ impl State {
     }
 
     pub fn last_sync(&self, name: &str) -> Option<SyncRecord> {
-        let text = fs::read_to_string(self.sync_path(name)).ok()?;
+        let text = read_text(&self.sync_path(name))?;
         serde_json::from_str(&text).ok()
     }
 
@@ -347,7 +389,7 @@ impl State {
     /// What the agent last published; `None` when no agent wrote one, or the one
     /// that did is not running any more.
     pub fn agent_status(&self) -> Option<AgentStatus> {
-        let text = fs::read_to_string(self.agent_status_path()).ok()?;
+        let text = read_text(&self.agent_status_path())?;
         let st: AgentStatus = serde_json::from_str(&text).ok()?;
         let cmdline = fs::read(format!("/proc/{}/cmdline", st.pid)).ok()?;
         let running = cmdline.split(|&b| b == 0).any(|a| a == b"agent");
@@ -379,7 +421,7 @@ impl State {
     }
 
     pub fn degraded(&self, name: &str) -> Option<String> {
-        fs::read_to_string(self.degraded_path(name)).ok()
+        read_text(&self.degraded_path(name))
     }
 
     pub fn set_degraded(&self, name: &str, reason: &str) -> Result<()> {
@@ -408,6 +450,54 @@ impl State {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The directories directly under the state directory.
+const SUBDIRS: [&str; 7] = ["lower", "stage", "restore", "held", "mounts", "baseline", "run"];
+
+/// One of tmpfsctl's own records, never read through a symlink.
+fn read_text(path: &Path) -> Option<String> {
+    String::from_utf8(read_nofollow(path).ok()?).ok()
+}
+
+/// Makes `dir` a directory of root's with mode 0700: created if missing; a symlink
+/// or other entry in its place is removed (it can only be stale, or planted by
+/// whoever could once write there) and the directory created; owner and mode are
+/// repaired. Each repair is logged with the path.
+fn own_directory(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    match meta {
+        Some(m) if m.is_dir() => {
+            if m.uid() != 0 || m.gid() != 0 {
+                tracing::warn!("{}: owned by {}:{}, made root's", dir.display(), m.uid(), m.gid());
+                std::os::unix::fs::lchown(dir, Some(0), Some(0))?;
+            }
+            if m.mode() & 0o7777 != 0o700 {
+                tracing::warn!("{}: mode {:o}, made 0700", dir.display(), m.mode() & 0o7777);
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        }
+        Some(m) => {
+            let what = if m.file_type().is_symlink() {
+                "a symlink"
+            } else {
+                "not a directory"
+            };
+            tracing::warn!(
+                "{}: {what} where tmpfsctl keeps a directory; removed",
+                dir.display()
+            );
+            fs::remove_file(dir)?;
+            fs::DirBuilder::new().mode(0o700).create(dir)
+        }
+        None => fs::DirBuilder::new().mode(0o700).create(dir),
     }
 }
 

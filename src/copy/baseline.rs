@@ -215,7 +215,7 @@ impl Baseline {
 
     /// Reads the baseline at `path`; `Ok(None)` when there is none.
     pub fn load(path: &Path) -> Result<Option<Baseline>, BaselineError> {
-        match std::fs::read(path) {
+        match read_nofollow(path) {
             Ok(data) => Baseline::decode(&data).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(BaselineError::Io(e)),
@@ -228,6 +228,26 @@ impl Baseline {
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         write_durably(path, &self.encode())
     }
+}
+
+/// The contents of the file at `path`, never through a symlink in its last component
+/// (tmpfsctl's own records: a link planted there is refused, not followed).
+pub fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    let mut data = Vec::new();
+    f.read_to_end(&mut data)?;
+    Ok(data)
 }
 
 /// Temporary file (created fresh, never through a symlink), `fsync`, rename over

@@ -87,7 +87,11 @@ impl Journal {
     pub fn open(path: &Path, base: &Baseline) -> io::Result<Journal> {
         let head = header(base.taken);
         // Only the header tells whose journal it is.
-        let current = match File::open(path) {
+        let current = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+        {
             Ok(f) => {
                 let mut found = Vec::with_capacity(head.len());
                 std::io::Read::take(f, head.len() as u64).read_to_end(&mut found)?;
@@ -117,7 +121,7 @@ impl Journal {
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
     /// established; returns how many. A missing, foreign or damaged journal adds nothing.
     pub fn replay(path: &Path, base: &mut Baseline) -> io::Result<usize> {
-        let data = match std::fs::read(path) {
+        let data = match super::baseline::read_nofollow(path) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(e),

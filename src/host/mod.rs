@@ -5,6 +5,7 @@ pub mod deletions;
 pub mod meminfo;
 pub mod mountinfo;
 pub mod procs;
+pub mod trust;
 pub mod usage;
 
 use std::path::{Path, PathBuf};

@@ -380,6 +380,7 @@ pub fn load(file: &Path, mem_total: u64) -> Result<Spec, SpecLoadError> {
 
 /// [`load`], with managed paths checked only as far as `paths` says.
 pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, SpecLoadError> {
+    only_root_can_change(file)?;
     let text = std::fs::read_to_string(file).map_err(|e| SpecLoadError::Read {
         file: file.to_path_buf(),
         source: e,
@@ -397,10 +398,32 @@ fn parse_with(file: &Path, text: &str, mem_total: u64, paths: Paths) -> Result<S
     validate::validate(file, text, raw, mem_total, paths)
 }
 
+/// Run as root, a spec is refused when anybody else could change it (or the
+/// directories it is in): whoever can edit it makes root mount, copy and delete where
+/// it says. The check follows sshd's `StrictModes` (see [`crate::host::trust`]).
+pub fn only_root_can_change(file: &Path) -> Result<(), SpecLoadError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    match std::fs::symlink_metadata(file) {
+        // Missing or unreadable: reading it says so.
+        Err(_) => Ok(()),
+        Ok(_) => crate::host::trust::only_root_can_change(file).map_err(|e| SpecLoadError::Untrusted {
+            file: file.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SpecLoadError {
     #[error("cannot read spec {}: {source}", file.display())]
     Read { file: PathBuf, source: std::io::Error },
+    #[error("refusing spec {}: {source}, so a user other than root could change what root runs; make it root's and not writable by group or others (chown root: FILE; chmod go-w FILE), in directories only root can change", file.display())]
+    Untrusted {
+        file: PathBuf,
+        source: crate::host::trust::Untrusted,
+    },
     #[error("{0}")]
     Invalid(SpecError),
 }
