@@ -95,7 +95,22 @@ pub struct Tracker {
     pub backoff_ms: u64,
     /// `warn` (the action) was reported during this excursion.
     pub warned: bool,
+    /// The last check: when, and the bytes used then.
+    pub last: Option<(u64, u64)>,
+    /// How fast usage grows, bytes a second, averaged over the last checks (0 while
+    /// it does not grow): an eviction starts early enough to finish before a fast
+    /// writer crosses `high` (see [`LEAD_MS`]).
+    pub growth: u64,
 }
+
+/// How far ahead an eviction looks: the time from a write to the end of the
+/// eviction it triggers (about 9 ms to wake and measure, 25 ms for the first
+/// eviction from an Apache cache of 4,000 entries; docs/agent.md). An eviction
+/// starts once usage plus this much growth at the current rate reaches `high`.
+pub const LEAD_MS: u64 = 40;
+
+/// Growth samples further apart than this are not a rate.
+const RATE_WINDOW_MS: u64 = 1_000;
 
 /// The first wait after a chain ran out.
 pub const RETRY_MIN_MS: u64 = 1_000;
@@ -212,6 +227,22 @@ pub fn decide(
     let fill = Fill::of(u);
     let before = t.level;
     let high = fill.at_or_above(w, |t| t.high);
+    t.growth = match t.last {
+        Some((at, used)) if now_ms > at && now_ms - at <= RATE_WINDOW_MS => {
+            let now = u.used.saturating_sub(used).saturating_mul(1000) / (now_ms - at);
+            (t.growth + now) / 2
+        }
+        Some((at, _)) if now_ms == at => t.growth,
+        _ => 0,
+    };
+    t.last = Some((now_ms, u.used));
+    // Where usage will be when an eviction started now would have finished.
+    let ahead = u.used.saturating_add(t.growth.saturating_mul(LEAD_MS) / 1000);
+    let early = !high
+        && fill.bytes > w.bytes.low
+        && u.size > 0
+        && ahead as f64 * 100.0 / u.size as f64 >= w.bytes.high
+        && w.actions.get(t.stage) == Some(&Action::Evict);
     t.level = if high {
         Level::High
     } else if fill.at_or_below_low(w) && fill.clear_of_warn(w) {
@@ -229,6 +260,8 @@ pub fn decide(
         // Re-armed: the next excursion starts the chain from the beginning.
         *t = Tracker {
             level: t.level,
+            last: t.last,
+            growth: t.growth,
             ..Tracker::default()
         };
     }
@@ -238,7 +271,7 @@ pub fn decide(
         skipped: Vec::new(),
         exhausted: None,
     };
-    if !high {
+    if !high && !early {
         return v;
     }
     if t.exhausted {
@@ -543,6 +576,7 @@ pub fn sync_due_in(period_secs: u64, last_sync_at: Option<u64>, now: u64) -> u64
 mod tests {
     use super::*;
 
+    const KIB: u64 = 1 << 10;
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
@@ -790,9 +824,64 @@ mod tests {
             t,
             Tracker {
                 level: Level::Ok,
+                last: Some((0, 10 * MIB)),
                 ..Tracker::default()
             }
         );
+    }
+
+    /// A writer that would cross `high` before an eviction could finish gets one
+    /// started early: at 200 MiB/s, checked every 5 ms, well before `high`.
+    #[test]
+    fn a_fast_writer_is_met_by_an_eviction_before_high() {
+        let w = wd(&[Action::Evict]);
+        let mut t = Tracker::default();
+        let high = (w.bytes.high * MIB as f64) as u64;
+        let mut first = None;
+        for step in 0..100u64 {
+            let used = 50 * MIB + step * MIB;
+            let v = check_at(&w, &mut t, 100 * MIB, used, step * 5);
+            if v.act.is_some() {
+                assert!(matches!(v.act, Some(Act::Evict { .. })), "{v:?}");
+                first = Some(used);
+                break;
+            }
+        }
+        let first = first.expect("an eviction before the mount fills");
+        assert!(first < high, "evicted at {first}, high {high}");
+        assert!(first as f64 > w.bytes.low * MIB as f64);
+        // 200 MiB/s for LEAD_MS: 8 MiB ahead, give or take the averaging.
+        assert!(
+            high - first <= 9 * MIB,
+            "not absurdly early: {}",
+            (high - first) / MIB
+        );
+    }
+
+    #[test]
+    fn a_slow_or_stale_writer_waits_for_high() {
+        let w = wd(&[Action::Evict]);
+        let high = (w.bytes.high * MIB as f64) as u64;
+        // 1 MiB/s, checked every 10 ms.
+        let mut t = Tracker::default();
+        for step in 0..100u64 {
+            let used = high - 2 * MIB + step * 10 * KIB;
+            assert!(check_at(&w, &mut t, 100 * MIB, used, step * 10).act.is_none());
+        }
+        // Fast, but the samples are seconds apart: no rate.
+        let mut t = Tracker::default();
+        for step in 0..5u64 {
+            let used = high - 5 * MIB + step * MIB;
+            assert!(check_at(&w, &mut t, 100 * MIB, used, step * 2_000).act.is_none());
+            assert_eq!(t.growth, 0);
+        }
+        // Fast, but the chain starts with `warn`: nothing early.
+        let w = wd(&[Action::Warn, Action::Evict]);
+        let mut t = Tracker::default();
+        for step in 0..8u64 {
+            let used = high - 8 * MIB + step * MIB;
+            assert!(check_at(&w, &mut t, 100 * MIB, used, step * 5).act.is_none());
+        }
     }
 
     /// Apache refills what an eviction freed within milliseconds: as long as each

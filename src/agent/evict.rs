@@ -241,6 +241,9 @@ pub fn fdinfo_flags(text: &str) -> Option<i32> {
         .and_then(|v| i32::from_str_radix(v.trim(), 8).ok())
 }
 
+/// Entries deleted between two measurements of usage.
+const EVICT_CHUNK: usize = 32;
+
 /// How long a scan of the tree serves the next evictions. Under churn the walk is
 /// the slow part (a cache with thousands of directories takes tens of
 /// milliseconds) while the room above `high` fills in as many; the entries the
@@ -324,26 +327,26 @@ fn evict_once(
         .into_iter()
         .map(|k| live[k])
         .collect();
+    // Entries in order, each its files smaller first.
+    let mut entries: Vec<&[usize]> = Vec::new();
+    let mut start = 0;
+    for n in 1..=order.len() {
+        if n == order.len() || tree.candidates[order[n]].entry != tree.candidates[order[n - 1]].entry {
+            entries.push(&order[start..n]);
+            start = n;
+        }
+    }
     let mut current_dir: Option<(usize, OwnedFd)> = None;
     let mut gone = Vec::with_capacity(order.len());
-    for (n, &i) in order.iter().enumerate() {
-        // The estimate can be off (sparse files, concurrent writes): measure
-        // every so often and stop as soon as the target is reached, between
-        // entries only.
-        let entry_starts = n == 0 || tree.candidates[order[n - 1]].entry != tree.candidates[i].entry;
-        if n > 0 && n % 64 == 0 && entry_starts {
-            let u = usage()?;
-            if target.need(&u) == (0, 0) {
-                break;
-            }
-        }
+    let mut remove = |i: usize, out: &mut Evicted| {
         let f = &tree.files[i];
         if current_dir.as_ref().is_none_or(|(d, _)| *d != f.dir) {
             current_dir = beneath(root, &tree.rel(f.dir)).ok().map(|fd| (f.dir, fd));
         }
+        gone.push(i);
         let Some((_, dfd)) = &current_dir else {
             out.raced += 1;
-            continue;
+            return;
         };
         // The name must still be the regular file that was scanned.
         match fstatat(dfd.as_fd(), f.name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -361,7 +364,24 @@ fn evict_once(
             }
             _ => out.raced += 1,
         }
-        gone.push(i);
+    };
+    for (n, chunk) in entries.chunks(EVICT_CHUNK).enumerate() {
+        // The estimate can be off (sparse files, concurrent writes): measure between
+        // chunks and stop as soon as the target is reached.
+        if n > 0 && target.need(&usage()?) == (0, 0) {
+            break;
+        }
+        // The smaller files of a whole chunk first (a header, an index), its largest
+        // ones after: a reader that opened a header just before it went finds the
+        // data still there, unless it waits for a whole chunk to be deleted.
+        for files in chunk {
+            for &i in &files[..files.len() - 1] {
+                remove(i, &mut out);
+            }
+        }
+        for files in chunk {
+            remove(files[files.len() - 1], &mut out);
+        }
     }
     for i in gone {
         c.gone[i] = true;
