@@ -141,8 +141,7 @@ pub fn ensure_private_dir(dir: &Path, table: &crate::host::mountinfo::MountTable
 /// Mounts a small private tmpfs for tmpfsctl's own records at `dir` (source `source`),
 /// unless one is there already.
 pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
-    let text = std::fs::read_to_string("/proc/thread-self/mountinfo").context("reading the mount table")?;
-    let table = crate::host::mountinfo::MountTable::parse(&text)?;
+    let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
     if table
         .top_at(dir)
         .is_some_and(|e| e.fstype == "tmpfs" && e.source == source)
