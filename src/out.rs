@@ -59,6 +59,10 @@ impl Stream {
         let mut rest = buf;
         while !rest.is_empty() {
             match (self.write)(rest) {
+                Ok(0) => {
+                    *state = State::Failed(io::ErrorKind::WriteZero.into());
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
                 Ok(n) => rest = &rest[n..],
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EPIPE) => {
@@ -107,14 +111,6 @@ impl io::Write for Writer {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
-}
-
-/// True once a write to stdout found the reader gone.
-pub fn stdout_closed() -> bool {
-    matches!(
-        *STDOUT.state.lock().unwrap_or_else(PoisonError::into_inner),
-        State::Closed
-    )
 }
 
 /// A write error on stdout other than a closed pipe: the output the user asked
@@ -215,6 +211,100 @@ mod tests {
 
     fn esc(bytes: &[u8]) -> String {
         escape(OsStr::from_bytes(bytes)).into_owned()
+    }
+
+    /// A stream over a scripted descriptor: each call takes the next result
+    /// (bytes accepted, or an errno) and records what it was offered.
+    macro_rules! scripted {
+        ($name:ident, $script:expr) => {
+            mod $name {
+                use std::sync::Mutex;
+                pub static CALLS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+                pub fn write(buf: &[u8]) -> nix::Result<usize> {
+                    let mut calls = CALLS.lock().unwrap();
+                    let script: &[Result<usize, nix::errno::Errno>] = &$script;
+                    let r = script[calls.len()];
+                    calls.push(buf.to_vec());
+                    r
+                }
+            }
+        };
+    }
+
+    fn stream(write: fn(&[u8]) -> nix::Result<usize>) -> Stream {
+        Stream {
+            state: Mutex::new(State::Open),
+            write,
+        }
+    }
+
+    scripted!(pipe_closes, [Ok(3), Err(nix::errno::Errno::EPIPE)]);
+
+    #[test]
+    fn a_closed_pipe_is_remembered_and_never_written_again() {
+        let s = stream(pipe_closes::write);
+        s.write_all(b"one").unwrap();
+        let e = s.write_all(b"two").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+        assert!(matches!(*s.state.lock().unwrap(), State::Closed));
+        for _ in 0..3 {
+            assert_eq!(
+                s.write_all(b"more").unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe
+            );
+        }
+        assert_eq!(
+            *pipe_closes::CALLS.lock().unwrap(),
+            [b"one".to_vec(), b"two".to_vec()]
+        );
+    }
+
+    scripted!(
+        short_and_interrupted,
+        [Ok(2), Err(nix::errno::Errno::EINTR), Ok(1), Ok(3)]
+    );
+
+    #[test]
+    fn short_writes_and_signals_still_write_everything_in_order() {
+        let s = stream(short_and_interrupted::write);
+        s.write_all(b"abcdef").unwrap();
+        let calls = short_and_interrupted::CALLS.lock().unwrap();
+        assert_eq!(
+            *calls,
+            [
+                b"abcdef".to_vec(),
+                b"cdef".to_vec(),
+                b"cdef".to_vec(),
+                b"def".to_vec()
+            ]
+        );
+        assert!(matches!(*s.state.lock().unwrap(), State::Open));
+    }
+
+    scripted!(disk_full, [Err(nix::errno::Errno::ENOSPC)]);
+
+    #[test]
+    fn another_error_is_kept_for_the_end_and_stops_the_stream() {
+        let s = stream(disk_full::write);
+        assert_eq!(
+            s.write_all(b"report").unwrap_err().raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        assert!(
+            matches!(&*s.state.lock().unwrap(), State::Failed(e) if e.raw_os_error() == Some(libc::ENOSPC))
+        );
+        assert!(s.write_all(b"more").is_err());
+        assert_eq!(disk_full::CALLS.lock().unwrap().len(), 1);
+    }
+
+    scripted!(takes_nothing, [Ok(0)]);
+
+    #[test]
+    fn a_descriptor_that_takes_nothing_ends_the_stream_instead_of_a_loop() {
+        let s = stream(takes_nothing::write);
+        assert_eq!(s.write_all(b"x").unwrap_err().kind(), io::ErrorKind::WriteZero);
+        assert!(s.write_all(b"y").is_err());
+        assert_eq!(takes_nothing::CALLS.lock().unwrap().len(), 1);
     }
 
     #[test]
