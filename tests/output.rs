@@ -619,4 +619,18 @@ fn error_messages_show_hostile_strings_escaped() {
             "{want:?} in\n{text}"
         );
     }
+
+    // A path deep in an error chain: a state directory below a file whose
+    // name is hostile (the status is not this test's business).
+    let mut blocker = sb.root.clone().into_os_string().into_vec();
+    blocker.extend_from_slice(b"/\x1b]0;OWNED\x07\n");
+    let blocker = PathBuf::from(OsString::from_vec(blocker));
+    fs::write(&blocker, "").unwrap();
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_STATE_DIR", blocker.join("state"));
+    let r = sb.run_with(c, ["apply".as_ref(), good.as_os_str()]);
+    assert_ne!(r.code, Some(0), "{r}");
+    assert_printable(r.stderr.as_bytes(), &r.to_string());
+    r.stderr_has("\\x1b]0;OWNED\\x07\\n/state");
+    assert!(sb.top(&dir).is_none(), "nothing mounted\n{r}");
 }
