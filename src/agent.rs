@@ -333,11 +333,33 @@ pub fn init_logging() {
         .with(filter())
         .with(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
+                .fmt_fields(EscapedFields)
+                .with_writer(crate::out::stderr)
+                .log_internal_errors(false)
                 .with_target(false)
                 .with_ansi(std::io::stderr().is_terminal()),
         )
         .try_init();
+}
+
+/// The fields of a log line as the default formatter writes them, with the
+/// host strings in them (paths, process names, error messages) escaped like
+/// all human output ([`crate::out::escape`]): a file name cannot forge a log
+/// line or reach the terminal. (The journal stores fields as they are;
+/// journalctl shows a field with control characters as blob data.)
+struct EscapedFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut plain = String::new();
+        tracing_subscriber::fmt::format::DefaultFields::new()
+            .format_fields(tracing_subscriber::fmt::format::Writer::new(&mut plain), fields)?;
+        writer.write_str(&crate::out::escape(&plain))
+    }
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -1223,7 +1245,7 @@ impl Agent {
                 let holders: Vec<String> = r
                     .holders
                     .iter()
-                    .map(|h| format!("{} ({})", h.command, h.pid))
+                    .map(|h| format!("{} ({})", h.command.to_string_lossy(), h.pid))
                     .collect();
                 format!(
                     "detached lazily; {} keep their open files until they close them",

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::error::exit;
 use crate::host::Host;
+use crate::out::{self, escape};
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
 use crate::{agent, boot, diskbench, down, execute, keeper, observe, plan, report, residency, status, sync};
@@ -160,39 +161,55 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
+            // clap's own printing returns write errors rather than panicking.
             let _ = e.print();
             return if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
         }
     };
-    match run(cli) {
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            if let Some(SpecLoadError::Invalid(se)) = e.downcast_ref::<SpecLoadError>() {
-                eprint!("{se}");
-                return exit::BAD_INPUT;
-            }
-            if let Some(SpecLoadError::Read { .. } | SpecLoadError::Untrusted { .. }) =
-                e.downcast_ref::<SpecLoadError>()
-            {
-                eprintln!("error: {e}");
-                return exit::BAD_INPUT;
-            }
-            if e.downcast_ref::<crate::error::UnknownName>().is_some() {
-                eprintln!("error: {e}");
-                return exit::BAD_INPUT;
-            }
-            if let Some(LockError::Unsafe(_)) = e.downcast_ref::<LockError>() {
-                eprintln!("error: {e}");
-                return exit::BAD_INPUT;
-            }
-            if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
-                eprintln!("error: {e}");
-                return exit::BUSY;
-            }
-            eprintln!("error: {e:#}");
-            exit::FAILED
+            let (code, text) = describe_error(&e);
+            out::eprint(&text);
+            code
         }
+    };
+    match out::stdout_failure() {
+        Some(why) => {
+            out::eprint(&format!("error: writing the output: {}\n", escape(&why)));
+            code.max(exit::FAILED)
+        }
+        None => code,
     }
+}
+
+/// The exit status of an error and its message, host strings escaped.
+fn describe_error(e: &anyhow::Error) -> (i32, String) {
+    if let Some(SpecLoadError::Invalid(se)) = e.downcast_ref::<SpecLoadError>() {
+        return (exit::BAD_INPUT, escape_lines(&se.to_string()));
+    }
+    let plain = |code| (code, format!("error: {}\n", escape(&e.to_string())));
+    if let Some(SpecLoadError::Read { .. } | SpecLoadError::Untrusted { .. }) =
+        e.downcast_ref::<SpecLoadError>()
+    {
+        return plain(exit::BAD_INPUT);
+    }
+    if let Some(LockError::Unsafe(_)) = e.downcast_ref::<LockError>() {
+        return plain(exit::BAD_INPUT);
+    }
+    if e.downcast_ref::<crate::error::UnknownName>().is_some() {
+        return plain(exit::BAD_INPUT);
+    }
+    if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
+        return plain(exit::BUSY);
+    }
+    (exit::FAILED, format!("error: {}\n", escape(&format!("{e:#}"))))
+}
+
+/// Escapes each line of a message whose line breaks are its own layout (a
+/// spec diagnostic with its snippet).
+fn escape_lines(text: &str) -> String {
+    text.split('\n').map(escape).collect::<Vec<_>>().join("\n")
 }
 
 fn load(path: &Path, host: &Host) -> Result<Spec> {
@@ -207,11 +224,14 @@ fn load_as_written(path: &Path, host: &Host) -> Result<Spec> {
     Ok(spec::load_with(path, mem.mem_total, spec::Paths::AsWritten)?)
 }
 
-fn print_json<T: serde::Serialize>(v: &T) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).expect("reports serialise to JSON")
-    );
+/// Paths read from the host are written lossily (see [`out::lossy`]); one
+/// that only the command line or the state directory could make non-UTF-8
+/// ends the report with an error instead.
+fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(v).context("writing the JSON report")?;
+    text.push('\n');
+    out::print(&text);
+    Ok(())
 }
 
 fn need_root(what: &str) -> Result<()> {
@@ -239,7 +259,7 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Validate { spec } => {
             let s = load(&spec, &host)?;
-            println!("{}: valid, {} mounts", spec.display(), s.mounts.len());
+            out::print(&format!("{}: valid, {} mounts\n", escape(&spec), s.mounts.len()));
             Ok(exit::OK)
         }
         Command::Plan { spec, format } => {
@@ -247,8 +267,11 @@ fn run(cli: Cli) -> Result<i32> {
             let world = observe::observe(&s, &host, &state)?;
             let p = plan::plan(&s, &world, &state);
             match format {
-                Format::Human => print!("{}", report::plan(&p)),
-                Format::Json => print_json(&serde_json::json!({ "changed": p.changes(), "plan": p })),
+                Format::Human => out::print(&report::plan(&p)),
+                Format::Json => {
+                    let plan = serde_json::to_value(&p).context("writing the JSON report")?;
+                    print_json(&serde_json::json!({ "changed": p.changes(), "plan": plan }))?
+                }
             }
             Ok(exit::OK)
         }
@@ -267,8 +290,8 @@ fn run(cli: Cli) -> Result<i32> {
                 },
             )?;
             match format {
-                Format::Human => print!("{}", report::apply(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::apply(&r)),
+                Format::Json => print_json(&r)?,
             }
             Ok(r.exit_code())
         }
@@ -276,8 +299,8 @@ fn run(cli: Cli) -> Result<i32> {
             let s = spec.as_deref().map(|p| load_as_written(p, &host)).transpose()?;
             let r = status::status(s.as_ref(), &host, &state)?;
             match format {
-                Format::Human => print!("{}", report::status(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::status(&r)),
+                Format::Json => print_json(&r)?,
             }
             Ok(exit::OK)
         }
@@ -307,8 +330,8 @@ fn run(cli: Cli) -> Result<i32> {
             let cx = boot::context(&s, spec_path, binary, timeout);
             let r = boot::install(&cx, mode, &root)?;
             match format {
-                Format::Human => print!("{}", report::boot(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::boot(&r)),
+                Format::Json => print_json(&r)?,
             }
             Ok(exit::OK)
         }
@@ -320,8 +343,8 @@ fn run(cli: Cli) -> Result<i32> {
             }
             let r = boot::remove(&root)?;
             match format {
-                Format::Human => print!("{}", report::boot(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::boot(&r)),
+                Format::Json => print_json(&r)?,
             }
             Ok(exit::OK)
         }
@@ -331,23 +354,28 @@ fn run(cli: Cli) -> Result<i32> {
             let _lock = state.lock(wait)?;
             let r = sync::sync(&s, &names, &host, &state, "sync")?;
             match format {
-                Format::Human => print!("{}", report::sync(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::sync(&r)),
+                Format::Json => print_json(&r)?,
             }
             let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
             Ok(if failed { exit::FAILED } else { exit::OK })
         }
         Command::Completions { shell } => {
+            // Generated whole first: clap_complete panics on a failed write.
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut std::io::stdout());
+            let mut text = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut text);
+            out::print(&String::from_utf8_lossy(&text));
             Ok(exit::OK)
         }
         Command::Manpage => {
             let cmd = <Cli as clap::CommandFactory>::command();
+            let mut text = Vec::new();
             clap_mangen::Man::new(cmd)
                 .section("8")
-                .render(&mut std::io::stdout())
-                .context("writing the manual page")?;
+                .render(&mut text)
+                .context("rendering the manual page")?;
+            out::print(&String::from_utf8_lossy(&text));
             Ok(exit::OK)
         }
         Command::Residency { args, format } => residency::run(&args, format == Format::Json),
@@ -379,8 +407,8 @@ fn run(cli: Cli) -> Result<i32> {
             let _lock = state.lock(wait)?;
             let r = down::down(&s, &names, &host, &state)?;
             match format {
-                Format::Human => print!("{}", report::down(&r)),
-                Format::Json => print_json(&r),
+                Format::Human => out::print(&report::down(&r)),
+                Format::Json => print_json(&r)?,
             }
             let failed = r.iter().any(|d| {
                 matches!(d.result, down::DownOutcome::Refused | down::DownOutcome::Failed)

@@ -42,6 +42,7 @@ use serde::Serialize;
 
 use crate::error::exit;
 use crate::host::Host;
+use crate::out::{self, escape};
 use crate::spec::size::{format_bytes, parse_size, SizeLit};
 
 /// Request sizes of the sequential write sweep.
@@ -705,7 +706,7 @@ fn measure_all(p: &Plan, disk: &Path, tmpfs: &Path) -> Result<(Vec<Row>, Vec<Str
     let (cap, runs) = (p.cap, p.runs);
     let say = |what: &str| {
         if p.progress {
-            eprintln!("measuring {what} …");
+            out::eprint(&format!("measuring {what} …\n"));
         }
     };
 
@@ -815,9 +816,12 @@ fn measure_all(p: &Plan, disk: &Path, tmpfs: &Path) -> Result<(Vec<Row>, Vec<Str
 /// Runs `tmpfsctl bench`; returns the exit status.
 pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
     let host = Host::from_env();
-    let md = fs::metadata(&args.disk).with_context(|| format!("--disk {}", args.disk.display()))?;
+    let md = fs::metadata(&args.disk).with_context(|| format!("--disk {}", escape(&args.disk)))?;
     if !md.is_dir() {
-        eprintln!("error: --disk {} is not a directory", args.disk.display());
+        out::eprint(&format!(
+            "error: --disk {} is not a directory\n",
+            escape(&args.disk)
+        ));
         return Ok(exit::BAD_INPUT);
     }
     let dir = fs::canonicalize(&args.disk).with_context(|| format!("resolving {}", args.disk.display()))?;
@@ -828,9 +832,9 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
     let why = refusals(&dir, args.size, &room);
     if !why.is_empty() {
         for w in &why {
-            eprintln!("error: {w}");
+            out::eprint(&format!("error: {}\n", escape(w)));
         }
-        eprintln!("nothing was written; no tmpfs was mounted");
+        out::eprint("nothing was written; no tmpfs was mounted\n");
         return Ok(exit::BAD_INPUT);
     }
     let mem = host.meminfo()?;
@@ -855,7 +859,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
     let (rows, notes) = match joined {
         Ok(Ok(x)) => x,
         Ok(Err(e)) if e.is::<Interrupted>() => {
-            eprintln!("interrupted; the temporary files and tmpfs were removed");
+            out::eprint("interrupted; the temporary files and tmpfs were removed\n");
             return Ok(INTERRUPTED_EXIT);
         }
         Ok(Err(e)) => return Err(e.context("benchmark failed; the temporary files and tmpfs were removed")),
@@ -883,12 +887,11 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
         seconds: started.elapsed().as_secs_f64(),
     };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("reports serialise to JSON")
-        );
+        let mut text = serde_json::to_string_pretty(&report).expect("reports serialise to JSON");
+        text.push('\n');
+        out::print(&text);
     } else {
-        print!("{}", human(&report));
+        out::print(&human(&report));
     }
     Ok(exit::OK)
 }
@@ -925,11 +928,11 @@ pub fn human(r: &BenchReport) -> String {
     let fs = r
         .filesystem
         .as_ref()
-        .map(|f| format!(" ({} on {})", f.fstype, f.source))
+        .map(|f| format!(" ({} on {})", escape(&f.fstype), escape(&f.source)))
         .unwrap_or_default();
     out.push_str(&format!(
         "disk: {}{fs}  vs  a private temporary tmpfs; --size {}, median of {} runs, at most {}s each\n",
-        r.disk_dir,
+        escape(&r.disk_dir),
         format_bytes(r.size),
         r.runs,
         r.time_cap_seconds

@@ -46,6 +46,7 @@ pub enum DownOutcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct DownResult {
     pub name: String,
+    #[serde(serialize_with = "crate::out::lossy::opt_path")]
     pub path: Option<PathBuf>,
     pub result: DownOutcome,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -56,7 +57,10 @@ pub struct DownResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switch_ms: Option<f64>,
     /// Where the RAM copy waits for its write-back (`Pending`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::out::lossy::opt_path"
+    )]
     pub held: Option<PathBuf>,
     /// The write-back of the RAM copy into the disk directory.
     #[serde(skip_serializing_if = "Vec::is_empty")]

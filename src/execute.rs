@@ -39,6 +39,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct MountResult {
     pub name: String,
+    #[serde(serialize_with = "crate::out::lossy::path")]
     pub path: PathBuf,
     pub result: Outcome,
     pub steps: Vec<String>,
@@ -63,7 +64,10 @@ pub struct ApplyReport {
     pub mounts: Vec<MountResult>,
     /// Host-wide steps done: state directory preparation, leftover clean-up.
     pub host_steps: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "crate::out::lossy::named_paths"
+    )]
     pub orphans: Vec<(String, PathBuf)>,
 }
 
@@ -352,14 +356,15 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<(copy::Cop
         if show && last.elapsed().as_millis() >= 200 {
             last = Instant::now();
             let rate = s.bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);
-            eprint!(
-                "\rseeding {name}: {}/{} files, {}/{}, {}/s   ",
+            crate::out::eprint(&format!(
+                "\rseeding {}: {}/{} files, {}/{}, {}/s   ",
+                crate::out::escape(name),
                 s.files + s.dirs + s.symlinks + s.specials,
                 need.inodes,
                 format_bytes(s.bytes),
                 format_bytes(need.apparent),
                 format_bytes(rate as u64)
-            );
+            ));
         }
     };
     let stats = copy::seed_tree(from, to, Some(&mut progress)).map_err(|e| {
@@ -372,7 +377,7 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<(copy::Cop
         }
     });
     if show {
-        eprint!("\r\x1b[K");
+        crate::out::eprint("\r\x1b[K");
     }
     stats
 }

@@ -233,11 +233,7 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<i32> {
     let record = record_path(state, name);
     let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;
     crate::state::write_atomic(&pid_path(state, name), std::process::id().to_string().as_bytes())?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ready")?;
-        out.flush()?;
-    }
+    crate::out::stdout().write_all(b"ready\n")?;
     // Stdout goes back to nowhere: the starter stopped reading.
     let devnull = File::options().write(true).open("/dev/null")?;
     nix::unistd::dup2_stdout(&devnull)?;

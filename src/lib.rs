@@ -21,6 +21,7 @@ pub mod keeper;
 pub mod metrics;
 pub mod mount;
 pub mod observe;
+pub mod out;
 pub mod plan;
 pub mod report;
 pub mod residency;

@@ -169,8 +169,7 @@ pub fn ensure_mount_point(dir: &Path) -> Result<()> {
 /// Mounts a small private tmpfs for tmpfsctl's own records at `dir` (source `source`),
 /// unless one is there already.
 pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
-    let text = std::fs::read_to_string("/proc/thread-self/mountinfo").context("reading the mount table")?;
-    let table = crate::host::mountinfo::MountTable::parse(&text)?;
+    let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
     if table
         .top_at(dir)
         .is_some_and(|e| e.fstype == "tmpfs" && e.source == source)

@@ -196,6 +196,7 @@ pub struct Plan {
     /// Host-wide clean-up of leftovers of names no longer in the spec.
     pub cleanup: Vec<Step>,
     /// Managed mounts whose names the spec does not have; never touched by apply.
+    #[serde(serialize_with = "crate::out::lossy::named_paths")]
     pub orphans: Vec<(String, PathBuf)>,
 }
 

@@ -1,11 +1,14 @@
 //! Human output of every command. JSON output is the serde form of the same
-//! reports; the human form is a view of it.
+//! reports; the human form is a view of it, with every string that came from
+//! the host (names, paths, reasons, process names) shown through
+//! [`escape`].
 
 use std::fmt::Write;
 
 use crate::boot::BootReport;
 use crate::down::{DownOutcome, DownResult};
 use crate::execute::{ApplyReport, Outcome};
+use crate::out::escape;
 use crate::plan::{Blocked, Plan};
 use crate::spec::size::format_bytes;
 use crate::status::StatusReport;
@@ -13,45 +16,37 @@ use crate::sync::{SyncOutcome, SyncResult};
 
 pub fn plan(p: &Plan) -> String {
     let mut s = String::new();
-    let width = p.mounts.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    let width = name_width(p.mounts.iter().map(|m| &m.name));
     for step in p.prepare.iter().chain(&p.cleanup) {
-        let _ = writeln!(s, "host: + {}", step.describe());
+        let _ = writeln!(s, "host: + {}", escape(&step.describe()));
     }
     let mut steps = 0;
     let mut current = 0;
     for m in &p.mounts {
+        let (name, path) = (escape(&m.name), escape(&m.path));
         match (&m.blocked, m.steps.is_empty()) {
             (Some(Blocked::CannotOffload { reason }), _) => {
-                let _ = writeln!(
-                    s,
-                    "{:width$}  {}: cannot offload: {reason}",
-                    m.name,
-                    m.path.display()
-                );
+                let _ = writeln!(s, "{name:width$}  {path}: cannot offload: {}", escape(reason));
             }
             (Some(Blocked::Refused { reason }), _) => {
-                let _ = writeln!(
-                    s,
-                    "{:width$}  {}: change refused: {reason}",
-                    m.name,
-                    m.path.display()
-                );
+                let _ = writeln!(s, "{name:width$}  {path}: change refused: {}", escape(reason));
             }
             (None, true) => {
                 current += 1;
-                let _ = writeln!(s, "{:width$}  {}: up to date", m.name, m.path.display());
+                let _ = writeln!(s, "{name:width$}  {path}: up to date");
             }
             (None, false) => {
-                let _ = writeln!(s, "{:width$}  {}:", m.name, m.path.display());
+                let _ = writeln!(s, "{name:width$}  {path}:");
                 for st in &m.steps {
                     steps += 1;
-                    let _ = writeln!(s, "{:width$}    + {}", "", st.describe());
+                    let _ = writeln!(s, "{:width$}    + {}", "", escape(&st.describe()));
                 }
             }
         }
     }
     for (name, path) in &p.orphans {
-        let _ = writeln!(s, "note: managed tmpfs `{name}` at {} is not in this spec; apply leaves it alone (`tmpfsctl down SPEC {name}` takes it down)", path.display());
+        let (name, path) = (escape(name), escape(path));
+        let _ = writeln!(s, "note: managed tmpfs `{name}` at {path} is not in this spec; apply leaves it alone (`tmpfsctl down SPEC {name}` takes it down)");
     }
     if p.changes() {
         let _ = writeln!(
@@ -72,9 +67,9 @@ pub fn plan(p: &Plan) -> String {
 
 pub fn apply(r: &ApplyReport) -> String {
     let mut s = String::new();
-    let width = r.mounts.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    let width = name_width(r.mounts.iter().map(|m| &m.name));
     for c in &r.host_steps {
-        let _ = writeln!(s, "host: + {c}");
+        let _ = writeln!(s, "host: + {}", escape(c));
     }
     for m in &r.mounts {
         let what = match m.result {
@@ -85,9 +80,9 @@ pub fn apply(r: &ApplyReport) -> String {
             Outcome::Failed => "FAILED".to_string(),
             Outcome::Skipped => "skipped (an earlier mount failed)".to_string(),
         };
-        let _ = writeln!(s, "{:width$}  {}: {what}", m.name, m.path.display());
+        let _ = writeln!(s, "{:width$}  {}: {what}", escape(&m.name), escape(&m.path));
         for st in &m.steps {
-            let _ = writeln!(s, "{:width$}    + {st}", "");
+            let _ = writeln!(s, "{:width$}    + {}", "", escape(st));
         }
         if let Some(sd) = &m.seeded {
             let _ = writeln!(
@@ -107,14 +102,15 @@ pub fn apply(r: &ApplyReport) -> String {
             }
         }
         if let Some(reason) = &m.reason {
-            let _ = writeln!(s, "{:width$}    reason: {reason}", "");
+            let _ = writeln!(s, "{:width$}    reason: {}", "", escape(reason));
         }
     }
     for (name, path) in &r.orphans {
         let _ = writeln!(
             s,
-            "note: managed tmpfs `{name}` at {} is not in this spec; left alone",
-            path.display()
+            "note: managed tmpfs `{}` at {} is not in this spec; left alone",
+            escape(name),
+            escape(path)
         );
     }
     let _ = writeln!(
@@ -145,8 +141,8 @@ pub fn status(r: &StatusReport) -> String {
                 None => ("-".into(), "-".into(), "-".into(), "-".into()),
             };
             [
-                m.name.clone(),
-                m.path.display().to_string(),
+                escape(&m.name).into_owned(),
+                escape(&m.path).into_owned(),
                 serde_json::to_value(m.state)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
@@ -174,14 +170,21 @@ pub fn status(r: &StatusReport) -> String {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     for m in &r.mounts {
+        let name = escape(&m.name);
         if let Some(reason) = &m.reason {
-            let _ = writeln!(s, "{}: {reason}", m.name);
+            let _ = writeln!(s, "{name}: {}", escape(reason));
         }
         if let Some(a) = &m.agent {
             let last = a
                 .last_action
                 .as_ref()
-                .map(|l| format!("; last action {} {}s ago", l.action, now.saturating_sub(l.at)))
+                .map(|l| {
+                    format!(
+                        "; last action {} {}s ago",
+                        escape(&l.action),
+                        now.saturating_sub(l.at)
+                    )
+                })
                 .unwrap_or_default();
             let evicted = if a.evicted_files > 0 {
                 format!(
@@ -192,9 +195,9 @@ pub fn status(r: &StatusReport) -> String {
             } else {
                 String::new()
             };
-            let _ = writeln!(s, "{}: agent: level {}{last}{evicted}", m.name, a.level);
+            let _ = writeln!(s, "{name}: agent: level {}{last}{evicted}", escape(&a.level));
             if let Some(why) = &a.exhausted {
-                let _ = writeln!(s, "{}: agent: EXHAUSTED: {why}", m.name);
+                let _ = writeln!(s, "{name}: agent: EXHAUSTED: {}", escape(why));
             }
         }
         if let Some(ls) = &m.last_sync {
@@ -205,10 +208,10 @@ pub fn status(r: &StatusReport) -> String {
                     ls.files_written,
                     format_bytes(ls.bytes_written)
                 ),
-                Some(e) => format!("FAILED: {e}"),
+                Some(e) => format!("FAILED: {}", escape(e)),
             };
             let by = if ls.by.is_empty() { "sync" } else { ls.by.as_str() };
-            let _ = writeln!(s, "{}: last write-back ({by}) {age}s ago ({how})", m.name);
+            let _ = writeln!(s, "{name}: last write-back ({}) {age}s ago ({how})", escape(by));
         }
     }
     let _ = match (r.agent.running, r.agent.pid, r.agent.since) {
@@ -235,11 +238,7 @@ pub fn status(r: &StatusReport) -> String {
 pub fn down(results: &[DownResult]) -> String {
     let mut s = String::new();
     for d in results {
-        let path = d
-            .path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "-".into());
+        let path = d.path.as_ref().map(|p| escape(p)).unwrap_or("-".into());
         let what = match d.result {
             DownOutcome::Unmounted => "unmounted; the application sees its disk directory",
             DownOutcome::Detached => "busy: detached lazily; new opens see the disk directory, memory is freed when the holders below close their files",
@@ -248,7 +247,7 @@ pub fn down(results: &[DownResult]) -> String {
             DownOutcome::Refused => "REFUSED",
             DownOutcome::Failed => "FAILED",
         };
-        let _ = writeln!(s, "{}  {path}: {what}", d.name);
+        let _ = writeln!(s, "{}  {path}: {what}", escape(&d.name));
         for sy in &d.syncs {
             let _ = writeln!(s, "    {}", sync_line(sy));
         }
@@ -256,11 +255,13 @@ pub fn down(results: &[DownResult]) -> String {
             let _ = writeln!(
                 s,
                 "    held by pid {} ({}), {} open files/maps",
-                h.pid, h.command, h.uses
+                h.pid,
+                escape(&h.command),
+                h.uses
             );
         }
         if let Some(r) = &d.reason {
-            let _ = writeln!(s, "    reason: {r}");
+            let _ = writeln!(s, "    reason: {}", escape(r));
         }
     }
     s
@@ -279,16 +280,22 @@ fn sync_line(r: &SyncResult) -> String {
             st.conflicts,
             r.seconds
         ),
-        (SyncOutcome::Failed, _) => format!("sync FAILED: {}", r.reason.as_deref().unwrap_or("")),
-        _ => format!("sync skipped: {}", r.reason.as_deref().unwrap_or("")),
+        (SyncOutcome::Failed, _) => format!("sync FAILED: {}", escape(r.reason.as_deref().unwrap_or(""))),
+        _ => format!("sync skipped: {}", escape(r.reason.as_deref().unwrap_or(""))),
     }
 }
 
 pub fn sync(results: &[SyncResult]) -> String {
     let mut s = String::new();
-    let width = results.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let width = name_width(results.iter().map(|r| &r.name));
     for r in results {
-        let _ = writeln!(s, "{:width$}  {}: {}", r.name, r.path.display(), sync_line(r));
+        let _ = writeln!(
+            s,
+            "{:width$}  {}: {}",
+            escape(&r.name),
+            escape(&r.path),
+            sync_line(r)
+        );
     }
     if results.is_empty() {
         let _ = writeln!(s, "no persisted mounts in this spec; nothing to write back");
@@ -299,14 +306,19 @@ pub fn sync(results: &[SyncResult]) -> String {
 pub fn boot(r: &BootReport) -> String {
     let mut s = String::new();
     for p in &r.written {
-        let _ = writeln!(s, "wrote {}", r.root.join(p).display());
+        let _ = writeln!(s, "wrote {}", escape(&r.root.join(p)));
     }
     for p in &r.removed {
-        let _ = writeln!(s, "removed {}", r.root.join(p).display());
+        let _ = writeln!(s, "removed {}", escape(&r.root.join(p)));
     }
     for n in &r.notes {
-        let _ = writeln!(s, "note: {n}");
+        let _ = writeln!(s, "note: {}", escape(n));
     }
     let _ = writeln!(s, "changed: {}", if r.changed { "yes" } else { "no" });
     s
+}
+
+/// The column width of mount names as shown.
+fn name_width<'a>(names: impl Iterator<Item = &'a String>) -> usize {
+    names.map(|n| escape(n).chars().count()).max().unwrap_or(0)
 }

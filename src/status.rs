@@ -40,6 +40,7 @@ pub enum MountState {
 #[derive(Debug, Clone, Serialize)]
 pub struct MountStatus {
     pub name: String,
+    #[serde(serialize_with = "crate::out::lossy::path")]
     pub path: PathBuf,
     pub state: MountState,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -33,6 +33,7 @@ pub enum SyncOutcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct SyncResult {
     pub name: String,
+    #[serde(serialize_with = "crate::out::lossy::path")]
     pub path: PathBuf,
     pub result: SyncOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -57,9 +57,7 @@ impl Host {
     }
 
     pub fn mounts(&self) -> Result<mountinfo::MountTable> {
-        let p = self.proc_path("self/mountinfo");
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        mountinfo::MountTable::parse(&text).with_context(|| format!("parsing {}", p.display()))
+        mountinfo::MountTable::read(&self.proc_path("self/mountinfo"))
     }
 
     pub fn meminfo(&self) -> Result<meminfo::MemInfo> {

@@ -55,6 +55,25 @@ pub struct MountTable {
 }
 
 impl MountTable {
+    /// Reads a mountinfo file. Paths in it are bytes: anybody who may rename a
+    /// directory above a mount point (or mount FUSE) chooses them, so one that
+    /// is not UTF-8 must neither fail the read nor lose its bytes. Those bytes
+    /// are written in mountinfo's own `\ooo` form, which [`MountTable::parse`]
+    /// decodes back; the kernel writes a backslash itself as `\134`, so this
+    /// adds no ambiguity.
+    pub fn read(path: &Path) -> Result<MountTable> {
+        use std::fmt::Write;
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut text = String::with_capacity(bytes.len());
+        for chunk in bytes.utf8_chunks() {
+            text.push_str(chunk.valid());
+            for b in chunk.invalid() {
+                let _ = write!(text, "\\{b:03o}");
+            }
+        }
+        MountTable::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
     pub fn parse(text: &str) -> Result<MountTable> {
         let entries = text
             .lines()
@@ -142,6 +161,7 @@ fn unescape(s: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     const SAMPLE: &str = "\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -150,6 +170,20 @@ mod tests {
 50 22 0:45 / /srv/my\\040cache rw,relatime shared:30 - tmpfs tmpfs rw,size=1024k
 51 50 0:46 / /srv/my\\040cache rw,nosuid - tmpfs tmpfsctl-x rw,size=2048k,noswap
 ";
+
+    #[test]
+    fn reads_paths_that_are_not_utf8_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mountinfo");
+        let mut text = SAMPLE.as_bytes().to_vec();
+        text.extend_from_slice(b"60 22 0:50 / /home/u/\xff\x1b\\134x\\040y rw - fuse.x src\xfe rw\n");
+        std::fs::write(&file, &text).unwrap();
+        let t = MountTable::read(&file).unwrap();
+        let e = t.entries.last().unwrap();
+        assert_eq!(e.mount_point.as_os_str().as_bytes(), b"/home/u/\xff\x1b\\x y");
+        assert_eq!(e.source, "src\u{fffd}");
+        assert_eq!(t.entries.len(), 6);
+    }
 
     #[test]
     fn parses_fields_and_escapes() {

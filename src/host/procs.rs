@@ -1,6 +1,8 @@
 //! Which processes hold files on a filesystem, so `down` can name them.
 
+use std::ffi::OsString;
 use std::fs;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 
 use serde::Serialize;
@@ -10,7 +12,10 @@ use super::Host;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Holder {
     pub pid: u32,
-    pub command: String,
+    /// The process's name as it set it: any bytes (JSON shows them lossily,
+    /// human output escaped).
+    #[serde(serialize_with = "crate::out::lossy::path")]
+    pub command: OsString,
     /// Open files, cwd, root or mapped files on the filesystem.
     pub uses: usize,
 }
@@ -36,15 +41,22 @@ impl Host {
                 uses += fds.flatten().filter(|fd| on_dev(fd.path())).count();
             }
             uses += ["cwd", "root"].iter().filter(|l| on_dev(base.join(l))).count();
-            if let Ok(maps) = fs::read_to_string(base.join("maps")) {
-                uses += maps
+            // Lossy: the path of any other mapped file may be bytes that are
+            // not UTF-8, and must not hide this process's mappings.
+            if let Ok(maps) = fs::read(base.join("maps")) {
+                uses += String::from_utf8_lossy(&maps)
                     .lines()
                     .filter(|l| l.split_whitespace().nth(3) == Some(maps_dev.as_str()))
                     .count();
             }
             if uses > 0 {
-                let command = fs::read_to_string(base.join("comm"))
-                    .map(|c| c.trim_end().to_string())
+                let command = fs::read(base.join("comm"))
+                    .map(|mut c| {
+                        if c.last() == Some(&b'\n') {
+                            c.pop();
+                        }
+                        OsString::from_vec(c)
+                    })
                     .unwrap_or_default();
                 out.push(Holder { pid, command, uses });
             }

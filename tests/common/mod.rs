@@ -180,7 +180,7 @@ impl Sandbox {
     }
 
     pub fn table(&self) -> MountTable {
-        MountTable::parse(&fs::read_to_string("/proc/thread-self/mountinfo").unwrap()).unwrap()
+        MountTable::read(Path::new("/proc/thread-self/mountinfo")).unwrap()
     }
 
     /// Mounts at or below the sandbox, as (mount point, source, fstype).
