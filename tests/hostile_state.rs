@@ -11,13 +11,7 @@ use std::path::{Path, PathBuf};
 use common::Sandbox;
 
 fn spec_for(sb: &Sandbox, cache: &Path) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("cache", cache, "8MiB", "    persist: on-stop\n")
 }
 
 fn chmod(p: &Path, mode: u32) {

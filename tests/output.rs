@@ -438,13 +438,7 @@ fn named_holder(file: &Path, comm: &[u8]) -> Child {
 fn hostile_process_names_reach_down_escaped() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    let spec = sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: app\n    path: {}\n    size: 8MiB\n",
-            cache.display()
-        ),
-    );
+    let spec = sb.one_mount_spec("app", &cache, "8MiB", "");
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     fs::write(cache.join("held"), "x").unwrap();
     let title: &[u8] = b"\x1b]0;OWNED\x07\x1b[2J";
@@ -504,13 +498,7 @@ fn hostile_process_names_reach_down_escaped() {
 fn a_path_renamed_by_its_owner_reaches_status_escaped() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("user/cache", 0, 0, 0o755);
-    let spec = sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: app\n    path: {}\n    size: 8MiB\n",
-            cache.display()
-        ),
-    );
+    let spec = sb.one_mount_spec("app", &cache, "8MiB", "");
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     let mut hostile = sb.root.clone().into_os_string().into_vec();
     hostile.extend_from_slice(b"/\x1b[2J\n\xff\xe2\x80\xaeevil");

@@ -147,6 +147,18 @@ impl Sandbox {
         p
     }
 
+    /// `cache.yaml`: one mount `name` of `size` at `path`, `extra` appended to its
+    /// entry (indented lines, each ending in a newline).
+    pub fn one_mount_spec(&self, name: &str, path: &Path, size: &str, extra: &str) -> PathBuf {
+        self.write_spec(
+            "cache.yaml",
+            &format!(
+                "version: 1\nmounts:\n  - name: {name}\n    path: {}\n    size: {size}\n{extra}",
+                path.display()
+            ),
+        )
+    }
+
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_tmpfsctl"));
         c.env("TMPFSCTL_STATE_DIR", &self.state)
