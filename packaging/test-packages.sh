@@ -2,8 +2,8 @@
 # Builds the .deb and the .rpm from the release binary and checks them:
 # every expected path in both (and the same set in both), lintian with no
 # errors, the example conffile valid and mounting nothing, and the .deb
-# installed into a container (systemd-nspawn on a volatile overlay of /,
-# in a private mount namespace: the host's dpkg database and /usr are not
+# installed into a container (systemd-nspawn: the host's /usr under a tmpfs overlay,
+# a copy of its dpkg database, in a private mount namespace: the host is not
 # touched): `tmpfsctl --version` from /usr/bin, `systemd-analyze verify`
 # of the installed units. Prints TAP.
 #
@@ -95,13 +95,18 @@ check "rpm: /etc/tmpfsctl/cache.yaml is a config file" \
     '[ "$(rpm -qcp "$rpmf" 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(rpm -qcp "$rpmf" 2>&1)"
 
 # --- the .deb installed in a container --------------------------------------
-# Not booted (that would start the host's own units): a command container on
-# a tmpfs overlay of /, so dpkg writes nothing on the host.
+# Not booted (that would start the host's own units): a command container as
+# in tests/boot-nspawn.sh (the host's /usr on a volatile root), with a tmpfs
+# overlay on /usr and a copy of the host's dpkg database, so dpkg writes
+# nothing on the host.
 cp "$deb" "$W/tmpfsctl.deb"
-timeout 300 systemd-nspawn --quiet --directory=/ --volatile=overlay --register=no --keep-unit \
-    --machine=tmpfsctl-pkg-test --bind-ro="$W/tmpfsctl.deb:/mnt/tmpfsctl.deb" --pipe \
-    /bin/sh -c '
+timeout 300 systemd-nspawn --quiet --directory=/ --volatile=yes --overlay=/usr::/usr --register=no --keep-unit \
+    --machine=tmpfsctl-pkg-test --bind-ro="$W/tmpfsctl.deb:/mnt/tmpfsctl.deb" \
+    --bind-ro=/var/lib/dpkg:/mnt/host-dpkg --bind-ro=/etc/passwd --bind-ro=/etc/group --bind-ro=/etc/dpkg \
+    --pipe /bin/sh -c '
         set -e
+        mkdir -p /var/lib /etc/systemd/system
+        cp -a /mnt/host-dpkg /var/lib/dpkg
         dpkg -r tmpfsctl >/dev/null 2>&1 || true
         dpkg -i /mnt/tmpfsctl.deb
         echo "which: $(command -v tmpfsctl)"
@@ -121,7 +126,7 @@ log=$(cat "$W/container.log")
 check "container: dpkg -i of the .deb" '[ $rc -eq 0 ]' "$log"
 check "container: tmpfsctl --version runs from /usr/bin" \
     'grep -qx "which: /usr/bin/tmpfsctl" <<<"$log" && grep -qx "version: tmpfsctl $(sed -n "s/^version = \"\(.*\)\"/\1/p" Cargo.toml | head -1)" <<<"$log"' "$log"
-check "container: the installed example validates" 'grep -q "^validate: " <<<"$log"' "$log"
+check "container: the installed example validates" 'grep -q "^validate: .*valid, 0 mounts" <<<"$log"' "$log"
 check "container: systemd-analyze verify of the installed units" 'grep -qx "verify: ok" <<<"$log"' "$log"
 check "container: no unit enabled by the package" \
     '[ "$(grep -c "^enabled .*: disabled$" <<<"$log")" = 3 ]' "$log"
