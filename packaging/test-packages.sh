@@ -67,21 +67,21 @@ rc=$?
 deb=$(ls "$W"/deb/tmpfsctl_*.deb 2>/dev/null | head -1)
 check "cargo deb built a .deb" '[ $rc -eq 0 ] && [ -n "$deb" ]' "$(tail -20 "$W/deb.log")"
 deb_files=$(dpkg-deb --contents "$deb" 2>/dev/null | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|' \
-    | grep -v '^/usr/share/doc/tmpfsctl/\(copyright\|changelog\.gz\)$\|^/usr/share/lintian/' | sort)
+    | grep -v "^/usr/share/doc/tmpfsctl/\(copyright\|changelog\.Debian\.gz\)$" | sort)
 missing=$(comm -23 <(echo "$expected") <(echo "$deb_files"))
 extra=$(comm -13 <(echo "$expected") <(echo "$deb_files"))
 check "dpkg-deb --contents lists every expected path, and nothing else" '[ -z "$missing" ] && [ -z "$extra" ]' \
     "missing: $missing
 extra: $extra"
 check ".deb has copyright and changelog" \
-    'dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/copyright$" && dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/changelog.gz$"'
+    'dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/copyright$" && dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$"'
 check "/etc/tmpfsctl/cache.yaml is a conffile" \
     '[ "$(dpkg-deb --info "$deb" conffiles 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(dpkg-deb --info "$deb" conffiles 2>&1)"
 check "the binary is stripped" 'dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ./usr/bin/tmpfsctl > "$W/bin" && ! file "$W/bin" 2>/dev/null | grep -q "not stripped"'
 lintian --fail-on error --info "$deb" > "$W/lintian.log" 2>&1
 rc=$?
 check "lintian: no errors" '[ $rc -eq 0 ] && ! grep -q "^E:" "$W/lintian.log"' "$(cat "$W/lintian.log")"
-if [ -s "$W/lintian.log" ]; then sed 's/^/# lintian: /' "$W/lintian.log" | grep -v '^# lintian: N:' | head -40; fi
+grep '^[EWI]:' "$W/lintian.log" | sed 's/^/# lintian: /' | head -40
 
 # --- .rpm -------------------------------------------------------------------
 cargo generate-rpm --output "$W/rpm/" > "$W/rpm.log" 2>&1
