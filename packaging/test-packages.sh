@@ -73,8 +73,9 @@ extra=$(comm -13 <(echo "$expected") <(echo "$deb_files"))
 check "dpkg-deb --contents lists every expected path, and nothing else" '[ -z "$missing" ] && [ -z "$extra" ]' \
     "missing: $missing
 extra: $extra"
+contents=$(dpkg-deb --contents "$deb" 2>&1)
 check ".deb has copyright and changelog" \
-    'dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/copyright$" && dpkg-deb --contents "$deb" | grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$"'
+    'grep -q "/usr/share/doc/tmpfsctl/copyright$" <<<"$contents" && grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$" <<<"$contents"' "$contents"
 check "/etc/tmpfsctl/cache.yaml is a conffile" \
     '[ "$(dpkg-deb --info "$deb" conffiles 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(dpkg-deb --info "$deb" conffiles 2>&1)"
 check "the binary is stripped" 'dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ./usr/bin/tmpfsctl > "$W/bin" && ! file "$W/bin" 2>/dev/null | grep -q "not stripped"'
@@ -84,6 +85,7 @@ check "lintian: no errors" '[ $rc -eq 0 ] && ! grep -q "^E:" "$W/lintian.log"' "
 grep '^[EWI]:' "$W/lintian.log" | sed 's/^/# lintian: /' | head -40
 
 # --- .rpm -------------------------------------------------------------------
+mkdir -p "$W/rpm"
 cargo generate-rpm --output "$W/rpm/" > "$W/rpm.log" 2>&1
 rc=$?
 rpmf=$(ls "$W"/rpm/tmpfsctl-*.rpm 2>/dev/null | head -1)
