@@ -93,6 +93,12 @@ check "cargo generate-rpm built an .rpm" '[ $rc -eq 0 ] && [ -n "$rpmf" ]' "$(ta
 rpm_files=$(rpm -qlp "$rpmf" 2>/dev/null | sort)
 check "rpm -qlp lists the same set as the .deb" '[ -n "$rpm_files" ] && [ "$rpm_files" = "$deb_files" ]' \
     "$(diff <(echo "$deb_files") <(echo "$rpm_files"))"
+rpm_bin_size=$(rpm -qp --queryformat '[%{FILENAMES} %{FILESIZES}\n]' "$rpmf" 2>/dev/null | sed -n 's|^/usr/bin/tmpfsctl ||p')
+check "rpm: the binary is stripped" '[ "$rpm_bin_size" = "$(stat -c %s "$target/release/pkg/tmpfsctl")" ]' \
+    "rpm has $rpm_bin_size bytes, the stripped binary $(stat -c %s "$target/release/pkg/tmpfsctl")"
+check "rpm: scriptlets only daemon-reload" \
+    '[ "$(rpm -qp --scripts "$rpmf" 2>/dev/null | grep -v scriptlet: | sort -u)" = "if [ -d /run/systemd/system ]; then systemctl daemon-reload >/dev/null 2>&1 || :; fi" ]' \
+    "$(rpm -qp --scripts "$rpmf" 2>&1)"
 check "rpm: /etc/tmpfsctl/cache.yaml is a config file" \
     '[ "$(rpm -qcp "$rpmf" 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(rpm -qcp "$rpmf" 2>&1)"
 
