@@ -1856,6 +1856,11 @@ impl Agent {
                     let mut m = w.metrics.clone();
                     m.state = w.state;
                     m.usage = w.root.as_ref().and(w.usage);
+                    m.evict_exhausted = w.tracker.exhausted;
+                    m.persist_every = match w.spec.persist {
+                        Persist::Every(secs) => Some(secs),
+                        _ => None,
+                    };
                     if w.root.is_none() {
                         m.level = Level::Ok;
                     }
@@ -1879,6 +1884,7 @@ impl Agent {
         for w in &self.mounts {
             sig.push(w.state as u64);
             sig.push(w.tracker.level as u64);
+            sig.push(u64::from(w.tracker.exhausted));
             sig.push(w.usage.map(|u| u.size ^ (u.inodes << 1)).unwrap_or(0));
             sig.extend(w.metrics.actions.values());
             sig.extend([

@@ -70,6 +70,10 @@ pub struct MountMetrics {
     pub syncs_failed: u64,
     /// The last action and the unix time it was taken.
     pub last_action: Option<(&'static str, u64)>,
+    /// The watchdog's evict chain freed nothing and backs off.
+    pub evict_exhausted: bool,
+    /// `persist: every N`: the write-back interval in seconds.
+    pub persist_every: Option<u64>,
 }
 
 impl MountMetrics {
@@ -87,6 +91,8 @@ impl MountMetrics {
             syncs_ok: 0,
             syncs_failed: 0,
             last_action: None,
+            evict_exhausted: false,
+            persist_every: None,
         }
     }
 
@@ -249,6 +255,18 @@ pub fn render(s: &Snapshot, heartbeat: Option<u64>) -> String {
     );
     if !s.mounts.is_empty() {
         o.head(
+            "tmpfsctl_mount_evict_exhausted",
+            "gauge",
+            "1 while the evict chain frees nothing and backs off (the tmpfs stays full).",
+        );
+        for m in &s.mounts {
+            o.sample(
+                "tmpfsctl_mount_evict_exhausted",
+                &[("name", &m.name)],
+                b(m.evict_exhausted),
+            );
+        }
+        o.head(
             "tmpfsctl_mount_actions_total",
             "counter",
             "Actions the agent took since it started, by kind.",
@@ -276,6 +294,13 @@ pub fn render(s: &Snapshot, heartbeat: Option<u64>) -> String {
         "counter",
         "Bytes freed by eviction since the agent started.",
         |m| Some(m.evicted_bytes.to_string()),
+    );
+    o.per_mount(
+        s,
+        "tmpfsctl_mount_persist_interval_seconds",
+        "gauge",
+        "The write-back interval of a `persist: every` mount.",
+        |m| m.persist_every.map(|n| n.to_string()),
     );
     o.per_mount(
         s,
@@ -411,6 +436,7 @@ mod tests {
         m.evicted_files = 3;
         m.last_sync = Some((1_700_000_000, 0.25, true));
         m.syncs_ok = 1;
+        m.persist_every = Some(900);
         let odd = MountMetrics::new("odd", Path::new("/srv/a \"quoted\"\\dir\nx"));
         Snapshot {
             mounts: vec![m, odd],
@@ -438,6 +464,8 @@ mod tests {
             "tmpfsctl_mount_actions_total{name=\"nginx\",action=\"evict\"} 1",
             "tmpfsctl_mount_actions_total{name=\"odd\",action=\"fallback\"} 0",
             "tmpfsctl_mount_last_sync_success{name=\"nginx\"} 1",
+            "tmpfsctl_mount_persist_interval_seconds{name=\"nginx\"} 900",
+            "tmpfsctl_mount_evict_exhausted{name=\"nginx\"} 0",
             "tmpfsctl_mount_last_sync_duration_seconds{name=\"nginx\"} 0.250000",
             "tmpfsctl_mount_info{name=\"odd\",path=\"/srv/a \\\"quoted\\\"\\\\dir\\nx\"} 1",
             "tmpfsctl_memory_pressure_some_avg10 1.50",

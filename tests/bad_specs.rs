@@ -90,7 +90,7 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("bad default", format!("version: 1\ndefaults:\n  huge: big\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 3, "defaults.huge", "invalid huge"),
         case("version 2", one(&okp, "").replace("version: 1", "version: 2"), 1, "version", "unsupported spec version 2"),
         case("missing size", format!("version: 1\nmounts:\n  - name: cache\n    path: {okp}\n"), 4, "size", "missing field `size`"),
-        case("no mounts", "version: 1\nmounts: []\n".into(), 2, "mounts", "no mounts"),
+        case("missing mounts", "version: 1\n".into(), 1, "mounts", "missing field `mounts`"),
         case("duplicate key", one(&okp, "    size: 9MiB\n"), 6, "size", "duplicate"),
         case("yaml syntax", one(&okp, "    options: [nosuid, nodev\n"), 6, "options", "unclosed bracket"),
         case("tab indentation", one(&okp, "\tcreate: true\n"), 5, "size", "found a tab"),

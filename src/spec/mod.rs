@@ -647,6 +647,14 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_mount_list_is_valid_and_a_missing_one_is_not() {
+        // The packaged /etc/tmpfsctl/cache.yaml: valid, mounts nothing.
+        assert!(parse_ok("version: 1\nmounts: []\n").mounts.is_empty());
+        let e = parse_err("version: 1\n");
+        assert!(e.to_string().contains("missing field `mounts`"), "{e}");
+    }
+
+    #[test]
     fn unknown_fields_name_the_field() {
         let e = parse_err("version: 1\nmounts: []\nboot: systemd\n");
         let d = &e.diagnostics[0];

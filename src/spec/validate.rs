@@ -148,15 +148,9 @@ pub fn validate(
     let raw_defaults = raw.defaults.unwrap_or_default();
     let defaults = defaults(&mut cx, &raw_defaults);
     let agent = agent(&mut cx, raw.agent.as_ref(), mem_total);
-    if raw.mounts.value.is_empty() {
-        cx.at(
-            &raw.mounts,
-            "mounts",
-            "the spec has no mounts".into(),
-            Some("a list of one or more mounts"),
-        );
-    }
-
+    // `mounts: []` is valid and mounts nothing: the packaged
+    // /etc/tmpfsctl/cache.yaml until an operator fills it in. A missing
+    // `mounts:` is still an error (serde: missing field).
     let mut mounts = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
     let mut budget_used: u64 = 0;
