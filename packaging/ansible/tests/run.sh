@@ -143,6 +143,8 @@ check "a bad spec fails the play" "$log" test $? != 0
 check "the failure names the spec file with line and column" "$log" \
     grep -Eq "$spec:[0-9]+:[0-9]+" "$log"
 check "the failure says what is wrong" "$log" grep -q 'invalid size `12 parsecs`' "$log"
+check "the task failed with tmpfsctl validate's exit 2" "$log" \
+    grep -q 'FAILED! => .*"msg": "tmpfsctl validate failed (exit 2): error: invalid size' "$log"
 check "the bad spec was not written" "$log" test "$spec_before" = "$(sha256sum "$spec")"
 check "the bad spec changed no mount" "$log" test "$table_before" = "$(table)"
 
@@ -158,6 +160,8 @@ check "degraded lists its name" "$log" grep -Eq '"degraded": \[' "$log"
 log=$tdir/degraded-fail.log
 play "$log" module.yml -e "$degraded_spec" -e tmpfsctl_test_fail_on_degraded=true
 check "fail_on_degraded: true fails the task" "$log" test $? != 0
+check "with tmpfsctl's reason and the degraded names" "$log" \
+    grep -Eq 'FAILED! => .*"degraded": \["big"\].*"msg": "tmpfsctl apply: not fully converged \(exit 3\): big degraded: .*do not fit' "$log"
 check "the app mount is still in place" "$log" mounted
 
 # 8. state: absent: the directory is back on disk with the data written in

@@ -236,6 +236,15 @@ class Runner(object):
         )
 
 
+def fail(module, result, msg, **extra):
+    """fail_json with everything gathered so far; `msg` and `extra` win."""
+    out = dict(result)
+    out.pop("diff", None)
+    out.update(extra)
+    out["msg"] = msg
+    module.fail_json(**out)
+
+
 def render(spec):
     return HEADER + yaml.safe_dump(spec, default_flow_style=False, sort_keys=False, allow_unicode=True)
 
@@ -416,16 +425,14 @@ def present(module, runner, result):
             for m in mounts if m.get("result") in ("failed", "refused", "degraded")
         ]
         text = (err or "").strip() or "; ".join(failed) or out.strip()
-        module.fail_json(msg="tmpfsctl apply failed (exit %d): %s" % (rc, text),
-                         stdout=out, stderr=err, **result)
+        fail(module, result, "tmpfsctl apply failed (exit %d): %s" % (rc, text), stdout=out, stderr=err)
     if rc == 3:
         why = "; ".join(
             "%s %s: %s" % (m.get("name"), m.get("result"), m.get("reason", ""))
             for m in mounts if m.get("result") in ("degraded", "refused")
         )
         if p["fail_on_degraded"]:
-            module.fail_json(msg="tmpfsctl apply: not fully converged (exit 3): %s" % why,
-                             stdout=out, stderr=err, **result)
+            fail(module, result, "tmpfsctl apply: not fully converged (exit 3): %s" % why, stdout=out, stderr=err)
         module.warn("tmpfsctl apply: not fully converged (exit 3): %s" % why)
     return spec_data
 
@@ -434,7 +441,7 @@ def boot_install(module, runner, result):
     mode = module.params["boot"]
     if mode == "none":
         return
-    rc, out, err = runner.run(
+    dummy, out, dummy = runner.run(
         ["boot", "install", module.params["path"], "--mode", mode, "--format", "json"], what="boot install"
     )
     try:
@@ -459,7 +466,7 @@ def ensure_agent(module, result, spec_data):
     if not module.get_bin_path("systemctl") or not os.path.isdir("/run/systemd/system"):
         text = "agent: systemd is not running here; run `tmpfsctl agent SPEC` under your init system"
         if explicit:
-            module.fail_json(msg=text, **result)
+            fail(module, result, text)
         module.warn(text)
         return
     enabled = systemctl(module, "is-enabled", "--quiet", AGENT_UNIT)[0] == 0
@@ -471,7 +478,7 @@ def ensure_agent(module, result, spec_data):
         return
     rc, out, err = systemctl(module, "enable", "--now", AGENT_UNIT)
     if rc != 0:
-        module.fail_json(msg="systemctl enable --now %s failed: %s" % (AGENT_UNIT, (err or out).strip()), **result)
+        fail(module, result, "systemctl enable --now %s failed: %s" % (AGENT_UNIT, (err or out).strip()))
 
 
 def absent(module, runner, result):
@@ -502,8 +509,7 @@ def absent(module, runner, result):
         if any(m.get("result") != "not-mounted" for m in mounts):
             result["changed"] = True
         if rc != 0:
-            module.fail_json(msg="tmpfsctl down failed (exit %d): %s" % (rc, (err or out).strip()),
-                             stdout=out, stderr=err, **result)
+            fail(module, result, "tmpfsctl down failed (exit %d): %s" % (rc, (err or out).strip()), stdout=out, stderr=err)
     if p["boot"] != "none":
         rc, out, err = runner.run(["boot", "remove", "--format", "json"], what="boot remove")
         try:
@@ -555,9 +561,9 @@ def main():
         else:
             absent(module, runner, result)
     except (IOError, OSError) as e:
-        module.fail_json(msg="tmpfsctl.offload.spec: %s" % to_native(e), **result)
+        fail(module, result, "tmpfsctl.offload.spec: %s" % to_native(e))
 
-    rc, out, err = runner.last
+    dummy, out, err = runner.last
     result["stdout"] = out
     result["stderr"] = err
     if result["degraded"] or result["refused"]:
