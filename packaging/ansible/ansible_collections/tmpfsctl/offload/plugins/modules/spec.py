@@ -57,7 +57,10 @@ options:
       - How the mounts come back after a reboot (C(tmpfsctl boot install --mode)).
       - V(none) installs nothing and leaves whatever boot integration exists as it is;
         with O(state=absent) it also leaves it.
-      - V(systemd) runs C(systemctl daemon-reload) when the units changed.
+      - V(systemd) runs C(systemctl daemon-reload) when the units changed, and starts
+        C(tmpfsctl-apply.service) and C(tmpfsctl-down.service) when they are not active, so
+        that the shutdown write-back (the down unit's C(ExecStop)) runs already at the next
+        shutdown.
     type: str
     choices: [systemd, fstab, sysv, none]
     default: systemd
@@ -205,6 +208,7 @@ except ImportError:  # pragma: no cover
 
 HEADER = "# Managed by Ansible (tmpfsctl.offload.spec): edits here are overwritten.\n"
 AGENT_UNIT = "tmpfsctl-agent.service"
+BOOT_UNITS = ["tmpfsctl-apply.service", "tmpfsctl-down.service"]
 MANIFEST = "/etc/tmpfsctl/boot.manifest"
 
 
@@ -393,6 +397,8 @@ def present(module, runner, result):
         if check:
             if p["boot"] != "none" and (spec_changed or not os.path.exists(MANIFEST)):
                 result["changed"] = True
+            if p["boot"] == "systemd":
+                start_boot_units(module, result)
             return spec_data
 
         if spec_changed:
@@ -451,8 +457,36 @@ def boot_install(module, runner, result):
     result["boot"] = report
     if report.get("changed"):
         result["changed"] = True
-        if mode == "systemd":
+        if mode == "systemd" and systemd_running(module):
             systemctl(module, "daemon-reload")
+    if mode == "systemd":
+        start_boot_units(module, result)
+
+
+def systemd_running(module):
+    return bool(module.get_bin_path("systemctl")) and os.path.isdir("/run/systemd/system")
+
+
+def start_boot_units(module, result):
+    """Start the apply and down units now, not only at the next boot.
+
+    tmpfsctl-down.service writes persisted mounts back in its ExecStop=,
+    which systemd runs only for a unit that was started: without this, a
+    reboot right after the first run would lose what the application wrote
+    into RAM. Starting the apply unit runs `apply` once more (nothing to do)
+    and orders the shutdown as at a boot.
+    """
+    if not systemd_running(module):
+        return
+    inactive = [u for u in BOOT_UNITS if systemctl(module, "is-active", "--quiet", u)[0] != 0]
+    if not inactive:
+        return
+    result["changed"] = True
+    if module.check_mode:
+        return
+    rc, out, err = systemctl(module, "start", *inactive)
+    if rc != 0:
+        fail(module, result, "systemctl start %s failed: %s" % (" ".join(inactive), (err or out).strip()))
 
 
 def ensure_agent(module, result, spec_data):
@@ -463,7 +497,7 @@ def ensure_agent(module, result, spec_data):
     if not want:
         return
     result["agent"] = True
-    if not module.get_bin_path("systemctl") or not os.path.isdir("/run/systemd/system"):
+    if not systemd_running(module):
         text = "agent: systemd is not running here; run `tmpfsctl agent SPEC` under your init system"
         if explicit:
             fail(module, result, text)
@@ -510,6 +544,13 @@ def absent(module, runner, result):
             result["changed"] = True
         if rc != 0:
             fail(module, result, "tmpfsctl down failed (exit %d): %s" % (rc, (err or out).strip()), stdout=out, stderr=err)
+        # Nothing left for the units' ExecStop= to do: stop them before their
+        # files go, so no shutdown runs `down` on a spec that is gone.
+        if p["boot"] == "systemd" and systemd_running(module):
+            active = [u for u in BOOT_UNITS if systemctl(module, "is-active", "--quiet", u)[0] == 0]
+            if active:
+                systemctl(module, "stop", *active)
+                result["changed"] = True
     if p["boot"] != "none":
         rc, out, err = runner.run(["boot", "remove", "--format", "json"], what="boot remove")
         try:
@@ -519,7 +560,7 @@ def absent(module, runner, result):
         result["boot"] = report
         if report.get("changed"):
             result["changed"] = True
-            if module.get_bin_path("systemctl") and os.path.isdir("/run/systemd/system"):
+            if systemd_running(module):
                 systemctl(module, "daemon-reload")
     if exists:
         os.unlink(path)
