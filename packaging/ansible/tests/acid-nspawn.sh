@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The acid test of the Ansible collection (TAP): the role runs inside a
+# container with systemd as PID 1 (systemd-nspawn on the host's /usr, as
+# tests/boot-nspawn.sh), with `boot: systemd`; the container is rebooted; the
+# mount is there after the boot, the consumer started after it, and the data
+# written into RAM before the reboot survived.
+#
+#   ANSIBLE_VENV=... packaging/ansible/tests/acid-nspawn.sh TMPFSCTL_BINARY
+#
+# As root; needs systemd-container. The venv must be made from a python
+# under /usr (the container sees the host's /usr only).
+set -uo pipefail
+if [ "${TMPFSCTL_ACID_INNER:-}" != 1 ]; then
+    exec env TMPFSCTL_ACID_INNER=1 unshare --mount --propagation private "$0" "$@"
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+collections=$(cd "$here/.." && pwd)
+BIN=${1:?usage: acid-nspawn.sh TMPFSCTL_BINARY}
+VENV=${ANSIBLE_VENV:?set ANSIBLE_VENV}
+VENV=$(cd "$VENV" && pwd)
+echo "TAP version 13"
+if ! command -v systemd-nspawn >/dev/null; then
+    echo "1..0 # SKIP systemd-nspawn missing"; exit 0
+fi
+case $(readlink -f "$VENV/bin/python3") in
+    /usr/*) ;;
+    *) echo "1..0 # SKIP the venv's python is not under /usr"; exit 0 ;;
+esac
+
+W=$(mktemp -d /var/tmp/tmpfsctl-acid-XXXXXX)
+chmod 0755 "$W"
+[ -n "${TMPFSCTL_ACID_KEEP:-}" ] || trap 'rm -rf "$W"' EXIT   # TMPFSCTL_ACID_KEEP=1 keeps logs
+D=$W/disk C=$W/ctl U=$W/etc-systemd E=$W/etc-tmpfsctl
+mkdir -p "$D/cache" "$C" "$U/multi-user.target.wants" "$E" "$W/opt"
+echo seeded > "$D/cache/from-disk"
+cp "$BIN" "$W/opt/tmpfsctl"
+echo 0123456789abcdef0123456789abcdef > "$W/machine-id"
+printf '{"tmpfsctl_test_disk": "%s", "ansible_python_interpreter": "%s"}\n' "$D" "$VENV/bin/python3" > "$C/vars.json"
+
+n=0 fails=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; [ -n "${2:-}" ] && sed 's/^/#   /' <<<"$2"; }
+check() { if eval "$2"; then ok "$1"; else not_ok "$1" "${3:-}"; fi; }
+
+cat > "$U/consumer.service" <<'UNIT'
+[Unit]
+Description=An application using the cache
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'findmnt -n -o FSTYPE @D@/cache > @C@/consumer-saw'
+[Install]
+WantedBy=multi-user.target
+UNIT
+cat > "$U/ansible-run.service" <<'UNIT'
+[Unit]
+Description=Run the tmpfsctl role twice, write into the cache, power off
+After=multi-user.target consumer.service
+[Service]
+Type=oneshot
+Environment=HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 ANSIBLE_COLLECTIONS_PATH=@COLL@ ANSIBLE_HOME=/var/tmp/ah ANSIBLE_LOCAL_TEMP=/var/tmp/al ANSIBLE_REMOTE_TEMP=/var/tmp/ar ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0
+ExecStart=/bin/sh -c 'for i in 1 2; do @VENV@/bin/ansible-playbook -i localhost, -c local @COLL@/tests/acid.yml -e @@C@/vars.json > @C@/ansible$$i.log 2>&1; echo $$? > @C@/ansible$$i.rc; done; findmnt -n -o FSTYPE,SOURCE @D@/cache > @C@/mount1; systemctl is-active tmpfsctl-down > @C@/down1; echo written-before-reboot > @D@/cache/before-reboot; systemctl poweroff'
+UNIT
+cat > "$U/checker.service" <<'UNIT'
+[Unit]
+Description=Collect what the test asserts, then power off
+After=multi-user.target consumer.service
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'findmnt -n -o FSTYPE,SOURCE,SIZE @D@/cache > @C@/mount2; cat @D@/cache/before-reboot > @C@/data2; for u in tmpfsctl-apply consumer; do systemctl show -P ExecMainExitTimestampMonotonic -P ExecMainStartTimestampMonotonic $$u > @C@/$$u; done; systemctl is-active tmpfsctl-agent > @C@/agent2; systemctl poweroff'
+UNIT
+sed -i -e "s|@D@|$D|g" -e "s|@C@|$C|g" -e "s|@COLL@|$collections|g" -e "s|@VENV@|$VENV|g" \
+    "$U/consumer.service" "$U/ansible-run.service" "$U/checker.service"
+ln -sf ../consumer.service "$U/multi-user.target.wants/consumer.service"
+ln -sf ../ansible-run.service "$U/multi-user.target.wants/ansible-run.service"
+
+boot() { # boot LOG
+    timeout 300 systemd-nspawn --quiet --boot --directory=/ --volatile=yes --register=no --keep-unit \
+        --machine=tmpfsctl-acid-test \
+        --bind-ro="$W/machine-id:/etc/machine-id" \
+        --bind="$U:/etc/systemd/system" \
+        --bind="$E:/etc/tmpfsctl" \
+        --bind-ro="$W/opt:/opt/tmpfsctl" \
+        --bind="$D:$D" --bind="$C:$C" \
+        --bind-ro="$collections:$collections" \
+        --bind-ro="$VENV:$VENV" \
+        systemd.journald.forward_to_console=1 > "$1" 2>&1
+}
+tail_of() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null | tail -n 40; }
+
+# --- first boot: the role runs (twice), data is written into RAM ----------
+boot "$W/console1.log"
+rc=$?
+check "first boot: the container booted and powered off" '[ $rc -eq 0 ]' "$(tail_of "$W/console1.log")"
+check "the role succeeded" '[ "$(cat "$C/ansible1.rc" 2>/dev/null)" = 0 ]' "$(tail_of "$C/ansible1.log")"
+check "the first run reported changed" 'grep -Eq "changed=[1-9]" "$C/ansible1.log"' "$(tail_of "$C/ansible1.log")"
+check "the second run reported changed=0" 'grep -q "changed=0" "$C/ansible2.log" && [ "$(cat "$C/ansible2.rc" 2>/dev/null)" = 0 ]' "$(tail_of "$C/ansible2.log")"
+check "the cache was our tmpfs right after the role" 'grep -q "^tmpfs  *tmpfsctl-cache" "$C/mount1"' "$(cat "$C/mount1" 2>&1)"
+check "the shutdown unit was active before the reboot" '[ "$(cat "$C/down1" 2>/dev/null)" = active ]' "$(cat "$C/down1" 2>&1)"
+check "the boot units are installed" '[ -f "$U/tmpfsctl-apply.service" ] && [ -L "$U/multi-user.target.wants/tmpfsctl-apply.service" ] && [ -f "$U/consumer.service.d/50-tmpfsctl.conf" ]'
+check "the data written into RAM was written back at poweroff" '[ "$(cat "$D/cache/before-reboot" 2>/dev/null)" = written-before-reboot ]'
+
+# --- the reboot -------------------------------------------------------------
+rm -f "$U/multi-user.target.wants/ansible-run.service" "$C/consumer-saw"
+ln -sf ../checker.service "$U/multi-user.target.wants/checker.service"
+boot "$W/console2.log"
+rc=$?
+check "after the reboot: the container booted and powered off" '[ $rc -eq 0 ]' "$(tail_of "$W/console2.log")"
+check "the mount is there after the boot, 16MiB" 'grep -q "^tmpfs  *tmpfsctl-cache  *16M" "$C/mount2"' "$(cat "$C/mount2" 2>&1; tail_of "$W/console2.log")"
+check "the data written before the reboot is in the tmpfs" '[ "$(cat "$C/data2" 2>/dev/null)" = written-before-reboot ]'
+apply_done=$(sed -n 1p "$C/tmpfsctl-apply" 2>/dev/null)
+consumer_start=$(sed -n 2p "$C/consumer" 2>/dev/null)
+check "the consumer started after apply finished ($apply_done < $consumer_start)" \
+    '[ -n "$apply_done" ] && [ -n "$consumer_start" ] && [ "$apply_done" -lt "$consumer_start" ]'
+check "the consumer saw the tmpfs" '[ "$(cat "$C/consumer-saw" 2>/dev/null)" = tmpfs ]'
+check "the data is still on disk after the second poweroff" '[ "$(cat "$D/cache/before-reboot" 2>/dev/null)" = written-before-reboot ]'
+
+echo "1..$n"
+echo "# $((n - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]
