@@ -36,6 +36,9 @@ echo seeded > "$D/cache/from-disk"
 cp "$BIN" "$W/opt/tmpfsctl"
 echo 0123456789abcdef0123456789abcdef > "$W/machine-id"
 printf '{"tmpfsctl_test_disk": "%s", "ansible_python_interpreter": "%s"}\n' "$D" "$VENV/bin/python3" > "$C/vars.json"
+# The third run adds a watchdog: the module starts the agent, and the
+# handler sends it SIGHUP for the changed spec.
+printf '{"tmpfsctl_mounts": [{"name": "cache", "path": "%s/cache", "size": "16MiB", "persist": "on-stop", "before": ["consumer.service"], "watchdog": {"high": "90%%", "action": "fallback"}}]}\n' "$D" > "$C/vars3.json"
 
 n=0 fails=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
@@ -59,7 +62,7 @@ After=multi-user.target consumer.service
 [Service]
 Type=oneshot
 Environment=HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 ANSIBLE_COLLECTIONS_PATH=@COLL@ ANSIBLE_HOME=/var/tmp/ah ANSIBLE_LOCAL_TEMP=/var/tmp/al ANSIBLE_REMOTE_TEMP=/var/tmp/ar ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0
-ExecStart=/bin/sh -c 'for i in 1 2; do @VENV@/bin/ansible-playbook -i localhost, -c local @COLL@/tests/acid.yml -e @@C@/vars.json > @C@/ansible$$i.log 2>&1; echo $$? > @C@/ansible$$i.rc; done; findmnt -n -o FSTYPE,SOURCE @D@/cache > @C@/mount1; systemctl is-active tmpfsctl-down > @C@/down1; echo written-before-reboot > @D@/cache/before-reboot; systemctl poweroff'
+ExecStart=/bin/sh -c 'for i in 1 2; do @VENV@/bin/ansible-playbook -i localhost, -c local @COLL@/tests/acid.yml -e @@C@/vars.json > @C@/ansible$$i.log 2>&1; echo $$? > @C@/ansible$$i.rc; done; findmnt -n -o FSTYPE,SOURCE @D@/cache > @C@/mount1; @VENV@/bin/ansible-playbook -i localhost, -c local @COLL@/tests/acid.yml -e @@C@/vars.json -e @@C@/vars3.json > @C@/ansible3.log 2>&1; echo $$? > @C@/ansible3.rc; sleep 1; systemctl is-active tmpfsctl-agent > @C@/agent1; journalctl --no-pager -u tmpfsctl-agent > @C@/agent-journal 2>&1; systemctl is-active tmpfsctl-down > @C@/down1; echo written-before-reboot > @D@/cache/before-reboot; systemctl poweroff'
 UNIT
 cat > "$U/checker.service" <<'UNIT'
 [Unit]
@@ -97,6 +100,9 @@ check "the first run reported changed" 'grep -Eq "changed=[1-9]" "$C/ansible1.lo
 check "the second run reported changed=0" 'grep -q "changed=0" "$C/ansible2.log" && [ "$(cat "$C/ansible2.rc" 2>/dev/null)" = 0 ]' "$(tail_of "$C/ansible2.log")"
 check "the cache was our tmpfs right after the role" 'grep -q "^tmpfs  *tmpfsctl-cache" "$C/mount1"' "$(cat "$C/mount1" 2>&1)"
 check "the shutdown unit was active before the reboot" '[ "$(cat "$C/down1" 2>/dev/null)" = active ]' "$(cat "$C/down1" 2>&1)"
+check "a changed spec with a watchdog: the role succeeded" '[ "$(cat "$C/ansible3.rc" 2>/dev/null)" = 0 ] && grep -Eq "changed=[1-9]" "$C/ansible3.log"' "$(tail_of "$C/ansible3.log")"
+check "the module started the agent" '[ "$(cat "$C/agent1" 2>/dev/null)" = active ]' "$(cat "$C/agent1" 2>&1)"
+check "the handler reloaded the agent with SIGHUP" 'grep -q "reloaded .*(SIGHUP)" "$C/agent-journal"' "$(grep -A3 RUNNING "$C/ansible3.log"; tail -n 20 "$C/agent-journal")"
 check "the boot units are installed" '[ -f "$U/tmpfsctl-apply.service" ] && [ -L "$U/multi-user.target.wants/tmpfsctl-apply.service" ] && [ -f "$U/consumer.service.d/50-tmpfsctl.conf" ]'
 check "the data written into RAM was written back at poweroff" '[ "$(cat "$D/cache/before-reboot" 2>/dev/null)" = written-before-reboot ]'
 
