@@ -66,11 +66,12 @@ ExecStart=/bin/sh -c 'for i in 1 2; do @VENV@/bin/ansible-playbook -i localhost,
 UNIT
 cat > "$U/checker.service" <<'UNIT'
 [Unit]
-Description=Collect what the test asserts, then power off
+Description=Collect what the test asserts, take everything down with the role (state absent), power off
 After=multi-user.target consumer.service
 [Service]
 Type=oneshot
-ExecStart=/bin/sh -c 'findmnt -n -o FSTYPE,SOURCE,SIZE @D@/cache > @C@/mount2; cat @D@/cache/before-reboot > @C@/data2; for u in tmpfsctl-apply consumer; do systemctl show -P ExecMainExitTimestampMonotonic -P ExecMainStartTimestampMonotonic $$u > @C@/$$u; done; systemctl is-active tmpfsctl-agent > @C@/agent2; systemctl poweroff'
+Environment=HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 ANSIBLE_COLLECTIONS_PATH=@COLL@ ANSIBLE_HOME=/var/tmp/ah ANSIBLE_LOCAL_TEMP=/var/tmp/al ANSIBLE_REMOTE_TEMP=/var/tmp/ar ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0
+ExecStart=/bin/sh -c 'findmnt -n -o FSTYPE,SOURCE,SIZE @D@/cache > @C@/mount2; cat @D@/cache/before-reboot > @C@/data2; for u in tmpfsctl-apply consumer; do systemctl show -P ExecMainExitTimestampMonotonic -P ExecMainStartTimestampMonotonic $$u > @C@/$$u; done; systemctl is-active tmpfsctl-agent > @C@/agent2; echo written-after-reboot > @D@/cache/after-reboot; @VENV@/bin/ansible-playbook -i localhost, -c local @COLL@/tests/acid.yml -e @@C@/vars.json -e tmpfsctl_state=absent > @C@/absent.log 2>&1; echo $$? > @C@/absent.rc; findmnt -rn -t tmpfs -o SOURCE > @C@/mount3; for u in tmpfsctl-apply tmpfsctl-down tmpfsctl-agent; do systemctl is-active $$u; done > @C@/units3; systemctl poweroff'
 UNIT
 sed -i -e "s|@D@|$D|g" -e "s|@C@|$C|g" -e "s|@COLL@|$collections|g" -e "s|@VENV@|$VENV|g" \
     "$U/consumer.service" "$U/ansible-run.service" "$U/checker.service"
@@ -120,6 +121,16 @@ check "the consumer started after apply finished ($apply_done < $consumer_start)
     '[ -n "$apply_done" ] && [ -n "$consumer_start" ] && [ "$apply_done" -lt "$consumer_start" ]'
 check "the consumer saw the tmpfs" '[ "$(cat "$C/consumer-saw" 2>/dev/null)" = tmpfs ]'
 check "the data is still on disk after the second poweroff" '[ "$(cat "$D/cache/before-reboot" 2>/dev/null)" = written-before-reboot ]'
+
+check "the agent was active after the reboot" '[ "$(cat "$C/agent2" 2>/dev/null)" = active ]' "$(cat "$C/agent2" 2>&1)"
+
+# --- state: absent, on the running systemd host -----------------------------
+check "state: absent succeeded and reported changed" '[ "$(cat "$C/absent.rc" 2>/dev/null)" = 0 ] && grep -Eq "changed=[1-9]" "$C/absent.log"' "$(tail_of "$C/absent.log")"
+check "no tmpfsctl tmpfs was left mounted" '[ -f "$C/mount3" ] && ! grep -q "^tmpfsctl-" "$C/mount3"' "$(cat "$C/mount3" 2>&1)"
+check "the apply, down and agent units were stopped" '[ "$(cat "$C/units3" 2>/dev/null | sort -u)" = inactive ]' "$(cat "$C/units3" 2>&1)"
+check "the boot units, drop-in and manifest are removed" '! ls "$U" | grep -q "^tmpfsctl-" && [ ! -e "$U/consumer.service.d/50-tmpfsctl.conf" ] && [ ! -e "$E/boot.manifest" ]' "$(ls -R "$U" "$E")"
+check "the spec file is removed" '[ ! -e "$E/cache.yaml" ]'
+check "the data written into RAM after the reboot is on disk" '[ "$(cat "$D/cache/after-reboot" 2>/dev/null)" = written-after-reboot ]'
 
 echo "1..$n"
 echo "# $((n - fails)) passed, $fails failed"
