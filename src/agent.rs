@@ -268,6 +268,8 @@ impl Watched {
 #[derive(Debug, Clone)]
 enum Cause {
     Watchdog,
+    /// Before `high`: a fast writer would reach it before an eviction could finish.
+    Early,
     Pressure(PressureAction, String),
 }
 
@@ -938,7 +940,7 @@ impl Agent {
                 );
             }
             let Some(act) = v.act else { return };
-            let cause = Cause::Watchdog;
+            let cause = if v.early { Cause::Early } else { Cause::Watchdog };
             let done = self.perform(i, &act, &cause);
             match (&act, done) {
                 (Act::Warn | Act::Fallback, _) | (_, false) => return,
@@ -1007,6 +1009,7 @@ impl Agent {
         let name = self.mounts[i].spec.name.clone();
         let by = match cause {
             Cause::Watchdog => "high".to_string(),
+            Cause::Early => format!("filling fast: high within {} ms", watchdog::LEAD_MS),
             Cause::Pressure(a, why) => format!("memory pressure ({why}); guard action {}", a.name()),
         };
         match act {
@@ -1582,7 +1585,7 @@ impl Agent {
             let source = self.mounts[i].spec.source();
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
-            let ours = top.as_ref().filter(|e| e.fstype == "tmpfs" && e.source == source);
+            let ours = top.as_ref().filter(|e| e.is_tmpfs_of(&source));
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
             if held && Some(self.mounts[i].dev) != dev {

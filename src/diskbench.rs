@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::sys::statfs::{statfs, TMPFS_MAGIC};
 use nix::sys::statvfs::statvfs;
@@ -591,9 +590,7 @@ struct Workdir {
 impl Drop for Workdir {
     fn drop(&mut self) {
         if let Some(m) = self.mounted.take() {
-            if umount2(&m, MntFlags::empty()).is_err() {
-                let _ = umount2(&m, MntFlags::MNT_DETACH);
-            }
+            crate::mount::unmount_or_detach(&m);
         }
         let _ = fs::remove_dir_all(&self.root);
     }
@@ -636,15 +633,7 @@ fn bench_private(p: &Plan) -> Result<(Vec<Row>, Vec<String>)> {
     let tmpfs = work.root.join("tmpfs");
     fs::DirBuilder::new().mode(0o700).create(&disk)?;
     fs::DirBuilder::new().mode(0o700).create(&tmpfs)?;
-    let data = format!("size={},huge=never,mode=700", p.tmpfs_size);
-    mount(
-        Some("tmpfsctl-bench"),
-        &tmpfs,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(data.as_str()),
-    )
-    .with_context(|| format!("mount -t tmpfs -o {data} tmpfsctl-bench {}", tmpfs.display()))?;
+    crate::mount::mount_scratch_tmpfs("tmpfsctl-bench", &tmpfs, p.tmpfs_size)?;
     work.mounted = Some(tmpfs.clone());
     if statfs(&tmpfs)?.filesystem_type() != TMPFS_MAGIC {
         bail!("{} is not the tmpfs just mounted", tmpfs.display());

@@ -126,12 +126,15 @@ fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
     let held = table
         .stack_at(&held_path)
         .into_iter()
-        .find(|e| e.source == source)
+        .find(|e| e.is_tmpfs_of(&source))
         .cloned();
     // The tmpfs at the spec's path, not a bind of it elsewhere (a chroot).
-    let at_spec_path = spec
-        .mount(name)
-        .and_then(|m| table.stack_at(&m.path).into_iter().find(|e| e.source == source));
+    let at_spec_path = spec.mount(name).and_then(|m| {
+        table
+            .stack_at(&m.path)
+            .into_iter()
+            .find(|e| e.is_tmpfs_of(&source))
+    });
     let live = at_spec_path
         .or_else(|| {
             table

@@ -170,10 +170,7 @@ pub fn ensure_mount_point(dir: &Path) -> Result<()> {
 /// unless one is there already.
 pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
     let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
-    if table
-        .top_at(dir)
-        .is_some_and(|e| e.fstype == "tmpfs" && e.source == source)
-    {
+    if table.top_at(dir).is_some_and(|e| e.is_tmpfs_of(source)) {
         return Ok(());
     }
     ensure_mount_point(dir)?;
@@ -263,6 +260,27 @@ pub fn enter_private_namespace() -> Result<()> {
 /// Lazy unmount: holders keep their open files; new lookups see what is below.
 pub fn detach(target: &Path) -> Result<()> {
     umount2(target, MntFlags::MNT_DETACH).with_context(|| format!("umount -l {}", target.display()))
+}
+
+/// A scratch tmpfs of `size` bytes, root-only, for measurements (`bench --disk`);
+/// its caller is in a private mount namespace.
+pub fn mount_scratch_tmpfs(source: &str, target: &Path, size: u64) -> Result<()> {
+    let data = format!("size={size},huge=never,mode=700");
+    mount(
+        Some(source),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
+}
+
+/// Unmounts `target`, lazily if it is busy; for cleanups, which cannot fail.
+pub fn unmount_or_detach(target: &Path) {
+    if umount2(target, MntFlags::empty()).is_err() {
+        let _ = umount2(target, MntFlags::MNT_DETACH);
+    }
 }
 
 #[cfg(test)]

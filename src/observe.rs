@@ -91,7 +91,7 @@ fn lower_state(
     let Some(top) = stack.last() else {
         return Lower::Absent;
     };
-    if stack.len() > 1 || (top.fstype == "tmpfs" && top.source == source) {
+    if stack.len() > 1 || top.is_tmpfs_of(source) {
         return Lower::Stale;
     }
     let same_dir = match at_path {
@@ -203,7 +203,7 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
     let path_md = std::fs::symlink_metadata(&m.path).ok();
     let at_path = match table.top_at(&m.path) {
         None => AtPath::Disk,
-        Some(e) if e.fstype == "tmpfs" && e.source == source => match live(e, &m.path) {
+        Some(e) if e.is_tmpfs_of(&source) => match live(e, &m.path) {
             Some(l) => AtPath::Ours(l),
             None => AtPath::Foreign {
                 fstype: e.fstype.clone(),

@@ -264,7 +264,7 @@ pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
     table
         .stack_at(&state.held(name))
         .iter()
-        .any(|e| e.source == source)
+        .any(|e| e.is_tmpfs_of(&source))
 }
 
 /// Removes the side bind and staging point of a mount that is gone, and has the

@@ -155,6 +155,8 @@ pub struct Verdict {
     /// again in this many milliseconds, or sooner when usage moves (reported once
     /// per excursion).
     pub exhausted: Option<u64>,
+    /// The action comes before `high`, for a writer that would reach it first.
+    pub early: bool,
 }
 
 /// An action to carry out now.
@@ -267,6 +269,7 @@ pub fn decide(
     }
     let mut v = Verdict {
         transition: (t.level != before).then_some((before, t.level)),
+        early,
         act: None,
         skipped: Vec::new(),
         exhausted: None,
@@ -842,7 +845,7 @@ mod tests {
             let used = 50 * MIB + step * MIB;
             let v = check_at(&w, &mut t, 100 * MIB, used, step * 5);
             if v.act.is_some() {
-                assert!(matches!(v.act, Some(Act::Evict { .. })), "{v:?}");
+                assert!(matches!(v.act, Some(Act::Evict { .. })) && v.early, "{v:?}");
                 first = Some(used);
                 break;
             }

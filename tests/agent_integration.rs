@@ -292,8 +292,12 @@ fn evict_deletes_oldest_files_down_to_low() {
     assert!(cache.join("f006").exists() && cache.join("f005").exists());
     assert!(!cache.join("f000").exists() && !cache.join("f001").exists());
     assert_eq!(m.state("c"), Some("offloaded"));
+    // At `high`, or before it for a writer this fast.
     let log = agent.log();
-    assert!(log.contains("-> high"), "{log}");
+    assert!(
+        log.contains("-> high") || log.contains("(filling fast: high within"),
+        "{log}"
+    );
     assert_eq!(agent.stop(), 0);
 }
 
@@ -1002,8 +1006,9 @@ fn evict_removes_apache_entries_whole() {
         &cache,
         "    watchdog: { high: 80%, low: 40%, action: evict }\n",
     );
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
+    // Written on disk before the agent seeds the mount from it: entries that are
+    // whole when the agent first looks (one written a file at a time while an
+    // eviction runs is, for a moment, an entry of one file).
     let sub = cache.join("aB").join("cD");
     fs::create_dir_all(&sub).unwrap();
     // Headers read recently, data written long ago: an entry is as recent as its
@@ -1025,7 +1030,13 @@ fn evict_removes_apache_entries_whole() {
             .unwrap();
         }
     }
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
     agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
+    // Between the headers and the data of a chunk an eviction shows data without
+    // its header (a miss to a reader); what it leaves is whole.
+    assert_eq!(agent.stop(), 0);
+    let log = agent.log();
     let mut gone = 0;
     for i in 0..70 {
         let stem = format!("k{i:03}xYz");
@@ -1033,11 +1044,10 @@ fn evict_removes_apache_entries_whole() {
             sub.join(format!("{stem}.data")).exists(),
             sub.join(format!("{stem}.header")).exists(),
         );
-        assert_eq!(d, h, "{stem}: data {d}, header {h}\n{}", agent.log());
+        assert_eq!(d, h, "{stem}: data {d}, header {h}\n{log}");
         gone += usize::from(!d);
     }
     assert!(gone > 0);
     // The entries whose header was read last (the first ones) stay.
     assert!(sub.join("k000xYz.data").exists());
-    assert_eq!(agent.stop(), 0);
 }

@@ -26,6 +26,12 @@ pub struct MountEntry {
 }
 
 impl MountEntry {
+    /// Whether this is a tmpfs mounted with `source`: how tmpfsctl knows a mount
+    /// of its own (`tmpfsctl-NAME`, see `spec::source_for`) from anybody else's.
+    pub fn is_tmpfs_of(&self, source: &str) -> bool {
+        self.fstype == "tmpfs" && self.source == source
+    }
+
     pub fn has_mount_option(&self, name: &str) -> bool {
         self.mount_options.iter().any(|o| o == name)
     }
@@ -108,9 +114,7 @@ impl MountTable {
     }
 
     pub fn by_source<'a>(&'a self, source: &'a str) -> impl Iterator<Item = &'a MountEntry> + 'a {
-        self.entries
-            .iter()
-            .filter(move |e| e.fstype == "tmpfs" && e.source == source)
+        self.entries.iter().filter(move |e| e.is_tmpfs_of(source))
     }
 }
 
