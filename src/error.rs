@@ -79,30 +79,68 @@ impl SpecError {
     }
 }
 
+/// `s` with control characters written as escapes (`\n`, `\u{1b}`), so text
+/// from a spec can neither move the cursor nor forge lines of the report.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// Characters of a source line shown around the problem.
+const SNIPPET_BEFORE: usize = 40;
+const SNIPPET_AFTER: usize = 80;
+
+/// The part of `line` shown for a problem at `column` (1-based, characters)
+/// `width` characters wide, control characters escaped, with the caret's
+/// padding and width measured on what is shown.
+fn snippet(line: &str, column: u64, width: usize) -> (String, usize, usize) {
+    let chars: Vec<char> = line.chars().collect();
+    let at = (column.saturating_sub(1) as usize).min(chars.len());
+    let start = at.saturating_sub(SNIPPET_BEFORE);
+    let token_end = at.saturating_add(width.max(1)).min(chars.len());
+    let end = token_end.max(at).saturating_add(SNIPPET_AFTER).min(chars.len());
+    let text = |from: usize, to: usize| {
+        let part: String = chars[from..to.max(from)].iter().collect();
+        escape_controls(&part).into_owned()
+    };
+    let lead = if start > 0 { "…" } else { "" };
+    let tail = if end < chars.len() { "…" } else { "" };
+    let before = text(start, at);
+    let token = text(at, token_end.min(end));
+    let shown = format!("{lead}{before}{token}{}{tail}", text(token_end.min(end), end));
+    let pad = lead.chars().count() + before.chars().count();
+    (shown, pad, token.chars().count().max(1))
+}
+
 impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lines: Vec<&str> = self.source_text.lines().collect();
+        let file = escape_controls(&self.file.to_string_lossy()).into_owned();
         for (i, d) in self.diagnostics.iter().enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
-            writeln!(f, "error: {}", d.message)?;
+            writeln!(f, "error: {}", escape_controls(&d.message))?;
             let gutter = d.line.to_string().len();
-            writeln!(
-                f,
-                "{:gutter$}--> {}:{}:{}",
-                "",
-                self.file.display(),
-                d.line,
-                d.column
-            )?;
+            writeln!(f, "{:gutter$}--> {file}:{}:{}", "", d.line, d.column)?;
             if let Some(text) = d.line.checked_sub(1).and_then(|l| lines.get(l as usize)) {
+                let (shown, pad, width) = snippet(text, d.column, d.width);
                 writeln!(f, "{:gutter$} |", "")?;
-                writeln!(f, "{} | {}", d.line, text)?;
-                let pad = d.column.saturating_sub(1) as usize;
-                writeln!(f, "{:gutter$} | {:pad$}{}", "", "", "^".repeat(d.width.max(1)))?;
+                writeln!(f, "{} | {shown}", d.line)?;
+                writeln!(f, "{:gutter$} | {:pad$}{}", "", "", "^".repeat(width))?;
             }
-            writeln!(f, "{:gutter$} = field: {}", "", d.field)?;
+            writeln!(f, "{:gutter$} = field: {}", "", escape_controls(&d.field))?;
             if let Some(acc) = &d.accepted {
                 writeln!(f, "{:gutter$} = accepted: {}", "", acc)?;
             }
@@ -110,9 +148,8 @@ impl fmt::Display for SpecError {
         if self.diagnostics.len() > 1 {
             writeln!(
                 f,
-                "\n{} errors in {}; nothing was changed",
+                "\n{} errors in {file}; nothing was changed",
                 self.diagnostics.len(),
-                self.file.display()
             )?;
         }
         Ok(())
@@ -149,5 +186,18 @@ error: invalid size `12 parsecs`: unknown unit `parsecs`
   = accepted: 512MiB
 ";
         assert_eq!(err.to_string(), want);
+    }
+
+    #[test]
+    fn long_lines_are_cropped_and_controls_escaped() {
+        let line = format!("{}\u{1b}[2Jbad{}", "x".repeat(100), "y".repeat(200));
+        let (shown, pad, width) = snippet(&line, 101, 4);
+        assert_eq!(
+            shown,
+            format!("…{}\\u{{1b}}[2Jbad{}…", "x".repeat(40), "y".repeat(77))
+        );
+        assert_eq!((pad, width), (41, 9));
+        assert_eq!(snippet("a: b", 4, 1), ("a: b".to_string(), 3, 1));
+        assert_eq!(snippet("a:", 9, 3), ("a:".to_string(), 2, 1));
     }
 }

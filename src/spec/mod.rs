@@ -381,11 +381,50 @@ pub fn load(file: &Path, mem_total: u64) -> Result<Spec, SpecLoadError> {
 /// [`load`], with managed paths checked only as far as `paths` says.
 pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, SpecLoadError> {
     only_root_can_change(file)?;
-    let text = std::fs::read_to_string(file).map_err(|e| SpecLoadError::Read {
+    let text = read_text(file)?;
+    parse_with(file, &text, mem_total, paths).map_err(SpecLoadError::Invalid)
+}
+
+/// Larger than any spec a person writes; a bound so that `validate /dev/zero`
+/// ends.
+pub const MAX_SPEC_BYTES: u64 = 1 << 20;
+
+fn read_text(file: &Path) -> Result<String, SpecLoadError> {
+    use std::io::Read;
+    let read_err = |e| SpecLoadError::Read {
         file: file.to_path_buf(),
         source: e,
-    })?;
-    parse_with(file, &text, mem_total, paths).map_err(SpecLoadError::Invalid)
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(read_err(std::io::Error::other(format!(
+            "larger than {}; a spec is a short YAML file",
+            size::format_bytes(MAX_SPEC_BYTES)
+        ))));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let bad = e.utf8_error().valid_up_to();
+        let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+        let before = &e.as_bytes()[..bad];
+        let line = before.iter().filter(|b| **b == b'\n').count() as u64 + 1;
+        let line_start = before.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&before[line_start..]).chars().count() as u64 + 1;
+        SpecLoadError::Invalid(SpecError::single(
+            file,
+            &lossy,
+            Diagnostic {
+                line,
+                column,
+                width: 1,
+                field: "(document)".into(),
+                message: format!("the spec is not UTF-8 text: byte 0x{:02x}", e.as_bytes()[bad]),
+                accepted: Some("a YAML file in UTF-8".into()),
+            },
+        ))
+    })
 }
 
 /// Parses and validates spec text; `file` is only used in messages.
@@ -394,8 +433,10 @@ pub fn parse(file: &Path, text: &str, mem_total: u64) -> Result<Spec, SpecError>
 }
 
 fn parse_with(file: &Path, text: &str, mem_total: u64, paths: Paths) -> Result<Spec, SpecError> {
-    let raw = raw_from_yaml(text).map_err(|d| SpecError::single(file, text, d))?;
-    validate::validate(file, text, raw, mem_total, paths)
+    let root = node_from_yaml(text).map_err(|d| SpecError::single(file, text, d))?;
+    let mut diags = Vec::new();
+    let raw = raw::read(text, &root, &mut diags);
+    validate::validate(file, text, raw, diags, mem_total, paths)
 }
 
 /// Run as root, a spec is refused when anybody else could change it (or the
@@ -428,32 +469,31 @@ pub enum SpecLoadError {
     Invalid(SpecError),
 }
 
-fn raw_from_yaml(text: &str) -> Result<raw::RawSpec, Diagnostic> {
+/// The YAML tree; only errors of YAML itself (syntax, resource budgets)
+/// stop here.
+fn node_from_yaml(text: &str) -> Result<raw::S<raw::Node>, Diagnostic> {
     let opts = serde_saphyr::options! {
         strict_booleans: true,
         legacy_octal_numbers: false,
+        // Reported with every other problem by `raw::read`.
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::PassThrough,
+        // A spec nests 6 deep and has a few dozen nodes per mount; tighter
+        // than the defaults so that alias bombs fail fast.
+        budget: serde_saphyr::budget! {
+            max_depth: 16,
+            max_nodes: 100_000,
+        },
     };
     serde_saphyr::from_str_with_options(text, opts).map_err(|e| {
         let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
         let message = e.without_snippet().to_string();
-        // serde names the missing field; the location is its mapping's.
-        let field = match message
-            .strip_prefix("missing field `")
-            .and_then(|r| r.split('`').next())
-        {
-            Some(missing) => missing.to_string(),
-            None => field_of_yaml_error(text, line, column),
-        };
-        let accepted = message
-            .contains("boolean")
-            .then(|| "true or false (yes/no/on/off are not booleans in a tmpfsctl spec)".to_string());
         Diagnostic {
             line,
             column,
             width: token_width(text, line, column),
-            field,
+            field: field_of_yaml_error(text, line, column),
             message: yaml_message(&message),
-            accepted,
+            accepted: None,
         }
     })
 }
@@ -475,9 +515,16 @@ fn token_width(text: &str, line: u64, column: u64) -> usize {
 /// saphyr's message carries its own location suffix; ours is in the header.
 fn yaml_message(message: &str) -> String {
     let first = message.lines().next().unwrap_or(message);
-    match first.rfind(" at line ") {
-        Some(i) => first[..i].to_string(),
-        None => first.to_string(),
+    let first = match first.rfind(" at line ") {
+        Some(i) => &first[..i],
+        None => first,
+    };
+    if first.starts_with("budget breached") || first.starts_with("recursion limit") {
+        format!("the YAML is too large or too deeply nested for a spec ({first})")
+    } else if first.starts_with("multiple YAML documents") {
+        "a second YAML document starts here; a spec is one document".to_string()
+    } else {
+        first.to_string()
     }
 }
 
@@ -657,10 +704,242 @@ mod tests {
     #[test]
     fn unknown_fields_name_the_field() {
         let e = parse_err("version: 1\nmounts: []\nboot: systemd\n");
-        let d = &e.diagnostics[0];
+        let d = e.diagnostics.iter().find(|d| d.field == "boot").unwrap();
         assert_eq!(d.line, 3);
         assert!(d.message.contains("unknown field `boot`"), "{e}");
-        assert_eq!(d.field, "boot");
+        assert!(d.accepted.as_ref().unwrap().contains("mounts"), "{e}");
+    }
+
+    fn fields_of(e: &SpecError) -> Vec<(u64, &str)> {
+        e.diagnostics.iter().map(|d| (d.line, d.field.as_str())).collect()
+    }
+
+    #[test]
+    fn every_missing_unknown_and_mistyped_field_is_reported_with_its_path() {
+        let d = dir();
+        let p = d.path().display();
+        let e = parse_err(&format!(
+            "mounts:\n  - name: a\n    path: {p}\n  - path: {p}/b\n    sise: 1G\n    create: yes\n    options: nosuid\n    watchdog: {{ hihg: 90%, priority: high }}\n  - just a string\n  - name: c\n    size:\nagent: {{ intervall: 1s }}\n",
+        ));
+        assert_eq!(
+            fields_of(&e),
+            [
+                (1, "version"),
+                (2, "mounts[0].size"),
+                (4, "mounts[1].name"),
+                (4, "mounts[1].size"),
+                // `create: yes` is no boolean, so the missing directory counts.
+                (4, "mounts[1].path"),
+                (5, "mounts[1].sise"),
+                (6, "mounts[1].create"),
+                (7, "mounts[1].options"),
+                (8, "mounts[1].watchdog.hihg"),
+                (8, "mounts[1].watchdog.priority"),
+                (9, "mounts[2]"),
+                (10, "mounts[3].path"),
+                (11, "mounts[3].size"),
+                (12, "agent.intervall"),
+            ],
+            "{e}"
+        );
+        let msg = |f: &str| {
+            e.diagnostics
+                .iter()
+                .find(|d| d.field == f)
+                .map(|d| d.message.clone())
+                .unwrap()
+        };
+        assert_eq!(msg("version"), "missing field `version`");
+        assert_eq!(msg("mounts[0].size"), "missing field `size`");
+        assert_eq!(msg("mounts[3].size"), "`size` has no value");
+        assert_eq!(msg("mounts[1].sise"), "unknown field `sise`");
+        assert_eq!(msg("mounts[1].create"), "invalid boolean `yes`");
+        assert!(msg("mounts[1].options").contains("expected a list"), "{e}");
+        assert!(msg("mounts[1].watchdog.priority").contains("expected a whole number, found text `high`"));
+        assert!(msg("mounts[2]").contains("expected a mapping"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_reported_with_the_rest() {
+        let d = dir();
+        let e = parse_err(&format!(
+            "version: 1\nmounts:\n  - name: a\n    path: {}\n    size: 1MiB\n    size: 2MiB\n    mode: \"9\"\n",
+            d.path().display()
+        ));
+        assert_eq!(
+            fields_of(&e),
+            [(6, "mounts[0].size"), (7, "mounts[0].mode")],
+            "{e}"
+        );
+        assert!(e.diagnostics[0]
+            .message
+            .contains("duplicate field `size` (first at line 5)"));
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_every_value() {
+        let d = dir();
+        let p = d.path().display();
+        for (value, field, line) in [
+            (
+                format!("path: \"{p}/x\\ny\"\n    create: true"),
+                "mounts[0].path",
+                4,
+            ),
+            (
+                format!("path: \"{p}/x\\u007fy\"\n    create: true"),
+                "mounts[0].path",
+                4,
+            ),
+            (
+                format!("path: \"{p}/x\\u0085y\"\n    create: true"),
+                "mounts[0].path",
+                4,
+            ),
+            (
+                format!("path: \"{p}/x\\ty\"\n    create: true"),
+                "mounts[0].path",
+                4,
+            ),
+            (
+                format!("path: {p}\n    before: [\"a.service\\n[Service]\"]"),
+                "mounts[0].before[0]",
+                5,
+            ),
+            (
+                format!("path: {p}\n    owner: \"root\\e[2J\""),
+                "mounts[0].owner",
+                5,
+            ),
+        ] {
+            let e = parse_err(&format!(
+                "version: 1\nmounts:\n  - name: a\n    {value}\n    size: 1MiB\n"
+            ));
+            assert_eq!(fields_of(&e), [(line, field)], "{value}: {e}");
+            assert!(e.diagnostics[0].message.contains("control character"), "{e}");
+            assert!(
+                !e.to_string().contains(|c: char| c.is_control() && c != '\n'),
+                "{e}"
+            );
+        }
+        let e = parse_err("version: 1\nmounts:\n  - name: \"a\\nb\"\n    path: /var/cache/x\n    size: 1M\n");
+        assert_eq!(e.diagnostics[0].field, "mounts[0].name");
+        let shown = e.to_string();
+        assert!(
+            shown.contains(r"`a\nb` contains the control character U+000A"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_spec_that_is_not_utf8_is_located() {
+        let d = dir();
+        let f = d.path().join("bin.yaml");
+        std::fs::write(&f, b"version: 1\nmounts:\n  - name: a\xff\n").unwrap();
+        let Err(SpecLoadError::Invalid(e)) = load(&f, 16 * GIB) else {
+            panic!("not UTF-8 must be invalid input");
+        };
+        assert_eq!((e.diagnostics[0].line, e.diagnostics[0].column), (3, 12), "{e}");
+        assert!(e.to_string().contains("not UTF-8 text: byte 0xff"), "{e}");
+    }
+
+    #[test]
+    fn a_huge_spec_file_is_refused_unread() {
+        let d = dir();
+        let f = d.path().join("huge.yaml");
+        std::fs::write(&f, vec![b'#'; (MAX_SPEC_BYTES + 1) as usize]).unwrap();
+        let Err(SpecLoadError::Read { source, .. }) = load(&f, 16 * GIB) else {
+            panic!("a spec over the bound must be refused");
+        };
+        assert!(source.to_string().contains("larger than 1MiB"), "{source}");
+    }
+
+    #[test]
+    fn values_validate_accepts_are_bounded() {
+        let d = dir();
+        let p = d.path().display();
+        let one = |extra: &str| {
+            format!("version: 1\nmax_total: 1024TiB\nmounts:\n  - name: a\n    path: {p}\n    size: 1MiB\n{extra}")
+        };
+        for (extra, field, msg) in [
+            (
+                "    persist: every 106751991167301d\n",
+                "mounts[0].persist",
+                "at most every 30d",
+            ),
+            (
+                "    persist: every 213503982334602d\n",
+                "mounts[0].persist",
+                "duration too long",
+            ),
+            (
+                "    persist: every 31d\n",
+                "mounts[0].persist",
+                "at most every 30d",
+            ),
+            (
+                "    group: \"4294967295\"\n",
+                "mounts[0].group",
+                "gid 4294967295 is out of range",
+            ),
+            (
+                "    owner: 99999999999\n",
+                "mounts[0].owner",
+                "uid 99999999999 is out of range",
+            ),
+            ("    inodes: 1025g\n", "mounts[0].inodes", "larger than 1024g"),
+            (
+                "    watchdog: { action: fallback, reoffload_after: 31d }\n",
+                "mounts[0].watchdog.reoffload_after",
+                "at most 30d",
+            ),
+            (
+                "    watchdog: { priority: 4294967297 }\n",
+                "mounts[0].watchdog.priority",
+                "invalid priority",
+            ),
+            (
+                "    watchdog: { priority: -1 }\n",
+                "mounts[0].watchdog.priority",
+                "invalid priority -1",
+            ),
+        ] {
+            let e = parse_err(&one(extra));
+            assert_eq!(e.diagnostics.len(), 1, "{extra}: {e}");
+            assert_eq!(e.diagnostics[0].field, field, "{extra}: {e}");
+            assert!(e.diagnostics[0].message.contains(msg), "{extra}: {e}");
+        }
+        let e = parse_err(&one("").replace("1024TiB", "1025TiB"));
+        assert!(e.diagnostics[0].message.contains("larger than 1024TiB"), "{e}");
+        let e = parse_err(&one("").replace("1MiB", "0.0000000001%"));
+        assert!(e.diagnostics[0].message.contains("unlimited"), "{e}");
+        let s = parse_ok(&one(
+            "    persist: every 30d\n    group: \"4294967294\"\n    inodes: 1024g\n",
+        ));
+        assert_eq!(s.mounts[0].persist, Persist::Every(30 * 86_400));
+        assert_eq!(s.mounts[0].group, Some(u32::MAX - 1));
+    }
+
+    #[test]
+    fn deep_nesting_and_alias_bombs_are_errors_not_crashes() {
+        let deep = format!(
+            "version: 1\nmounts: {}{}\n",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        parse_err(&deep);
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 0..12 {
+            bomb.push_str(&format!(
+                "b{i}: &b{i} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n",
+                p = if i == 0 {
+                    "a".to_string()
+                } else {
+                    format!("b{}", i - 1)
+                }
+            ));
+        }
+        parse_err(&bomb);
     }
 
     /// One mount at a fresh directory with the given extra mount lines and

@@ -21,11 +21,20 @@ impl SizeLit {
     }
 }
 
+/// The largest size in bytes (1024TiB): far above any RAM, and small enough
+/// that sums, page rounding and growth of sizes never overflow (the kernel's
+/// own `size=` rounding wraps near 2^64 and would mean "unlimited").
+pub const MAX_BYTES: u64 = 1 << 50;
+
+/// The largest inode count (1024g): the kernel refuses `nr_inodes` above
+/// ULONG_MAX/1024; a tmpfs this large would need terabytes for its inodes.
+pub const MAX_COUNT: u64 = 1 << 40;
+
 pub const SIZE_ACCEPTED: &str =
-    "a whole number with an optional binary unit (B, k/K/KiB, M/MiB, G/GiB, T/TiB), e.g. 512MiB, or a percentage of RAM such as 10%";
+    "a whole number with an optional binary unit (B, k/K/KiB, M/MiB, G/GiB, T/TiB) up to 1024TiB, e.g. 512MiB, or a percentage of RAM such as 10%";
 
 pub const COUNT_ACCEPTED: &str =
-    "a whole number with an optional binary multiple k/m/g (as tmpfs nr_inodes), e.g. 200k";
+    "a whole number with an optional binary multiple k/m/g (as tmpfs nr_inodes) up to 1024g, e.g. 200k";
 
 fn unit_multiplier(unit: &str) -> Option<u64> {
     Some(match unit {
@@ -67,10 +76,12 @@ pub fn parse_size(text: &str) -> Result<SizeLit, String> {
         }
         None => return Err(format!("unknown unit `{unit}`")),
     };
-    let n: u64 = digits.parse().map_err(|_| "number too large".to_string())?;
-    let bytes = n
-        .checked_mul(mult)
-        .ok_or_else(|| "number too large".to_string())?;
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|b| *b <= MAX_BYTES)
+        .ok_or_else(|| "larger than 1024TiB".to_string())?;
     if bytes == 0 {
         return Err("size 0 would mean an unlimited tmpfs; give a limit".into());
     }
@@ -92,10 +103,12 @@ pub fn parse_count(text: &str) -> Result<u64, String> {
         "g" | "G" => 1 << 30,
         _ => return Err(format!("unknown multiple `{unit}`")),
     };
-    let n: u64 = digits.parse().map_err(|_| "number too large".to_string())?;
-    let count = n
-        .checked_mul(mult)
-        .ok_or_else(|| "number too large".to_string())?;
+    let count = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|c| *c <= MAX_COUNT)
+        .ok_or_else(|| "larger than 1024g".to_string())?;
     if count == 0 {
         return Err("0 would mean unlimited inodes; give a limit or leave the field out".into());
     }
@@ -141,6 +154,8 @@ mod tests {
             ("2GiB", 2 << 30),
             ("1T", 1 << 40),
             (" 3TiB ", 3 << 40),
+            ("1024TiB", MAX_BYTES),
+            ("1125899906842624", MAX_BYTES),
         ];
         for (text, want) in cases {
             assert_eq!(parse_size(text), Ok(SizeLit::Bytes(want)), "{text}");
@@ -169,8 +184,10 @@ mod tests {
             ("0%", "above 0%"),
             ("150%", "at most 100%"),
             ("x%", "not a number"),
-            ("99999999999999999999", "too large"),
-            ("99999999999T", "too large"),
+            ("99999999999999999999", "larger than 1024TiB"),
+            ("99999999999T", "larger than 1024TiB"),
+            ("1025T", "larger than 1024TiB"),
+            ("1125899906842625", "larger than 1024TiB"),
         ];
         for (text, want) in cases {
             let err = parse_size(text).unwrap_err();
@@ -187,6 +204,11 @@ mod tests {
         assert!(parse_count("0").unwrap_err().contains("unlimited"));
         assert!(parse_count("12x").unwrap_err().contains("`x`"));
         assert!(parse_count("k").unwrap_err().contains("expected a number"));
+        assert_eq!(parse_count("1024g"), Ok(MAX_COUNT));
+        assert!(parse_count("1025g").unwrap_err().contains("larger than 1024g"));
+        assert!(parse_count("99999999999999999999")
+            .unwrap_err()
+            .contains("larger"));
     }
 
     #[test]

@@ -15,6 +15,8 @@ use crate::error::{Diagnostic, SpecError};
 
 /// Directories a tmpfs must never hide. Entries ending in `/` are refused
 /// together with everything beneath them; the others only as themselves.
+/// Besides these, [`ssh_dir`] refuses SSH key directories wherever they are.
+/// The list is in README.md ("Refused paths").
 pub const SYSTEM_DIRS: &[&str] = &[
     "/bin/",
     "/boot/",
@@ -29,6 +31,20 @@ pub const SYSTEM_DIRS: &[&str] = &[
     "/sbin/",
     "/sys/",
     "/usr/",
+    // Package databases: a tmpfs there makes the package manager forget
+    // what is installed, or lose it at the next reboot.
+    "/var/lib/apt/",
+    "/var/lib/dnf/",
+    "/var/lib/dpkg/",
+    "/var/lib/pacman/",
+    "/var/lib/rpm/",
+    "/var/lib/yum/",
+    // Persistent system state: machine-id seeds, timers, journal cursors.
+    "/var/lib/systemd/",
+    // Scheduled jobs: crontabs and at jobs.
+    "/var/spool/anacron/",
+    "/var/spool/at/",
+    "/var/spool/cron/",
     "/home",
     "/media",
     "/mnt",
@@ -46,6 +62,11 @@ pub const SYSTEM_DIRS: &[&str] = &[
 
 const OPTIONS_ACCEPTED: &str = "nosuid, nodev, noexec, and at most one of relatime, noatime, strictatime";
 const NAME_ACCEPTED: &str = "1 to 48 characters of a-z, 0-9, '_' and '-', starting with a letter or digit";
+const MAX_PATH_BYTES: usize = 4095;
+const MAX_NAME_BYTES: usize = 255;
+/// systemd's UNIT_NAME_MAX less its NUL: a longer name is hashed by systemd,
+/// and the boot units could not name the mount.
+const MAX_UNIT_NAME: usize = 255;
 const MODE_ACCEPTED: &str = "a quoted octal string up to 07777, e.g. \"0750\"";
 const UNIT_SUFFIXES: &[&str] = &[
     ".service",
@@ -67,6 +88,10 @@ const DEFAULT_OPTIONS: Flags = Flags {
     atime: None,
 };
 const DEFAULT_MAX_TOTAL_PERCENT: f64 = 50.0;
+/// More tmpfs mounts than any host runs for its caches; keeps the pairwise
+/// path checks cheap whatever the input.
+pub const MAX_MOUNTS: usize = 1000;
+const MOUNTS_ACCEPTED: &str = "a list of at most 1000 mounts";
 
 struct Ctx {
     diags: Vec<Diagnostic>,
@@ -91,15 +116,18 @@ impl Ctx {
     }
 
     fn at_loc(&mut self, loc: &Location, field: &str, message: String, accepted: Option<&str>) {
-        let width = loc.span().len() as usize;
-        self.diags.push(Diagnostic {
-            line: loc.line().max(1),
-            column: loc.column().max(1),
-            width: width.max(1),
-            field: field.to_string(),
-            message,
-            accepted: accepted.map(str::to_string),
-        });
+        self.diags.push(diagnostic(loc, field, message, accepted));
+    }
+}
+
+pub(super) fn diagnostic(loc: &Location, field: &str, message: String, accepted: Option<&str>) -> Diagnostic {
+    Diagnostic {
+        line: loc.line().max(1),
+        column: loc.column().max(1),
+        width: (loc.span().len() as usize).max(1),
+        field: field.to_string(),
+        message,
+        accepted: accepted.map(str::to_string),
     }
 }
 
@@ -111,22 +139,21 @@ struct Defaults {
     on_failure: OnFailure,
 }
 
+/// `diags` holds what reading the YAML found; validation adds to it.
 pub fn validate(
     file: &Path,
     text: &str,
     raw: RawSpec,
+    diags: Vec<Diagnostic>,
     mem_total: u64,
     paths: Paths,
 ) -> Result<Spec, SpecError> {
-    let mut cx = Ctx {
-        diags: Vec::new(),
-        paths,
-    };
-    if raw.version.value != 1 {
+    let mut cx = Ctx { diags, paths };
+    if let Some(v) = raw.version.as_ref().filter(|v| v.value != 1) {
         cx.at(
-            &raw.version,
+            v,
             "version",
-            format!("unsupported spec version {}", raw.version.value),
+            format!("unsupported spec version {}", v.value),
             Some("1"),
         );
     }
@@ -149,20 +176,35 @@ pub fn validate(
     let defaults = defaults(&mut cx, &raw_defaults);
     let agent = agent(&mut cx, raw.agent.as_ref(), mem_total);
     // `mounts: []` is valid and mounts nothing: the packaged
-    // /etc/tmpfsctl/cache.yaml until an operator fills it in. A missing
-    // `mounts:` is still an error (serde: missing field).
+    // /etc/tmpfsctl/cache.yaml until an operator fills it in.
+    let no_mounts = Vec::new();
+    let raw_mounts = raw.mounts.as_ref().map_or(&no_mounts, |m| &m.value);
+    if let Some(list) = raw.mounts.as_ref().filter(|l| l.value.len() > MAX_MOUNTS) {
+        cx.at(
+            list,
+            "mounts",
+            format!("{} mounts; at most {MAX_MOUNTS} are managed", list.value.len()),
+            Some(MOUNTS_ACCEPTED),
+        );
+    }
+
     let mut mounts = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
     let mut budget_used: u64 = 0;
-    for (i, m) in raw.mounts.value.iter().enumerate() {
+    for (i, m) in raw_mounts.iter().enumerate().take(MAX_MOUNTS) {
+        let Some(m) = m else { continue };
         let wd_defaults = raw_defaults.watchdog.as_ref();
         let Some(spec) = mount(&mut cx, i, m, &defaults, wd_defaults, mem_total, max_total) else {
             continue;
         };
         let field = |f: &str| format!("mounts[{i}].{f}");
+        // `mount` returns a spec only when all three are there.
+        let (Some(m_name), Some(m_path), Some(m_size)) = (&m.name, &m.path, &m.size) else {
+            continue;
+        };
         if let Some(prev) = by_name.insert(spec.name.clone(), i) {
             cx.at(
-                &m.name,
+                m_name,
                 &field("name"),
                 format!("duplicate mount name `{}` (also mounts[{prev}])", spec.name),
                 Some("a name unique within the spec"),
@@ -172,14 +214,14 @@ pub fn validate(
             let other: &MountSpec = other;
             if other.path == spec.path {
                 cx.at(
-                    &m.path,
+                    m_path,
                     &field("path"),
                     format!("duplicate path `{}` (also mounts[{j}])", spec.path.display()),
                     Some("each path managed once"),
                 );
             } else if other.path.starts_with(&spec.path) || spec.path.starts_with(&other.path) {
                 cx.at(
-                    &m.path,
+                    m_path,
                     &field("path"),
                     format!(
                         "`{}` and mounts[{j}] `{}` are nested; one tmpfs would hide the other",
@@ -193,7 +235,7 @@ pub fn validate(
         budget_used = budget_used.saturating_add(spec.size);
         if budget_used > max_total {
             cx.at(
-                &m.size,
+                m_size,
                 &field("size"),
                 format!(
                     "total size {} of mounts[0..={i}] exceeds the RAM budget max_total {} (MemTotal {})",
@@ -271,30 +313,45 @@ fn mount(
     let field = |f: &str| format!("mounts[{i}].{f}");
     let before = cx.diags.len();
 
-    let name = m.name.value.clone();
-    if !valid_name(&name) {
+    let name = m.name.as_ref().map(|n| n.value.clone());
+    if let Some(n) = m.name.as_ref().filter(|n| !valid_name(&n.value)) {
         cx.at(
-            &m.name,
+            n,
             &field("name"),
-            format!("invalid mount name `{name}`"),
+            format!("invalid mount name `{}`", n.value),
             Some(NAME_ACCEPTED),
         );
     }
     let create = m.create.as_ref().map(|b| b.value).unwrap_or(false);
-    let path = path(cx, &field("path"), &m.path, create);
+    let path = m.path.as_ref().and_then(|p| path(cx, &field("path"), p, create));
 
-    let size = match size::parse_size(&m.size.value) {
-        Ok(lit) => lit.resolve(mem_total),
+    let size = m.size.as_ref().map_or(0, |s| match size::parse_size(&s.value) {
+        Ok(lit) => match lit.resolve(mem_total) {
+            0 => {
+                cx.at(
+                    s,
+                    &field("size"),
+                    format!(
+                        "size `{}` is 0 bytes of MemTotal {}; 0 would mean an unlimited tmpfs",
+                        s.value,
+                        size::format_bytes(mem_total)
+                    ),
+                    Some(SIZE_ACCEPTED),
+                );
+                0
+            }
+            bytes => bytes,
+        },
         Err(why) => {
             cx.at(
-                &m.size,
+                s,
                 &field("size"),
-                format!("invalid size `{}`: {why}", m.size.value),
+                format!("invalid size `{}`: {why}", s.value),
                 Some(SIZE_ACCEPTED),
             );
             0
         }
-    };
+    });
     let inodes = m.inodes.as_ref().and_then(|s| match size::parse_count(&s.value) {
         Ok(n) => Some(n),
         Err(why) => {
@@ -378,7 +435,7 @@ fn mount(
         return None;
     }
     Some(MountSpec {
-        name,
+        name: name?,
         path: path?,
         size,
         inodes,
@@ -405,9 +462,13 @@ fn valid_name(name: &str) -> bool {
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
+/// systemd's rules (unit_name_is_valid): a known type suffix after a
+/// non-empty prefix of `[A-Za-z0-9:_.\\-]`, with `@` for templates and
+/// instances, never first; at most 255 characters.
 fn valid_unit(unit: &str) -> bool {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c);
-    unit.len() <= 255
+    unit.len() <= MAX_UNIT_NAME
+        && !unit.starts_with('@')
         && unit.chars().all(ok_char)
         && UNIT_SUFFIXES
             .iter()
@@ -445,13 +506,39 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
             ABS,
         );
     }
+    if text.len() > MAX_PATH_BYTES || p.components().any(|c| c.as_os_str().len() > MAX_NAME_BYTES) {
+        return bad(
+            cx,
+            format!("path `{text}` is too long"),
+            "at most 4095 bytes, and at most 255 bytes between slashes (PATH_MAX, NAME_MAX)",
+        );
+    }
+    let unit = crate::boot::escape::mount_unit(p);
+    if unit.len() > MAX_UNIT_NAME {
+        return bad(
+            cx,
+            format!(
+                "path `{text}` is too long for systemd: its mount unit name has {} characters",
+                unit.len()
+            ),
+            "a path whose `systemd-escape --path --suffix=mount` form has at most 255 characters",
+        );
+    }
+    const ELSEWHERE: &str = "an application cache directory such as /var/cache/nginx";
     if let Some(sys) = system_dir(text) {
         return bad(
             cx,
             format!(
                 "path `{text}` is a system directory ({sys}); a tmpfs there would hide what the system needs"
             ),
-            "an application cache directory such as /var/cache/nginx",
+            ELSEWHERE,
+        );
+    }
+    if let Some(why) = ssh_dir(p, cx.paths == Paths::Check) {
+        return bad(
+            cx,
+            format!("path `{text}` is {why}; SSH keys are never managed"),
+            ELSEWHERE,
         );
     }
     if cx.paths == Paths::AsWritten {
@@ -497,6 +584,20 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
     Some(p.to_path_buf())
 }
 
+/// Why `path` is an SSH directory or holds one: a tmpfs there would hide (or,
+/// seeded, let anyone who can write the cache plant) `authorized_keys`.
+/// Home directories are not only under /home (/root, /var/lib/git, ...), so
+/// any `.ssh` component is refused, and with `look` a directory that has a
+/// `.ssh` entry (a home directory).
+fn ssh_dir(path: &Path, look: bool) -> Option<String> {
+    if path.components().any(|c| c.as_os_str() == ".ssh") {
+        return Some("an SSH directory".into());
+    }
+    let inner = path.join(".ssh");
+    (look && std::fs::symlink_metadata(&inner).is_ok())
+        .then(|| format!("a home directory: it holds {}", inner.display()))
+}
+
 /// Names the system directory `path` is or lies under.
 fn system_dir(path: &str) -> Option<String> {
     if path == "/" {
@@ -510,42 +611,64 @@ fn system_dir(path: &str) -> Option<String> {
     })
 }
 
+/// `(uid_t)-1` means "leave unchanged" to chown(2) and is refused by tmpfs's
+/// `uid=`/`gid=`: the largest id there is is one below.
+const MAX_ID: u64 = u32::MAX as u64 - 1;
+const ID_RANGE: &str = "a number from 0 to 4294967294";
+
 fn user(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
-    let found = match s.value.parse::<u32>() {
-        Ok(uid) => Some(uid),
-        Err(_) => nix::unistd::User::from_name(&s.value)
-            .ok()
-            .flatten()
-            .map(|u| u.uid.as_raw()),
-    };
+    if let Ok(n) = s.value.parse::<u64>() {
+        return numeric_id(cx, field, s, n, "uid");
+    }
+    let found = nix::unistd::User::from_name(&s.value)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw());
     if found.is_none() {
         cx.at(
             s,
             field,
             format!("unknown user `{}`", s.value),
-            Some("a user name known to the passwd database (getent passwd), or a numeric uid"),
+            Some(&format!(
+                "a user name known to the passwd database (getent passwd), or a uid: {ID_RANGE}"
+            )),
         );
     }
     found
 }
 
 fn group(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
-    let found = match s.value.parse::<u32>() {
-        Ok(gid) => Some(gid),
-        Err(_) => nix::unistd::Group::from_name(&s.value)
-            .ok()
-            .flatten()
-            .map(|g| g.gid.as_raw()),
-    };
+    if let Ok(n) = s.value.parse::<u64>() {
+        return numeric_id(cx, field, s, n, "gid");
+    }
+    let found = nix::unistd::Group::from_name(&s.value)
+        .ok()
+        .flatten()
+        .map(|g| g.gid.as_raw());
     if found.is_none() {
         cx.at(
             s,
             field,
             format!("unknown group `{}`", s.value),
-            Some("a group name known to the group database (getent group), or a numeric gid"),
+            Some(&format!(
+                "a group name known to the group database (getent group), or a gid: {ID_RANGE}"
+            )),
         );
     }
     found
+}
+
+fn numeric_id(cx: &mut Ctx, field: &str, s: &Spanned<String>, n: u64, what: &str) -> Option<u32> {
+    if n <= MAX_ID {
+        return u32::try_from(n).ok();
+    }
+    cx.at(
+        s,
+        field,
+        format!("{what} {} is out of range", s.value),
+        Some(&format!("{ID_RANGE} (4294967295 is the kernel's \"no id\")")),
+    );
+    None
 }
 
 fn flags(cx: &mut Ctx, field: &str, list: &Spanned<Vec<Spanned<String>>>) -> Option<Flags> {
@@ -651,7 +774,13 @@ fn on_failure(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<OnFailur
 }
 
 const PERSIST_ACCEPTED: &str =
-    "none, on-stop, or `every <duration>` with s/m/h/d units, e.g. every 15m (at least 10s)";
+    "none, on-stop, or `every <duration>` with s/m/h/d units from 10s to 30d, e.g. every 15m";
+
+/// The shortest period of `persist: every` and `reoffload_after`.
+pub const MIN_PERIOD_SECS: u64 = 10;
+/// The longest: beyond a month a period means "never" and is better said so
+/// (`on-stop`, `never`); bounded so the agent's clock arithmetic cannot overflow.
+pub const MAX_PERIOD_SECS: u64 = 30 * 86_400;
 
 fn persist(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Persist> {
     let v = s.value.trim();
@@ -660,11 +789,13 @@ fn persist(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Persist> {
         "on-stop" => Ok(Persist::OnStop),
         _ => match v.strip_prefix("every ") {
             Some(d) => parse_duration(d.trim()).and_then(|secs| {
-                if secs < 10 {
+                if secs < MIN_PERIOD_SECS {
                     Err(
                         "a write-back more often than every 10s would turn the cache back into disk I/O"
                             .to_string(),
                     )
+                } else if secs > MAX_PERIOD_SECS {
+                    Err("at most every 30d; for a write-back only at shutdown use `on-stop`".to_string())
                 } else {
                     Ok(Persist::Every(secs))
                 }
@@ -760,7 +891,7 @@ const ACTION_ACCEPTED: &str = "warn, evict, grow, fallback, or a list tried in o
      `warn` stands alone and `fallback` comes last";
 const PRESSURE_ACCEPTED: &str =
     "none, or a list of evict, shrink, fallback tried in order, e.g. [evict, shrink, fallback]";
-const REOFFLOAD_ACCEPTED: &str = "never, or a duration of at least 10s such as 10m (units s, m, h, d)";
+const REOFFLOAD_ACCEPTED: &str = "never, or a duration from 10s to 30d such as 10m (units s, m, h, d)";
 const INTERVAL_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 1s, 500ms, 2s";
 const COOLDOWN_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 10s";
 const METRICS_ACCEPTED: &str =
@@ -1142,15 +1273,17 @@ fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
                 None
             } else {
                 match parse_duration(v) {
-                    Ok(secs) if secs >= 10 => Some(secs),
-                    Ok(_) => {
+                    Ok(secs) if (MIN_PERIOD_SECS..=MAX_PERIOD_SECS).contains(&secs) => Some(secs),
+                    Ok(secs) => {
+                        let why = if secs < MIN_PERIOD_SECS {
+                            "at least 10s, or the mount would flap"
+                        } else {
+                            "at most 30d; for no re-offload by the agent write `never`"
+                        };
                         cx.at(
                             p.v,
                             &p.field,
-                            format!(
-                                "invalid reoffload_after `{}`: at least 10s, or the mount would flap",
-                                p.v.value
-                            ),
+                            format!("invalid reoffload_after `{}`: {why}", p.v.value),
                             Some(REOFFLOAD_ACCEPTED),
                         );
                         None
@@ -1171,16 +1304,18 @@ fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
 
     let priority = match w.pick("priority", |r| r.priority.as_ref()) {
         None => DEFAULT_PRIORITY,
-        Some(p) if p.v.value > MAX_PRIORITY => {
-            cx.at(
-                p.v,
-                &p.field,
-                format!("invalid priority {}", p.v.value),
-                Some("a whole number from 0 (acted on first under memory pressure) to 100"),
-            );
-            DEFAULT_PRIORITY
-        }
-        Some(p) => p.v.value,
+        Some(p) => match u32::try_from(p.v.value).ok().filter(|v| *v <= MAX_PRIORITY) {
+            Some(v) => v,
+            None => {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    format!("invalid priority {}", p.v.value),
+                    Some("a whole number from 0 (acted on first under memory pressure) to 100"),
+                );
+                DEFAULT_PRIORITY
+            }
+        },
     };
 
     let evict_group = match w.pick("evict_group", |r| r.evict_group.as_ref()) {
