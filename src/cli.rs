@@ -197,7 +197,9 @@ fn describe_error(e: &anyhow::Error) -> (i32, String) {
     if let Some(LockError::Unsafe(_)) = e.downcast_ref::<LockError>() {
         return plain(exit::BAD_INPUT);
     }
-    if e.downcast_ref::<crate::error::UnknownName>().is_some() {
+    if e.downcast_ref::<crate::error::UnknownName>().is_some()
+        || e.downcast_ref::<crate::error::BadInput>().is_some()
+    {
         return plain(exit::BAD_INPUT);
     }
     if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
@@ -327,7 +329,7 @@ fn run(cli: Cli) -> Result<i32> {
                 Some(b) => b,
                 None => std::env::current_exe().context("finding this binary's path; pass --binary")?,
             };
-            let cx = boot::context(&s, spec_path, binary, timeout);
+            let cx = boot::context(&s, spec_path, binary, timeout)?;
             let r = boot::install(&cx, mode, &root)?;
             match format {
                 Format::Human => out::print(&report::boot(&r)),

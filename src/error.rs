@@ -47,6 +47,12 @@ impl UnknownName {
     }
 }
 
+/// A command-line value that cannot be used (not a spec, not a mount name):
+/// bad input, exit status 2, nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
 /// One problem in a spec, located at a YAML node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Diagnostic {

@@ -397,3 +397,254 @@ fn sysv_script_starts_reports_and_stops_with_lsb_codes() {
     assert!(sb.top(&cache).is_none());
     assert_eq!(rc("status").0, 3);
 }
+
+/// Directory names that mean something to a unit file, a shell or systemd's
+/// specifier and variable expansion, each the parent of one managed path.
+const HOSTILE_DIRS: &[&str] = &[
+    "sp ace  two",
+    "q\"uote",
+    "s'ingle'",
+    "back\\slash",
+    "trail\\",
+    "lit\\x2dral",
+    "per%cent%n%%",
+    "dol$lar${HOME}$$",
+    "semi;colon",
+    ";",
+    "#hash",
+    "-dash",
+    ".dot",
+    "café 日本",
+    "a=b,c",
+];
+
+/// `systemd-escape ARGS… VALUE`, trimmed.
+fn systemd_escape(args: &[&str], value: &str) -> String {
+    let out = Command::new("systemd-escape")
+        .args(args)
+        .arg("--")
+        .arg(value)
+        .output()
+        .expect("systemd-escape");
+    assert!(
+        out.status.success(),
+        "systemd-escape {args:?} {value:?}: {}",
+        output_text(&out)
+    );
+    String::from_utf8(out.stdout).unwrap().trim_end().to_string()
+}
+
+/// YAML double-quoted form of `s`.
+fn yaml_quoted(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[test]
+fn hostile_strings_round_trip_through_the_units() {
+    let sb = Sandbox::new();
+    let base = sb.path("m");
+    let managed: Vec<PathBuf> = HOSTILE_DIRS.iter().map(|d| base.join(d).join("c")).collect();
+    // Valid unit names that still need care: an escape sequence, an instance
+    // of a template with one, a template itself. (Not a colon, although valid:
+    // `systemd-analyze verify` cannot load a unit file named with one.)
+    let consumers = [
+        "my\\x2dapp.service",
+        "tpl@a\\x20b.service",
+        "tpl@.service",
+        "web.target",
+    ];
+    let mut yaml = String::from("version: 1\nmounts:\n");
+    for (i, p) in managed.iter().enumerate() {
+        yaml.push_str(&format!(
+            "  - name: m{i}\n    path: {}\n    size: 1MiB\n    create: true\n    before: [{}]\n",
+            yaml_quoted(&p.display().to_string()),
+            yaml_quoted(consumers[i % consumers.len()])
+        ));
+    }
+    let spec = sb.write_spec("spec.yaml", &yaml);
+    let spec_path = "/etc/tmpfsctl/my \"spec\" 'x' %n %% $HOME ${X} \\ ;.yaml";
+    let binary = "/opt/t mp/%n%%/$HOME;x/é/tmpfsctl";
+    let root = sb.path("root");
+    sb.run([
+        "boot".as_ref(),
+        "install".as_ref(),
+        spec.as_os_str(),
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--binary".as_ref(),
+        binary.as_ref(),
+        "--spec-path".as_ref(),
+        spec_path.as_ref(),
+    ])
+    .code(0);
+
+    // Our unit names are systemd's, both ways.
+    for p in &managed {
+        let text = p.display().to_string();
+        let ours = tmpfsctl::boot::escape::mount_unit(p);
+        assert_eq!(
+            ours,
+            systemd_escape(&["--path", "--suffix=mount"], &text),
+            "{text}"
+        );
+        let name = tmpfsctl::boot::escape::unit_name_of_path(p);
+        assert_eq!(systemd_escape(&["--unescape", "--path"], &name), text, "{name}");
+    }
+
+    fs::create_dir_all(root.join("usr/lib/systemd")).unwrap();
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg("/lib/systemd/system")
+        .arg(root.join("usr/lib/systemd/"))
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    add_system_binaries(&root);
+    // systemd checks that an Exec*= executable exists: it finds this copy only
+    // when it read the path back exactly.
+    let bin_in_root = root.join(binary.trim_start_matches('/'));
+    fs::create_dir_all(bin_in_root.parent().unwrap()).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_tmpfsctl"), &bin_in_root).unwrap();
+    let unit_dir = root.join("etc/systemd/system");
+    for c in consumers {
+        let body = if c.ends_with(".target") {
+            "[Unit]\nDescription=stand-in\n"
+        } else {
+            "[Service]\nExecStart=/usr/bin/kill -0 1\n"
+        };
+        fs::write(unit_dir.join(c), body).unwrap();
+    }
+    // A mount unit for every path `RequiresMountsFor=` names (parent in the
+    // tmpfsctl units, the path itself in the drop-ins), with a wrong Where=:
+    // systemd loads it, and says so, only when it read the path back exactly.
+    let mut want = std::collections::BTreeSet::new();
+    for p in &managed {
+        for q in [p.as_path(), p.parent().unwrap()] {
+            let unit = tmpfsctl::boot::escape::mount_unit(q);
+            fs::write(
+                unit_dir.join(&unit),
+                "[Mount]\nWhat=tmpfs\nWhere=/nowhere\nType=tmpfs\n",
+            )
+            .unwrap();
+            want.insert(format!(
+                "{unit}: Where= setting doesn't match unit name. Refusing."
+            ));
+        }
+    }
+    let mut units = vec![
+        "tmpfsctl-apply.service",
+        "tmpfsctl-down.service",
+        "tmpfsctl-agent.service",
+    ];
+    units.extend(consumers);
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(format!("--root={}", root.display()))
+        .args(&units)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    let got: std::collections::BTreeSet<String> = text.lines().map(str::to_string).collect();
+    assert_eq!(got, want, "systemd-analyze verify {units:?}:\n{text}");
+
+    // One line per setting: nothing from the spec or the command line began a
+    // line of its own.
+    for c in consumers {
+        let dropin = fs::read_to_string(unit_dir.join(format!("{c}.d/50-tmpfsctl.conf"))).unwrap();
+        let ours = dropin
+            .lines()
+            .filter(|l| l.starts_with("RequiresMountsFor="))
+            .count();
+        let want = managed
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| consumers[i % consumers.len()] == c)
+            .count();
+        assert_eq!(ours, want, "{c}:\n{dropin}");
+        assert_eq!(dropin.lines().count(), 4 + want, "{c}:\n{dropin}");
+    }
+}
+
+#[test]
+fn boot_install_refuses_what_a_unit_file_cannot_hold() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = sb.write_spec(
+        "spec.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 1MiB\n    before: [nginx.service]\n",
+            cache.display()
+        ),
+    );
+    let root = sb.path("root");
+    let install = |extra: &[&std::ffi::OsStr]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "boot".as_ref(),
+            "install".as_ref(),
+            spec.as_os_str(),
+            "--root".as_ref(),
+            root.as_os_str(),
+        ];
+        args.extend_from_slice(extra);
+        sb.run(args)
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"/etc/tmpfsctl/\xff.yaml");
+    for (flag, value, says) in [
+        (
+            "--spec-path",
+            std::ffi::OsStr::new("/etc/x\n[Service]\nExecStartPre=/bin/touch /owned\n.yaml"),
+            "control character U+000A",
+        ),
+        (
+            "--spec-path",
+            std::ffi::OsStr::new("etc/cache.yaml"),
+            "not an absolute path",
+        ),
+        ("--spec-path", not_utf8, "not UTF-8"),
+        (
+            "--binary",
+            std::ffi::OsStr::new("/usr/bin/tmpfs\"ctl"),
+            "quotes or backslashes",
+        ),
+        (
+            "--binary",
+            std::ffi::OsStr::new("/usr/bin/tmpfs\\ctl"),
+            "quotes or backslashes",
+        ),
+        (
+            "--binary",
+            std::ffi::OsStr::new("/usr/bin/\u{1b}[2Jtmpfsctl"),
+            "control character U+001B",
+        ),
+        (
+            "--timeout",
+            std::ffi::OsStr::new("15min\nExecStartPre=/bin/touch /owned"),
+            "--timeout",
+        ),
+        (
+            "--timeout",
+            std::ffi::OsStr::new("15 parsecs"),
+            "unknown unit `parsecs`",
+        ),
+        ("--timeout", std::ffi::OsStr::new(""), "empty"),
+    ] {
+        let r = install(&[flag.as_ref(), value]);
+        r.code(2).stderr_has(says);
+        assert!(!r.stderr.contains('\u{1b}'), "{r}");
+        assert!(!root.exists(), "{flag} {value:?} wrote files");
+    }
+    // What is accepted is what systemd accepts.
+    for t in ["15min", "1h 30min", "1.5h", "900", "infinity", "2d3h", "500ms"] {
+        install(&["--timeout".as_ref(), t.as_ref()]).code(0);
+        let out = Command::new("systemd-analyze")
+            .args(["timespan", t])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "systemd-analyze timespan {t}: {}",
+            output_text(&out)
+        );
+    }
+}

@@ -31,8 +31,12 @@ pub fn mount_unit(path: &Path) -> String {
     format!("{}.mount", unit_name_of_path(path))
 }
 
-/// A value in a unit file: `%` starts a specifier and must be doubled;
-/// whitespace, quotes and backslashes need double quotes with escapes.
+/// A path in a unit file (`RequiresMountsFor=`, an `Exec*=` executable).
+/// systemd splits such a value at whitespace, unquotes each word (a
+/// backslash takes the next character literally) and then expands `%`
+/// specifiers: so `%` is doubled, and a value with whitespace, quotes or
+/// backslashes is double-quoted with `"` and `\` escaped. Control characters
+/// have no spelling here; validation refuses them in every path.
 pub fn unit_value(s: &str) -> String {
     let s = s.replace('%', "%%");
     if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '\\') {
@@ -42,8 +46,8 @@ pub fn unit_value(s: &str) -> String {
     }
 }
 
-/// An argument in an `Exec*=` line: like `unit_value`, and `$` must be doubled
-/// so it is not taken for an environment variable.
+/// An argument in an `Exec*=` line: like `unit_value`, and `$` doubled, as
+/// systemd expands `$VAR` and `${VAR}` in arguments (never in the executable).
 pub fn exec_arg(s: &str) -> String {
     unit_value(&s.replace('$', "$$"))
 }

@@ -15,6 +15,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::ValueEnum;
 use serde::Serialize;
 
+use crate::error::BadInput;
 use crate::mount::RootAttrs;
 use crate::spec::Spec;
 use crate::state::{self, State};
@@ -64,14 +65,95 @@ impl Context<'_> {
     }
 }
 
-pub fn context<'a>(spec: &'a Spec, spec_path: PathBuf, binary: PathBuf, timeout: String) -> Context<'a> {
-    Context {
+/// The context for `spec`, once the command line's paths and timeout are
+/// known to be writable into unit files, scripts and fstab as they are: the
+/// spec's own values are checked by validation, these here.
+pub fn context<'a>(
+    spec: &'a Spec,
+    spec_path: PathBuf,
+    binary: PathBuf,
+    timeout: String,
+) -> Result<Context<'a>, BadInput> {
+    plain_path("--spec-path", &spec_path)?;
+    let bin = plain_path("--binary", &binary)?;
+    // systemd refuses an executable path with quotes or backslashes
+    // ("Executable name contains special characters").
+    if bin.contains(['"', '\'', '\\']) {
+        return Err(BadInput(format!(
+            "--binary `{bin}`: systemd cannot run an executable whose path has quotes or backslashes"
+        )));
+    }
+    check_timespan(&timeout)
+        .map_err(|why| BadInput(format!("--timeout `{}`: {why}", timeout.escape_debug())))?;
+    Ok(Context {
         spec,
         spec_path,
         binary,
         state: State::new(state::DEFAULT_DIR),
         timeout,
+    })
+}
+
+/// An absolute UTF-8 path without control characters, as text.
+fn plain_path<'p>(what: &str, p: &'p Path) -> Result<&'p str, BadInput> {
+    let text = p.to_str().ok_or_else(|| {
+        BadInput(format!(
+            "{what} `{}`: not UTF-8",
+            p.to_string_lossy().escape_debug()
+        ))
+    })?;
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(BadInput(format!(
+            "{what} `{}`: contains the control character U+{:04X}",
+            text.escape_debug(),
+            c as u32
+        )));
     }
+    if !p.is_absolute() {
+        return Err(BadInput(format!("{what} `{text}`: not an absolute path")));
+    }
+    Ok(text)
+}
+
+/// systemd's time span syntax (systemd.time(7)): `infinity`, or numbers
+/// with units such as `15min`, `1h 30min`, `90`; written into
+/// TimeoutStartSec= as given.
+fn check_timespan(t: &str) -> Result<(), String> {
+    const UNITS: &[&str] = &[
+        "", "usec", "us", "µs", "μs", "msec", "ms", "seconds", "second", "sec", "s", "minutes", "minute",
+        "min", "m", "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w", "months", "month",
+        "M", "years", "year", "y",
+    ];
+    const ACCEPTED: &str = "a systemd time span such as 15min, 1h 30min, 900 or infinity";
+    let t = t.trim();
+    if t == "infinity" {
+        return Ok(());
+    }
+    if t.is_empty() {
+        return Err(format!("empty; {ACCEPTED}"));
+    }
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(digits);
+        let valid_number =
+            !num.is_empty() && !num.starts_with('.') && !num.ends_with('.') && num.matches('.').count() <= 1;
+        if !valid_number {
+            return Err(format!("`{}` is not a number; {ACCEPTED}", num.escape_debug()));
+        }
+        let after = after.trim_start_matches(' ');
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == ' ')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        if !UNITS.contains(&unit) {
+            return Err(format!("unknown unit `{}`; {ACCEPTED}", unit.escape_debug()));
+        }
+        rest = next.trim_start_matches(' ');
+    }
+    Ok(())
 }
 
 /// A file to put under the root (path relative to it).

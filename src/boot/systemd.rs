@@ -17,10 +17,13 @@ pub const APPLY_UNIT: &str = "tmpfsctl-apply.service";
 pub const DOWN_UNIT: &str = "tmpfsctl-down.service";
 pub const AGENT_UNIT: &str = "tmpfsctl-agent.service";
 
+/// The command line of an `Exec*=` setting. systemd expands `$VAR` in the
+/// arguments only, never in the executable's path, so `$` is doubled in the
+/// spec path alone.
 fn exec(cx: &Context, verb: &str) -> String {
     format!(
         "{} {verb} {}",
-        exec_arg(&cx.binary.to_string_lossy()),
+        unit_value(&cx.binary.to_string_lossy()),
         exec_arg(&cx.spec_path.to_string_lossy())
     )
 }
@@ -135,4 +138,31 @@ pub fn consumer_dropin(cx: &Context, consumer: &str) -> String {
         ));
     }
     u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{AgentSettings, Spec};
+
+    #[test]
+    fn dollars_are_doubled_in_arguments_only() {
+        let spec = Spec {
+            file: "/x.yaml".into(),
+            max_total: 1,
+            mounts: vec![],
+            agent: AgentSettings::default(),
+        };
+        let cx = super::super::context(
+            &spec,
+            "/etc/$a %b.yaml".into(),
+            "/opt/$x%y/tmpfsctl".into(),
+            "15min".into(),
+        )
+        .unwrap();
+        assert_eq!(
+            exec(&cx, "apply"),
+            "/opt/$x%%y/tmpfsctl apply \"/etc/$$a %%b.yaml\""
+        );
+    }
 }
