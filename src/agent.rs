@@ -1213,7 +1213,7 @@ impl Agent {
         }
         let w = &mut self.mounts[i];
         let now = unix_now();
-        let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now + s);
+        let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now.saturating_add(s));
         let reason = format!(
             "{by} at {}",
             usage
@@ -1344,7 +1344,7 @@ impl Agent {
                 }
                 Err(e) => error!("{name}: periodic write-back failed: {e:#}"),
             }
-            self.mounts[i].next_sync = Some(Instant::now() + Duration::from_secs(secs));
+            self.mounts[i].next_sync = Some(watchdog::deadline(Instant::now(), secs));
         }
     }
 
@@ -1354,7 +1354,7 @@ impl Agent {
             .iter()
             .filter(|w| w.root.is_none())
             .filter_map(|w| w.fallback.as_ref()?.reoffload_at)
-            .map(|at| Instant::now() + Duration::from_secs(at.saturating_sub(now)))
+            .map(|at| watchdog::deadline(Instant::now(), at.saturating_sub(now)))
             .min()
     }
 
@@ -1380,7 +1380,7 @@ impl Agent {
                 // Not now; look again in one interval.
                 debug!("{name}: re-offload postponed: {why}");
                 if let Some(f) = self.mounts[i].fallback.as_mut() {
-                    f.reoffload_at = Some(now + self.interval.as_secs().max(1));
+                    f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
                 }
                 continue;
             }
@@ -1391,7 +1391,7 @@ impl Agent {
                     self.interval.as_secs().max(1)
                 );
                 if let Some(f) = self.mounts[i].fallback.as_mut() {
-                    f.reoffload_at = Some(now + self.interval.as_secs().max(1));
+                    f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
                 }
                 continue;
             }
@@ -1403,7 +1403,7 @@ impl Agent {
                     "{name}: not re-offloaded: {why}; it would fall back again at once. Next try in {again}s"
                 );
                 if let Some(f) = w.fallback.as_mut() {
-                    f.reoffload_at = Some(now + again);
+                    f.reoffload_at = Some(now.saturating_add(again));
                     let rec = f.clone();
                     let _ = write_fallback(&self.state, &name, &rec);
                 }
@@ -1420,7 +1420,7 @@ impl Agent {
                 info!(mount = name.as_str(), action = "reoffload", "{name}: back in RAM");
             } else if let Some(f) = w.fallback.as_mut() {
                 let again = w.spec.watchdog.reoffload_after.unwrap_or(600);
-                f.reoffload_at = Some(unix_now() + again);
+                f.reoffload_at = Some(unix_now().saturating_add(again));
                 warn!(
                     mount = name.as_str(),
                     "{name}: re-offload did not succeed; next try in {again}s"
@@ -1659,7 +1659,7 @@ impl Agent {
         if let Persist::Every(secs) = w.spec.persist {
             let last = self.state.last_sync(&w.spec.name).map(|r| r.at);
             let due = watchdog::sync_due_in(secs, last, unix_now());
-            w.next_sync = Some(Instant::now() + Duration::from_secs(due));
+            w.next_sync = Some(watchdog::deadline(Instant::now(), due));
         }
         info!(
             mount = w.name(),

@@ -19,6 +19,8 @@
 //!   action first: evict (lowest priority first), then shrink, then fallback;
 //!   one action per `cooldown`, so the kernel's figures can show its effect.
 
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 
 use crate::host::usage::Usage;
@@ -385,7 +387,7 @@ pub fn grow_size(
     if b.total_size.saturating_add(added) > b.max_total {
         return Err(format!(
             "the mounts would total {}, above max_total {}",
-            format_bytes(b.total_size + added),
+            format_bytes(b.total_size.saturating_add(added)),
             format_bytes(b.max_total)
         ));
     }
@@ -571,8 +573,25 @@ pub fn guard(
 pub fn sync_due_in(period_secs: u64, last_sync_at: Option<u64>, now: u64) -> u64 {
     match last_sync_at {
         None => period_secs,
-        Some(at) => (at + period_secs).saturating_sub(now),
+        // A record from the future (a clock set back, a damaged state file)
+        // must not postpone the write-back beyond one period.
+        Some(at) => at
+            .saturating_add(period_secs)
+            .saturating_sub(now)
+            .min(period_secs),
     }
+}
+
+/// Far enough to mean "not in this process's life", near enough that adding
+/// it to an `Instant` cannot overflow.
+pub const FAR_SECS: u64 = 100 * 365 * 86_400;
+
+/// `now` plus `secs`, for periods from the spec and times read back from the
+/// state directory (which may hold anything): capped at [`FAR_SECS`], never
+/// a panic.
+pub fn deadline(now: Instant, secs: u64) -> Instant {
+    now.checked_add(Duration::from_secs(secs.min(FAR_SECS)))
+        .unwrap_or(now)
 }
 
 #[cfg(test)]
@@ -1171,5 +1190,18 @@ mod tests {
         assert_eq!(sync_due_in(900, None, 1000), 900);
         assert_eq!(sync_due_in(900, Some(1000), 1100), 800);
         assert_eq!(sync_due_in(900, Some(1000), 5000), 0);
+        assert_eq!(
+            sync_due_in(900, Some(u64::MAX), 5000),
+            900,
+            "a record from the future waits one period"
+        );
+        assert_eq!(sync_due_in(u64::MAX, Some(u64::MAX), 0), u64::MAX);
+    }
+
+    #[test]
+    fn deadlines_are_capped_not_overflowed() {
+        let now = Instant::now();
+        assert_eq!(deadline(now, 10), now + Duration::from_secs(10));
+        assert_eq!(deadline(now, u64::MAX), now + Duration::from_secs(FAR_SECS));
     }
 }

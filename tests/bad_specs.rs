@@ -4,6 +4,7 @@
 mod common;
 
 use std::fs;
+use std::path::Path;
 
 use common::Sandbox;
 
@@ -223,4 +224,57 @@ fn all_problems_are_reported_at_once() {
         .stderr_has(":4:")
         .stderr_has(":5:")
         .stderr_has("nothing was changed");
+}
+
+/// The inputs that once passed `validate` and then broke a command (an agent
+/// panic, a bare EINVAL, directives injected into a unit) are refused by
+/// every command that reads a spec, before it changes anything.
+#[test]
+fn values_that_broke_commands_are_refused_by_every_command() {
+    let sb = Sandbox::new();
+    let ok = sb.cache_dir("cache", 0, 0, 0o755).display().to_string();
+    let root = sb.path("root");
+    let cases = [
+        (
+            one(&ok, "    persist: every 106751991167301d\n"),
+            "mounts[0].persist",
+        ),
+        (one(&ok, "    group: 4294967295\n"), "mounts[0].group"),
+        (
+            one(
+                &format!("\"{ok}/x\\n[Service]\\nExecStartPre=/bin/touch /owned\""),
+                "    create: true\n    before: [nginx.service]\n",
+            ),
+            "mounts[0].path",
+        ),
+    ];
+    for (yaml, field) in cases {
+        let spec = sb.write_spec("s.yaml", &yaml);
+        for cmd in [
+            &["validate"][..],
+            &["plan"],
+            &["apply"],
+            &["agent"],
+            &["status"],
+            &["sync"],
+            &["down"],
+            &["boot", "install", "--root", root.to_str().unwrap()],
+        ] {
+            // An agent that accepted the spec would run on: bounded.
+            let mut c = std::process::Command::new("timeout");
+            c.args(["60", env!("CARGO_BIN_EXE_tmpfsctl")])
+                .env("TMPFSCTL_STATE_DIR", &sb.state)
+                .env_remove("TMPFSCTL_FAILPOINT");
+            let mut args: Vec<&std::ffi::OsStr> = vec![cmd[0].as_ref()];
+            args.extend(cmd[1..].iter().map(|a| std::ffi::OsStr::new(*a)));
+            args.insert(if cmd[0] == "boot" { 2 } else { 1 }, spec.as_os_str());
+            sb.run_with(c, args)
+                .code(2)
+                .stderr_has(&format!("field: {field}"));
+        }
+        assert!(sb.mounts().is_empty(), "{field}: the mount table changed");
+        assert!(!sb.state.exists(), "{field}: the state directory was created");
+        assert!(!root.exists(), "{field}: boot install wrote files");
+        assert!(!Path::new("/owned").exists());
+    }
 }

@@ -1,5 +1,7 @@
 //! The desired state: a validated spec. `load` is the only way to get one.
 
+#[cfg(test)]
+mod fuzz;
 mod raw;
 pub mod size;
 mod validate;
