@@ -492,8 +492,8 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
     };
     agent.settings();
     info!(
-        "watching {} mounts of {} every {}; metrics: {}",
-        agent.mounts.len(),
+        "watching {} of {} every {}; metrics: {}",
+        crate::plural::count(agent.mounts.len(), "mount", "mounts"),
         agent.path.display(),
         describe_ms(agent.interval.as_millis() as u64),
         agent
@@ -731,7 +731,7 @@ impl Agent {
             let mut check = Instant::now() >= next_check || psi;
             if woke {
                 let n = self.wake.as_ref().map(|w| w.drain()).unwrap_or(0);
-                debug!("fanotify: {n} events");
+                debug!("fanotify: {}", crate::plural::count(n, "event", "events"));
                 check = true;
                 wake_armed_at = Instant::now() + WAKE_GAP;
             }
@@ -868,9 +868,9 @@ impl Agent {
                     "evict" => info!(
                         mount = name.as_str(),
                         action = "evict",
-                        "{name}: {} more evictions in the last {secs}s: {} files ({}); usage now {usage}",
-                        s.count,
-                        s.files,
+                        "{name}: {} in the last {secs}s: {} ({}); usage now {usage}",
+                        crate::plural::count(s.count, "more eviction", "more evictions"),
+                        crate::plural::count(s.files, "file", "files"),
                         format_bytes(s.bytes)
                     ),
                     "evict-none" => warn!(
@@ -1064,8 +1064,8 @@ impl Agent {
                 w.metrics.evicted_bytes += r.bytes;
                 let u = w.usage.unwrap_or(target_usage(&target));
                 let msg = format!(
-                    "{name}: evicted {} least-recently-used files ({}) in {} ms ({by}); usage {} -> {} bytes, inodes {}; target low {}{}",
-                    r.files,
+                    "{name}: evicted {} ({}) in {} ms ({by}); usage {} -> {} bytes, inodes {}; target low {}{}",
+                    crate::plural::count(r.files, "least-recently-used file", "least-recently-used files"),
                     format_bytes(r.bytes),
                     started.elapsed().as_millis(),
                     before.map(|b| pct(b.used, b.size)).unwrap_or_default(),
@@ -1073,7 +1073,11 @@ impl Agent {
                     pct(u.inodes_used, u.inodes),
                     format_bytes(target.bytes),
                     if r.skipped_open > 0 {
-                        format!("; {} files open for writing were kept", r.skipped_open)
+                        format!(
+                            "; {} open for writing {} kept",
+                            crate::plural::count(r.skipped_open, "file", "files"),
+                            crate::plural::agree(r.skipped_open, "was", "were")
+                        )
                     } else {
                         String::new()
                     }
@@ -1244,21 +1248,10 @@ impl Agent {
         w.metrics.level = Level::Ok;
         w.metrics.count("fallback");
         let how = match r.result {
-            DownOutcome::Detached => {
-                let holders: Vec<String> = r
-                    .holders
-                    .iter()
-                    .map(|h| format!("{} ({})", h.command.to_string_lossy(), h.pid))
-                    .collect();
-                format!(
-                    "detached lazily; {} keep their open files until they close them",
-                    if holders.is_empty() {
-                        "processes".to_string()
-                    } else {
-                        holders.join(", ")
-                    }
-                )
-            }
+            DownOutcome::Detached => format!(
+                "detached lazily; {} open files until they close them",
+                holders_keep(&r.holders)
+            ),
             DownOutcome::Pending => format!(
                 "switched, but the write-back is pending: {}",
                 r.reason.clone().unwrap_or_default()
@@ -1272,7 +1265,10 @@ impl Agent {
             if r.syncs.is_empty() {
                 String::new()
             } else {
-                format!("; written back {} times", r.syncs.len())
+                format!(
+                    "; written back {}",
+                    crate::plural::count(r.syncs.len(), "time", "times")
+                )
             }
         );
         true
@@ -1475,9 +1471,9 @@ impl Agent {
             .map(|n| (n as f64 * m.watchdog.inodes.high / 100.0) as u64);
         if need.allocated >= room || inode_room.is_some_and(|r| need.inodes >= r) {
             return Some(format!(
-                "its disk directory holds {} in {} files, at or above high ({}% of {})",
+                "its disk directory holds {} in {}, at or above high ({}% of {})",
                 format_bytes(need.allocated),
-                need.inodes,
+                crate::plural::count(need.inodes, "file", "files"),
                 m.watchdog.bytes.high,
                 format_bytes(m.size)
             ));
@@ -1758,9 +1754,9 @@ impl Agent {
         self.settings();
         *self.reloads.entry("ok").or_insert(0) += 1;
         info!(
-            "reloaded {} ({why}): {} mounts, {} changed or new{}",
+            "reloaded {} ({why}): {}, {} changed or new{}",
             self.path.display(),
-            self.mounts.len(),
+            crate::plural::count(self.mounts.len(), "mount", "mounts"),
             changed.len(),
             if changed.is_empty() {
                 String::new()
@@ -1839,7 +1835,11 @@ impl Agent {
             .filter(|w| w.root.is_some())
             .filter_map(|w| w.usage.map(|u| (u.used_pct().max(u.inodes_pct()), w.name())))
             .max_by(|a, b| a.0.total_cmp(&b.0));
-        let mut s = format!("{} mounts: {}", self.mounts.len(), parts.join(", "));
+        let mut s = format!(
+            "{}: {}",
+            crate::plural::count(self.mounts.len(), "mount", "mounts"),
+            parts.join(", ")
+        );
         if let Some((p, n)) = fullest {
             s.push_str(&format!("; fullest {n} {p:.0}%"));
         }
@@ -1925,7 +1925,10 @@ impl Agent {
                             action: action.to_string(),
                             at,
                             detail: match action {
-                                "evict" => format!("{} files evicted so far", m.evicted_files),
+                                "evict" => format!(
+                                    "{} evicted so far",
+                                    crate::plural::count(m.evicted_files, "file", "files")
+                                ),
                                 _ => String::new(),
                             },
                         }),
@@ -2022,9 +2025,36 @@ fn target_usage(t: &watchdog::EvictTarget) -> Usage {
     }
 }
 
+/// Who keeps the files of a lazily detached tmpfs open, with the verb:
+/// `squid (768) keeps its`, `a (1), b (2) keep their`.
+fn holders_keep(holders: &[crate::host::procs::Holder]) -> String {
+    let names: Vec<String> = holders
+        .iter()
+        .map(|h| format!("{} ({})", h.command.to_string_lossy(), h.pid))
+        .collect();
+    match names.as_slice() {
+        [] => "processes keep their".into(),
+        [one] => format!("{one} keeps its"),
+        many => format!("{} keep their", many.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holders_of_a_detached_mount_read_right() {
+        use crate::host::procs::Holder;
+        let h = |command: &str, pid| Holder {
+            pid,
+            command: command.into(),
+            uses: 1,
+        };
+        assert_eq!(holders_keep(&[]), "processes keep their");
+        assert_eq!(holders_keep(&[h("squid", 768)]), "squid (768) keeps its");
+        assert_eq!(holders_keep(&[h("a", 1), h("b", 2)]), "a (1), b (2) keep their");
+    }
 
     #[test]
     fn psi_some_avg10() {

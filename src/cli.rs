@@ -261,7 +261,11 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Validate { spec } => {
             let s = load(&spec, &host)?;
-            out::print(&format!("{}: valid, {} mounts\n", escape(&spec), s.mounts.len()));
+            out::print(&format!(
+                "{}: valid, {}\n",
+                escape(&spec),
+                crate::plural::count(s.mounts.len(), "mount", "mounts")
+            ));
             Ok(exit::OK)
         }
         Command::Plan { spec, format } => {

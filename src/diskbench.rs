@@ -777,8 +777,9 @@ fn measure_all(p: &Plan, disk: &Path, tmpfs: &Path) -> Result<(Vec<Row>, Vec<Str
             .to_string(),
         format!("small files: {n_nosync} without fsync, {n_fsync} with fsync, in one directory"),
         format!(
-            "each figure is the median of {runs} runs, disk and tmpfs alternating (all runs are in the JSON); \
-             the tmpfs is mounted huge=never, as tmpfsctl mounts by default"
+            "each figure is the median of {}, disk and tmpfs alternating (all runs are in the JSON); \
+             the tmpfs is mounted huge=never, as tmpfsctl mounts by default",
+            crate::plural::count(runs, "run", "runs")
         ),
     ];
     for r in &rows {
@@ -920,10 +921,10 @@ pub fn human(r: &BenchReport) -> String {
         .map(|f| format!(" ({} on {})", escape(&f.fstype), escape(&f.source)))
         .unwrap_or_default();
     out.push_str(&format!(
-        "disk: {}{fs}  vs  a private temporary tmpfs; --size {}, median of {} runs, at most {}s each\n",
+        "disk: {}{fs}  vs  a private temporary tmpfs; --size {}, median of {}, at most {}s each\n",
         escape(&r.disk_dir),
         format_bytes(r.size),
-        r.runs,
+        crate::plural::count(r.runs, "run", "runs"),
         r.time_cap_seconds
     ));
     out.push_str(&format!(

@@ -188,9 +188,14 @@ fn refusal(spec: &Spec, name: &str, found: &Found, table: &MountTable, state: &S
 pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -> Result<DownResult> {
     let table = host.mounts()?;
     let found = find(spec, name, &table, state);
+    // Where the application sees the tmpfs, else where the spec says it goes.
     let mut res = DownResult::new(
         name,
-        found.live.as_ref().map(|e| e.mount_point.clone()),
+        found
+            .live
+            .as_ref()
+            .map(|e| e.mount_point.clone())
+            .or_else(|| spec.mount(name).map(|m| m.path.clone())),
         DownOutcome::NotMounted,
     );
     if let Some(reason) = refusal(spec, name, &found, &table, state) {
@@ -234,10 +239,6 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
             } else {
                 DownOutcome::Detached
             };
-            if found.live.is_none() {
-                // Only a held copy was left (a retry): nothing was unmounted for the application.
-                res.path = spec.mount(name).map(|m| m.path.clone());
-            }
             Ok(res)
         }
         (None, Some(e)) => {

@@ -342,11 +342,11 @@ fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<(copy::Cop
     let fit_inodes = room.inodes / 100 * (100 - SEED_HEADROOM_PCT);
     if need.allocated > fit_bytes || need.inodes > fit_inodes {
         bail!(
-            "the on-disk contents ({}, {} files) do not fit into {} / {} inodes with {SEED_HEADROOM_PCT}% headroom; raise `size`/`inodes` or use `seed: empty`",
+            "the on-disk contents ({}, {}) do not fit into {} / {} with {SEED_HEADROOM_PCT}% headroom; raise `size`/`inodes` or use `seed: empty`",
             format_bytes(need.allocated),
-            need.inodes,
+            crate::plural::count(need.inodes, "file", "files"),
             format_bytes(room.size),
-            room.inodes
+            crate::plural::count(room.inodes, "inode", "inodes")
         );
     }
     let show = opts.progress && std::io::stderr().is_terminal();

@@ -23,6 +23,7 @@ pub mod mount;
 pub mod observe;
 pub mod out;
 pub mod plan;
+pub mod plural;
 pub mod report;
 pub mod residency;
 pub mod spec;

@@ -488,9 +488,9 @@ fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut M
         if n < live.usage.inodes_used {
             p.blocked = Some(Blocked::Refused {
                 reason: format!(
-                    "cannot lower nr_inodes of {} to {n}: {} inodes are in use",
+                    "cannot lower nr_inodes of {} to {n}: {} in use",
                     m.path.display(),
-                    live.usage.inodes_used
+                    crate::plural::count(live.usage.inodes_used, "inode is", "inodes are")
                 ),
             });
             return;

@@ -10,6 +10,7 @@ use crate::down::{DownOutcome, DownResult};
 use crate::execute::{ApplyReport, Outcome};
 use crate::out::escape;
 use crate::plan::{Blocked, Plan};
+use crate::plural::count;
 use crate::spec::size::format_bytes;
 use crate::status::StatusReport;
 use crate::sync::{SyncOutcome, SyncResult};
@@ -51,15 +52,15 @@ pub fn plan(p: &Plan) -> String {
     if p.changes() {
         let _ = writeln!(
             s,
-            "Plan: {} steps; {current} of {} mounts up to date.",
-            steps + p.prepare.len() + p.cleanup.len(),
-            p.mounts.len()
+            "Plan: {}; {current} of {} up to date.",
+            count(steps + p.prepare.len() + p.cleanup.len(), "step", "steps"),
+            count(p.mounts.len(), "mount", "mounts")
         );
     } else {
         let _ = writeln!(
             s,
-            "No changes: {current} of {} mounts up to date.",
-            p.mounts.len()
+            "No changes: {current} of {} up to date.",
+            count(p.mounts.len(), "mount", "mounts")
         );
     }
     s
@@ -87,17 +88,18 @@ pub fn apply(r: &ApplyReport) -> String {
         if let Some(sd) = &m.seeded {
             let _ = writeln!(
                 s,
-                "{:width$}    seeded {} files, {} in {:.2}s",
+                "{:width$}    seeded {}, {} in {:.2}s",
                 "",
-                sd.files,
+                count(sd.files, "file", "files"),
                 format_bytes(sd.bytes),
                 sd.seconds
             );
             if sd.skipped > 0 {
                 let _ = writeln!(
                     s,
-                    "{:width$}    {} entries vanished or changed while seeding: left on disk, kept by the write-back",
-                    "", sd.skipped
+                    "{:width$}    {} vanished or changed while seeding: left on disk, kept by the write-back",
+                    "",
+                    count(sd.skipped, "entry", "entries")
                 );
             }
         }
@@ -188,8 +190,8 @@ pub fn status(r: &StatusReport) -> String {
                 .unwrap_or_default();
             let evicted = if a.evicted_files > 0 {
                 format!(
-                    "; evicted {} files ({})",
-                    a.evicted_files,
+                    "; evicted {} ({})",
+                    count(a.evicted_files, "file", "files"),
                     format_bytes(a.evicted_bytes)
                 )
             } else {
@@ -204,8 +206,8 @@ pub fn status(r: &StatusReport) -> String {
             let age = now.saturating_sub(ls.at);
             let how = match &ls.error {
                 None => format!(
-                    "ok, {} files, {}",
-                    ls.files_written,
+                    "ok, {}, {}",
+                    count(ls.files_written, "file", "files"),
                     format_bytes(ls.bytes_written)
                 ),
                 Some(e) => format!("FAILED: {}", escape(e)),
@@ -238,7 +240,12 @@ pub fn status(r: &StatusReport) -> String {
 pub fn down(results: &[DownResult]) -> String {
     let mut s = String::new();
     for d in results {
-        let path = d.path.as_ref().map(|p| escape(p)).unwrap_or("-".into());
+        // No path only for a name that is neither in the spec nor mounted.
+        let at = d
+            .path
+            .as_ref()
+            .map(|p| format!("  {}", escape(p)))
+            .unwrap_or_default();
         let what = match d.result {
             DownOutcome::Unmounted => "unmounted; the application sees its disk directory",
             DownOutcome::Detached => "busy: detached lazily; new opens see the disk directory, memory is freed when the holders below close their files",
@@ -247,17 +254,17 @@ pub fn down(results: &[DownResult]) -> String {
             DownOutcome::Refused => "REFUSED",
             DownOutcome::Failed => "FAILED",
         };
-        let _ = writeln!(s, "{}  {path}: {what}", escape(&d.name));
+        let _ = writeln!(s, "{}{at}: {what}", escape(&d.name));
         for sy in &d.syncs {
             let _ = writeln!(s, "    {}", sync_line(sy));
         }
         for h in &d.holders {
             let _ = writeln!(
                 s,
-                "    held by pid {} ({}), {} open files/maps",
+                "    held by pid {} ({}), {}",
                 h.pid,
                 escape(&h.command),
-                h.uses
+                count(h.uses, "open file/map", "open files/maps")
             );
         }
         if let Some(r) = &d.reason {
@@ -270,14 +277,18 @@ pub fn down(results: &[DownResult]) -> String {
 fn sync_line(r: &SyncResult) -> String {
     match (r.result, &r.stats) {
         (SyncOutcome::Synced, Some(st)) => format!(
-            "synced: {} files written ({}), {} metadata updates, {} deleted, {} unchanged, {} kept as on disk ({} conflicts), in {:.2}s",
-            st.files_written + st.links_written + st.specials_written,
+            "synced: {} written ({}), {}, {} deleted, {} unchanged, {} kept as on disk ({}), in {:.2}s",
+            count(
+                st.files_written + st.links_written + st.specials_written,
+                "file",
+                "files"
+            ),
             format_bytes(st.bytes_written),
-            st.metadata_updated,
+            count(st.metadata_updated, "metadata update", "metadata updates"),
             st.deleted,
             st.unchanged,
             st.kept_disk,
-            st.conflicts,
+            count(st.conflicts, "conflict", "conflicts"),
             r.seconds
         ),
         (SyncOutcome::Failed, _) => format!("sync FAILED: {}", escape(r.reason.as_deref().unwrap_or(""))),
@@ -321,4 +332,58 @@ pub fn boot(r: &BootReport) -> String {
 /// The column width of mount names as shown.
 fn name_width<'a>(names: impl Iterator<Item = &'a String>) -> usize {
     names.map(|n| escape(n).chars().count()).max().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn down_names_the_path_and_counts_read_right() {
+        let mut r = DownResult {
+            name: "squid".into(),
+            path: Some("/var/spool/squid".into()),
+            result: DownOutcome::NotMounted,
+            holders: vec![crate::host::procs::Holder {
+                pid: 768,
+                command: "squid".into(),
+                uses: 1,
+            }],
+            reason: None,
+            switch_ms: None,
+            held: None,
+            syncs: vec![],
+        };
+        let text = down(std::slice::from_ref(&r));
+        assert!(
+            text.starts_with("squid  /var/spool/squid: not mounted\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("held by pid 768 (squid), 1 open file/map"),
+            "{text}"
+        );
+        r.path = None;
+        assert!(down(&[r]).starts_with("squid: not mounted\n"));
+    }
+
+    #[test]
+    fn plans_count_in_the_singular_too() {
+        let p = Plan {
+            prepare: vec![],
+            mounts: vec![crate::plan::MountPlan {
+                name: "a".into(),
+                path: "/a".into(),
+                steps: vec![],
+                blocked: None,
+            }],
+            cleanup: vec![],
+            orphans: vec![],
+        };
+        assert!(
+            plan(&p).ends_with("No changes: 1 of 1 mount up to date.\n"),
+            "{}",
+            plan(&p)
+        );
+    }
 }

@@ -254,18 +254,27 @@ pub fn human_line(r: &FileResidency) -> String {
 
 /// The total line of the human table.
 pub fn human_total(t: &Totals) -> String {
-    let mut what = format!("total: {} files", t.files);
+    let mut what = format!("total: {}", crate::plural::count(t.files, "file", "files"));
     if t.directories > 0 {
-        what.push_str(&format!(", {} directories", t.directories));
+        what.push_str(&format!(
+            ", {}",
+            crate::plural::count(t.directories, "directory", "directories")
+        ));
     }
     if t.hard_links > 0 {
-        what.push_str(&format!(", {} further hard links not counted", t.hard_links));
+        what.push_str(&format!(
+            ", {} not counted",
+            crate::plural::count(t.hard_links, "further hard link", "further hard links")
+        ));
     }
     if t.skipped > 0 {
         what.push_str(&format!(", {} skipped", t.skipped));
     }
     if t.errors > 0 {
-        what.push_str(&format!(", {} errors", t.errors));
+        what.push_str(&format!(
+            ", {}",
+            crate::plural::count(t.errors, "error", "errors")
+        ));
     }
     human_row(t.cached_pages, t.pages, t.cached_bytes, t.size, t.percent, &what)
 }
@@ -566,7 +575,7 @@ mod tests {
             errors: 1,
             ..Totals::default()
         };
-        assert!(human_total(&t).ends_with("total: 3 files, 1 errors"));
+        assert!(human_total(&t).ends_with("total: 3 files, 1 error"));
     }
 
     #[test]

@@ -159,9 +159,9 @@ pub fn sync_one(
     };
     if let Some(s) = stats.as_ref().filter(|s| s.conflicts > 0) {
         tracing::warn!(
-            "{}: {} names changed both in RAM and on disk since the last write-back; the later change of each was kept",
+            "{}: {} both in RAM and on disk since the last write-back; the later change of each was kept",
             m.name,
-            s.conflicts
+            crate::plural::count(s.conflicts, "name changed", "names changed")
         );
     }
     let st = stats.clone().unwrap_or_default();

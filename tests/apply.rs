@@ -427,6 +427,16 @@ fn down_of_an_idle_mount_unmounts_cleanly() {
     sb.run(["down".as_ref(), spec.as_os_str(), "nosuch".as_ref()])
         .code(2)
         .stderr_has("known names: cache");
+    // Not mounted any more: the path is the spec's, never `-`.
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has(&format!("cache  {}: not mounted", cache.display()));
+    sb.run(["validate".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("valid, 1 mount\n");
+    sb.run(["plan".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("of 1 mount up to date");
 }
 
 #[test]
