@@ -103,6 +103,9 @@ pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// Problems shown in full; a longer list ends with their count.
+const MAX_SHOWN: usize = 100;
+
 /// Characters of a source line shown around the problem.
 const SNIPPET_BEFORE: usize = 40;
 const SNIPPET_AFTER: usize = 80;
@@ -133,7 +136,7 @@ impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lines: Vec<&str> = self.source_text.lines().collect();
         let file = escape_controls(&self.file.to_string_lossy()).into_owned();
-        for (i, d) in self.diagnostics.iter().enumerate() {
+        for (i, d) in self.diagnostics.iter().take(MAX_SHOWN).enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
@@ -150,6 +153,13 @@ impl fmt::Display for SpecError {
             if let Some(acc) = &d.accepted {
                 writeln!(f, "{:gutter$} = accepted: {}", "", acc)?;
             }
+        }
+        if let Some(more) = self.diagnostics.len().checked_sub(MAX_SHOWN).filter(|n| *n > 0) {
+            writeln!(
+                f,
+                "\n… {} not shown",
+                crate::plural::count(more, "more problem", "more problems")
+            )?;
         }
         if self.diagnostics.len() > 1 {
             writeln!(

@@ -148,6 +148,9 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("deeply nested", format!("version: 1\nmounts: {}{}\n", "[".repeat(300), "]".repeat(300)), 2, "mounts", "too deeply nested"),
         case("nested a little too deep", "version: 1\nmounts: [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]\n".into(), 2, "mounts", "too deeply nested"),
         case("two documents", format!("{}---\n{}", one(&okp, ""), one(&okp, "")), 7, "version", "a second YAML document"),
+        case("own boot unit as consumer", one(&okp, "    before: [tmpfsctl-apply.service]\n"), 6, "mounts[0].before[0]", "cycle"),
+        case("local-fs.target as consumer", one(&okp, "    before: [local-fs.target]\n"), 6, "mounts[0].before[0]", "cycle"),
+        case("metrics over a system file", format!("agent:\n  metrics: /etc/passwd\n{}", one(&okp, "")), 2, "agent.metrics", "not a .prom file"),
         case("agent unknown field", format!("agent:\n  intervall: 1s\n{}", one(&okp, "")), 2, "agent.intervall", "unknown field `intervall`"),
     ];
     assert!(cases.len() >= 20);
@@ -277,4 +280,33 @@ fn values_that_broke_commands_are_refused_by_every_command() {
         assert!(!root.exists(), "{field}: boot install wrote files");
         assert!(!Path::new("/owned").exists());
     }
+}
+
+/// One directory reached by two paths (a bind mount) is one directory: two
+/// tmpfs over it would hide each other.
+#[test]
+fn the_same_directory_by_two_paths_is_refused() {
+    let sb = Sandbox::new();
+    let dir = sb.cache_dir("dir", 0, 0, 0o755);
+    let alias = sb.cache_dir("alias", 0, 0, 0o755);
+    let status = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&dir)
+        .arg(&alias)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let spec = sb.write_spec(
+        "s.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: a\n    path: {}\n    size: 1MiB\n  - name: b\n    path: {}\n    size: 1MiB\n",
+            dir.display(),
+            alias.display()
+        ),
+    );
+    sb.run(["validate".as_ref(), spec.as_os_str()])
+        .code(2)
+        .stderr_has(":7:")
+        .stderr_has("field: mounts[1].path")
+        .stderr_has("is the same directory as mounts[0]");
 }

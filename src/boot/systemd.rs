@@ -16,6 +16,8 @@ use super::Context;
 pub const APPLY_UNIT: &str = "tmpfsctl-apply.service";
 pub const DOWN_UNIT: &str = "tmpfsctl-down.service";
 pub const AGENT_UNIT: &str = "tmpfsctl-agent.service";
+/// What the apply unit starts after; validation keeps these out of `before:`.
+pub const APPLY_AFTER: [&str; 2] = ["local-fs.target", "systemd-tmpfiles-setup.service"];
 
 /// The command line of an `Exec*=` setting. systemd expands `$VAR` in the
 /// arguments only, never in the executable's path, so `$` is doubled in the
@@ -49,7 +51,7 @@ pub fn apply_unit(cx: &Context) -> String {
     u.push_str("Description=Put application cache directories into tmpfs (tmpfsctl apply)\n");
     u.push_str("Documentation=file:/usr/share/doc/tmpfsctl/README.md\n");
     u.push_str("DefaultDependencies=no\n");
-    u.push_str("After=local-fs.target systemd-tmpfiles-setup.service\n");
+    u.push_str(&format!("After={}\n", APPLY_AFTER.join(" ")));
     u.push_str("Before=shutdown.target\n");
     u.push_str("Conflicts=shutdown.target\n");
     u.push_str(&parents_mounted(cx));

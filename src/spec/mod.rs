@@ -846,6 +846,24 @@ mod tests {
     }
 
     #[test]
+    fn thousands_of_problems_are_all_counted_and_shown_capped() {
+        let d = dir();
+        let mut yaml = format!(
+            "version: 1\nmounts:\n  - name: a\n    path: {}\n    size: 1MiB\n",
+            d.path().display()
+        );
+        for k in 0..5000 {
+            yaml.push_str(&format!("    k{k}: 1\n"));
+        }
+        let e = parse_err(&yaml);
+        assert_eq!(e.diagnostics.len(), 5000);
+        let shown = e.to_string();
+        assert_eq!(shown.matches("error: unknown field").count(), 100);
+        assert!(shown.contains("4900 more problems not shown"), "{shown}");
+        assert!(shown.ends_with("5000 errors in t.yaml; nothing was changed\n"));
+    }
+
+    #[test]
     fn a_huge_spec_file_is_refused_unread() {
         let d = dir();
         let f = d.path().join("huge.yaml");

@@ -7,6 +7,8 @@
 //! the first unknown field, wrong type or missing field: here every one of
 //! them is reported, each with its full field path (`mounts[0].size`).
 
+use std::collections::HashMap;
+
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 
@@ -285,6 +287,7 @@ impl<'a> Reader<'a> {
             return None;
         };
         let mut out: Vec<(String, &S<Node>, &S<Node>)> = Vec::new();
+        let mut first_line: HashMap<String, u64> = HashMap::new();
         for (k, v) in entries {
             let Some(key) = self
                 .scalar_text(k)
@@ -298,8 +301,7 @@ impl<'a> Reader<'a> {
             } else {
                 format!("{path}.{key}")
             };
-            if let Some((_, first, _)) = out.iter().find(|(name, _, _)| *name == key) {
-                let line = first.referenced.line();
+            if let Some(line) = first_line.get(&key) {
                 self.report(
                     &k.referenced,
                     &field,
@@ -308,6 +310,7 @@ impl<'a> Reader<'a> {
                 );
                 continue;
             }
+            first_line.insert(key.clone(), k.referenced.line());
             out.push((key, k, v));
         }
         let taken = vec![false; out.len()];

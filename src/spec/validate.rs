@@ -1,6 +1,7 @@
 //! Turns a positioned raw spec into a `Spec`, collecting every problem.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use serde_saphyr::{Location, Spanned};
@@ -68,6 +69,16 @@ const MAX_NAME_BYTES: usize = 255;
 /// and the boot units could not name the mount.
 const MAX_UNIT_NAME: usize = 255;
 const MODE_ACCEPTED: &str = "a quoted octal string up to 07777, e.g. \"0750\"";
+/// tmpfsctl's boot units and what they are ordered after (src/boot/systemd.rs).
+const BOOT_ORDER: &[&str] = &[
+    crate::boot::systemd::APPLY_UNIT,
+    crate::boot::systemd::DOWN_UNIT,
+    crate::boot::systemd::AGENT_UNIT,
+    crate::boot::systemd::APPLY_AFTER[0],
+    crate::boot::systemd::APPLY_AFTER[1],
+    "local-fs-pre.target",
+    "shutdown.target",
+];
 const UNIT_SUFFIXES: &[&str] = &[
     ".service",
     ".socket",
@@ -190,6 +201,9 @@ pub fn validate(
 
     let mut mounts = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
+    // Existing directories by (device, inode): one directory can have two
+    // paths (a bind mount), and two tmpfs over it would hide each other.
+    let mut by_dir: HashMap<(u64, u64), (usize, PathBuf)> = HashMap::new();
     let mut budget_used: u64 = 0;
     for (i, m) in raw_mounts.iter().enumerate().take(MAX_MOUNTS) {
         let Some(m) = m else { continue };
@@ -209,6 +223,28 @@ pub fn validate(
                 format!("duplicate mount name `{}` (also mounts[{prev}])", spec.name),
                 Some("a name unique within the spec"),
             );
+        }
+        let dir = (cx.paths == Paths::Check)
+            .then(|| std::fs::metadata(&spec.path).ok())
+            .flatten()
+            .map(|md| (md.dev(), md.ino()));
+        if let Some(id) = dir {
+            // The same path twice is reported below as a duplicate.
+            match by_dir.get(&id).filter(|(_, p)| *p != spec.path) {
+                Some((j, other)) => cx.at(
+                    m_path,
+                    &field("path"),
+                    format!(
+                        "`{}` is the same directory as mounts[{j}] `{}` (a bind mount?)",
+                        spec.path.display(),
+                        other.display()
+                    ),
+                    Some("each directory managed once"),
+                ),
+                None => {
+                    by_dir.insert(id, (i, spec.path.clone()));
+                }
+            }
         }
         for (j, other) in &mounts {
             let other: &MountSpec = other;
@@ -260,13 +296,9 @@ pub fn validate(
     } else {
         cx.diags.sort_by_key(|d| (d.line, d.column));
         // A bad `defaults` value is found once per mount that inherits it.
-        let mut seen = Vec::new();
-        cx.diags.retain(|d| {
-            let key = (d.line, d.column, d.field.clone(), d.message.clone());
-            let new = !seen.contains(&key);
-            seen.push(key);
-            new
-        });
+        let mut seen = std::collections::HashSet::new();
+        cx.diags
+            .retain(|d| seen.insert((d.line, d.column, d.field.clone(), d.message.clone())));
         Err(SpecError {
             file: file.to_path_buf(),
             source_text: text.to_string(),
@@ -421,7 +453,17 @@ fn mount(
     let mut before_units = Vec::new();
     if let Some(list) = &m.before {
         for (k, u) in list.value.iter().enumerate() {
-            if valid_unit(&u.value) {
+            if BOOT_ORDER.contains(&u.value.as_str()) {
+                cx.at(
+                    u,
+                    &field(&format!("before[{k}]")),
+                    format!(
+                        "`{}` starts before tmpfsctl's boot units (or is one): ordering it after them is a cycle, which systemd breaks by dropping a job",
+                        u.value
+                    ),
+                    Some("the units that use the cache, such as nginx.service"),
+                );
+            } else if valid_unit(&u.value) {
                 before_units.push(u.value.clone());
             } else {
                 cx.at(u, &field(&format!("before[{k}]")), format!("invalid systemd unit name `{}`", u.value), Some(
@@ -895,7 +937,7 @@ const REOFFLOAD_ACCEPTED: &str = "never, or a duration from 10s to 30d such as 1
 const INTERVAL_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 1s, 500ms, 2s";
 const COOLDOWN_ACCEPTED: &str = "a duration from 100ms to 1h, e.g. 10s";
 const METRICS_ACCEPTED: &str =
-    "off, or an absolute path to a file such as /var/lib/prometheus/node-exporter/tmpfsctl.prom";
+    "off, or an absolute path to a .prom file such as /var/lib/prometheus/node-exporter/tmpfsctl.prom";
 const MAX_PRIORITY: u32 = 100;
 
 /// What watchdog validation needs to know about the mount.
@@ -1419,10 +1461,18 @@ fn agent(cx: &mut Ctx, raw: Option<&RawAgent>, mem_total: u64) -> AgentSettings 
     a
 }
 
-/// `off` or an absolute, normalised path that is not a directory.
+/// `off` or an absolute, normalised path to a `.prom` file. The textfile
+/// collector reads nothing else, and the suffix keeps a slip of the pen from
+/// making the agent (root) overwrite some other file with metrics.
 pub fn metrics_target(text: &str) -> Result<MetricsTarget, String> {
     if text == "off" {
         return Ok(MetricsTarget::Off);
+    }
+    if text.contains(char::is_control) {
+        return Err(format!(
+            "invalid metrics path `{}`: it contains control characters",
+            text.escape_debug()
+        ));
     }
     let p = Path::new(text);
     let normal = p
@@ -1436,6 +1486,15 @@ pub fn metrics_target(text: &str) -> Result<MetricsTarget, String> {
     if p.is_dir() {
         return Err(format!(
             "invalid metrics path `{text}`: it is a directory; name the file"
+        ));
+    }
+    if !p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.len() > ".prom".len() && n.ends_with(".prom"))
+    {
+        return Err(format!(
+            "invalid metrics path `{text}`: not a .prom file (the textfile collector reads only those)"
         ));
     }
     Ok(MetricsTarget::File(p.to_path_buf()))
@@ -1542,7 +1601,16 @@ mod tests {
             metrics_target("/x/y.prom"),
             Ok(MetricsTarget::File("/x/y.prom".into()))
         );
-        for bad in ["x.prom", "/x/../y.prom", "/x//y", "/", "/tmp"] {
+        for bad in [
+            "x.prom",
+            "/x/../y.prom",
+            "/x//y",
+            "/",
+            "/tmp",
+            "/etc/passwd",
+            "/x/.prom",
+            "/x/y.prom\n",
+        ] {
             assert!(metrics_target(bad).is_err(), "{bad}");
         }
     }
