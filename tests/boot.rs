@@ -565,6 +565,72 @@ fn hostile_strings_round_trip_through_the_units() {
     }
 }
 
+/// fstab mode escapes by fstab's rules: the real libmount and fstab
+/// generator read back every hostile path (the generator names each mount
+/// unit after the path it read).
+#[test]
+fn hostile_paths_round_trip_through_fstab() {
+    let sb = Sandbox::new();
+    // Existing directories: findmnt checks that each target is there.
+    let managed: Vec<PathBuf> = HOSTILE_DIRS
+        .iter()
+        .map(|d| sb.cache_dir(&format!("m/{d}"), 0, 0, 0o755))
+        .collect();
+    let mut yaml = String::from("version: 1\nmounts:\n");
+    for (i, p) in managed.iter().enumerate() {
+        yaml.push_str(&format!(
+            "  - name: m{i}\n    path: {}\n    size: 1MiB\n    owner: root\n    group: root\n    mode: \"0755\"\n    before: [\"my\\\\x2dapp.service\", \"tpl@a.service\"]\n",
+            yaml_quoted(&p.display().to_string())
+        ));
+    }
+    let spec = sb.write_spec("spec.yaml", &yaml);
+    let root = sb.path("root");
+    fs::create_dir_all(root.join("etc")).unwrap();
+    sb.run([
+        "boot".as_ref(),
+        "install".as_ref(),
+        spec.as_os_str(),
+        "--mode".as_ref(),
+        "fstab".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--spec-path".as_ref(),
+        "/etc/tmpfsctl/a #b.yaml".as_ref(),
+    ])
+    .code(0);
+    let fstab = root.join("etc/fstab");
+    let out = Command::new("findmnt")
+        .arg("--verify")
+        .arg("--tab-file")
+        .arg(&fstab)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "findmnt --verify:\n{}", output_text(&out));
+    let gen_out = sb.path("gen");
+    fs::create_dir_all(&gen_out).unwrap();
+    let out = Command::new("/lib/systemd/system-generators/systemd-fstab-generator")
+        .args([&gen_out, &gen_out, &gen_out])
+        .env("SYSTEMD_FSTAB", &fstab)
+        .env("SYSTEMD_LOG_LEVEL", "notice")
+        .env("SYSTEMD_PROC_CMDLINE", "")
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert!(
+        out.status.success() && text.trim().is_empty(),
+        "generator said:\n{text}"
+    );
+    for p in &managed {
+        let unit = systemd_escape(&["--path", "--suffix=mount"], &p.display().to_string());
+        let body = fs::read_to_string(gen_out.join(&unit)).unwrap_or_else(|e| panic!("{unit}: {e}"));
+        assert!(body.contains("Type=tmpfs"), "{unit}:\n{body}");
+        assert!(
+            body.contains("Before=my\\x2dapp.service tpl@a.service\n"),
+            "{unit}:\n{body}"
+        );
+    }
+}
+
 #[test]
 fn boot_install_refuses_what_a_unit_file_cannot_hold() {
     let sb = Sandbox::new();

@@ -53,6 +53,8 @@ pub fn exec_arg(s: &str) -> String {
 }
 
 /// A field of /etc/fstab: space, tab, newline and backslash as octal escapes.
+/// `#` stays: only a line that starts with it is a comment (no field of ours
+/// starts with it), and systemd's fstab generator does not decode `\043`.
 pub fn fstab_field(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -61,7 +63,6 @@ pub fn fstab_field(s: &str) -> String {
             '\t' => out.push_str("\\011"),
             '\n' => out.push_str("\\012"),
             '\\' => out.push_str("\\134"),
-            '#' => out.push_str("\\043"),
             c => out.push(c),
         }
     }
@@ -117,7 +118,7 @@ mod tests {
     #[test]
     fn fstab_fields_escape_whitespace() {
         assert_eq!(fstab_field("/srv/my cache"), "/srv/my\\040cache");
-        assert_eq!(fstab_field("/a\tb\\c#d"), "/a\\011b\\134c\\043d");
+        assert_eq!(fstab_field("/a\tb\\c#d"), "/a\\011b\\134c#d");
     }
 
     #[test]
