@@ -584,7 +584,7 @@ pub fn sync_due_in(period_secs: u64, last_sync_at: Option<u64>, now: u64) -> u64
 
 /// Far enough to mean "not in this process's life", near enough that adding
 /// it to an `Instant` cannot overflow.
-pub const FAR_SECS: u64 = 100 * 365 * 86_400;
+const FAR_SECS: u64 = 100 * 365 * 86_400;
 
 /// `now` plus `secs`, for periods from the spec and times read back from the
 /// state directory (which may hold anything): capped at [`FAR_SECS`], never

@@ -389,7 +389,7 @@ pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, Spec
 
 /// Larger than any spec a person writes; a bound so that `validate /dev/zero`
 /// ends.
-pub const MAX_SPEC_BYTES: u64 = 1 << 20;
+const MAX_SPEC_BYTES: u64 = 1 << 20;
 
 fn read_text(file: &Path) -> Result<String, SpecLoadError> {
     use std::io::Read;

@@ -24,11 +24,11 @@ impl SizeLit {
 /// The largest size in bytes (1024TiB): far above any RAM, and small enough
 /// that sums, page rounding and growth of sizes never overflow (the kernel's
 /// own `size=` rounding wraps near 2^64 and would mean "unlimited").
-pub const MAX_BYTES: u64 = 1 << 50;
+const MAX_BYTES: u64 = 1 << 50;
 
 /// The largest inode count (1024g): the kernel refuses `nr_inodes` above
 /// ULONG_MAX/1024; a tmpfs this large would need terabytes for its inodes.
-pub const MAX_COUNT: u64 = 1 << 40;
+const MAX_COUNT: u64 = 1 << 40;
 
 pub const SIZE_ACCEPTED: &str =
     "a whole number with an optional binary unit (B, k/K/KiB, M/MiB, G/GiB, T/TiB) up to 1024TiB, e.g. 512MiB, or a percentage of RAM such as 10%";

@@ -101,7 +101,7 @@ const DEFAULT_OPTIONS: Flags = Flags {
 const DEFAULT_MAX_TOTAL_PERCENT: f64 = 50.0;
 /// More tmpfs mounts than any host runs for its caches; keeps the pairwise
 /// path checks cheap whatever the input.
-pub const MAX_MOUNTS: usize = 1000;
+const MAX_MOUNTS: usize = 1000;
 const MOUNTS_ACCEPTED: &str = "a list of at most 1000 mounts";
 
 struct Ctx {
@@ -819,10 +819,10 @@ const PERSIST_ACCEPTED: &str =
     "none, on-stop, or `every <duration>` with s/m/h/d units from 10s to 30d, e.g. every 15m";
 
 /// The shortest period of `persist: every` and `reoffload_after`.
-pub const MIN_PERIOD_SECS: u64 = 10;
+const MIN_PERIOD_SECS: u64 = 10;
 /// The longest: beyond a month a period means "never" and is better said so
 /// (`on-stop`, `never`); bounded so the agent's clock arithmetic cannot overflow.
-pub const MAX_PERIOD_SECS: u64 = 30 * 86_400;
+const MAX_PERIOD_SECS: u64 = 30 * 86_400;
 
 fn persist(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Persist> {
     let v = s.value.trim();
