@@ -397,10 +397,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
     init_logging();
     raise_priority();
     spec::only_root_can_change(spec_path)?;
-    let spec_text = std::fs::read_to_string(spec_path).map_err(|e| spec::SpecLoadError::Read {
-        file: spec_path.to_path_buf(),
-        source: e,
-    })?;
+    let spec_text = spec::read_text(spec_path)?;
     let mem_total = host.meminfo()?.mem_total;
     let spec = spec::parse(spec_path, &spec_text, mem_total).map_err(spec::SpecLoadError::Invalid)?;
 
@@ -1676,13 +1673,10 @@ impl Agent {
             *self.reloads.entry("refused").or_insert(0) += 1;
             return;
         }
-        let text = match std::fs::read_to_string(&self.path) {
+        let text = match spec::read_text(&self.path) {
             Ok(t) => t,
             Err(e) => {
-                error!(
-                    "reload ({why}): cannot read {}: {e}; the spec in force stays",
-                    self.path.display()
-                );
+                error!("reload ({why}): {e}; the spec in force stays");
                 *self.reloads.entry("failed").or_insert(0) += 1;
                 return;
             }

@@ -391,7 +391,9 @@ pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, Spec
 /// ends.
 const MAX_SPEC_BYTES: u64 = 1 << 20;
 
-fn read_text(file: &Path) -> Result<String, SpecLoadError> {
+/// The text of a spec file: at most [`MAX_SPEC_BYTES`], UTF-8 (else an
+/// error located at the first bad byte).
+pub fn read_text(file: &Path) -> Result<String, SpecLoadError> {
     use std::io::Read;
     let read_err = |e| SpecLoadError::Read {
         file: file.to_path_buf(),
