@@ -355,7 +355,7 @@ fn evict_keeps_files_open_for_writing() {
         agent.log()
     );
     assert!(
-        agent.log().contains("open for writing were kept"),
+        agent.log().contains("1 file open for writing was kept"),
         "{}",
         agent.log()
     );
