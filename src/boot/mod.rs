@@ -84,7 +84,7 @@ pub fn context<'a>(
         )));
     }
     check_timespan(&timeout)
-        .map_err(|why| BadInput(format!("--timeout `{}`: {why}", timeout.escape_debug())))?;
+        .map_err(|why| BadInput(format!("--timeout `{}`: {why}", crate::out::escape(&timeout))))?;
     Ok(Context {
         spec,
         spec_path,
@@ -96,16 +96,13 @@ pub fn context<'a>(
 
 /// An absolute UTF-8 path without control characters, as text.
 fn plain_path<'p>(what: &str, p: &'p Path) -> Result<&'p str, BadInput> {
-    let text = p.to_str().ok_or_else(|| {
-        BadInput(format!(
-            "{what} `{}`: not UTF-8",
-            p.to_string_lossy().escape_debug()
-        ))
-    })?;
+    let text = p
+        .to_str()
+        .ok_or_else(|| BadInput(format!("{what} `{}`: not UTF-8", crate::out::escape(p))))?;
     if let Some(c) = text.chars().find(|c| c.is_control()) {
         return Err(BadInput(format!(
             "{what} `{}`: contains the control character U+{:04X}",
-            text.escape_debug(),
+            crate::out::escape(text),
             c as u32
         )));
     }
@@ -141,7 +138,10 @@ fn check_timespan(t: &str) -> Result<(), String> {
         let valid_number =
             !num.is_empty() && !num.starts_with('.') && !num.ends_with('.') && num.matches('.').count() <= 1;
         if !valid_number {
-            return Err(format!("`{}` is not a number; {ACCEPTED}", num.escape_debug()));
+            return Err(format!(
+                "`{}` is not a number; {ACCEPTED}",
+                crate::out::escape(num)
+            ));
         }
         let after = after.trim_start_matches(' ');
         let unit_len = after
@@ -149,7 +149,7 @@ fn check_timespan(t: &str) -> Result<(), String> {
             .unwrap_or(after.len());
         let (unit, next) = after.split_at(unit_len);
         if !UNITS.contains(&unit) {
-            return Err(format!("unknown unit `{}`; {ACCEPTED}", unit.escape_debug()));
+            return Err(format!("unknown unit `{}`; {ACCEPTED}", crate::out::escape(unit)));
         }
         rest = next.trim_start_matches(' ');
     }

@@ -375,7 +375,7 @@ impl<'a> Reader<'a> {
                 field,
                 format!(
                     "`{}` contains the control character U+{:04X}",
-                    t.escape_debug(),
+                    crate::out::escape(&t),
                     c as u32
                 ),
                 Some("plain text without control characters (U+0000-U+001F, U+007F-U+009F)"),
@@ -402,7 +402,7 @@ impl<'a> Reader<'a> {
                 self.report(
                     &n.referenced,
                     &field,
-                    format!("invalid boolean `{}`", shown.escape_debug()),
+                    format!("invalid boolean `{}`", crate::out::escape(&shown)),
                     Some(BOOL_ACCEPTED),
                 );
                 None

@@ -1471,7 +1471,7 @@ pub fn metrics_target(text: &str) -> Result<MetricsTarget, String> {
     if text.contains(char::is_control) {
         return Err(format!(
             "invalid metrics path `{}`: it contains control characters",
-            text.escape_debug()
+            crate::out::escape(text)
         ));
     }
     let p = Path::new(text);
