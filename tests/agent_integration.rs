@@ -354,10 +354,11 @@ fn evict_keeps_files_open_for_writing() {
         "a file open for writing is never evicted\n{}",
         agent.log()
     );
+    // One file or more: a file still being filled may be open too.
+    let log = agent.log();
     assert!(
-        agent.log().contains("1 file open for writing was kept"),
-        "{}",
-        agent.log()
+        log.contains("1 file open for writing was kept") || log.contains("files open for writing were kept"),
+        "{log}"
     );
     assert_eq!(agent.stop(), 0);
 }
