@@ -40,7 +40,13 @@ enum Format {
 #[derive(Subcommand)]
 enum Command {
     /// Check a spec; change nothing.
-    Validate { spec: PathBuf },
+    Validate {
+        spec: PathBuf,
+        /// Check paths, users and groups against this image or container
+        /// tree (its files and its etc/passwd, etc/group) instead of the host.
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
     /// Show the steps `apply` would take.
     Plan {
         spec: PathBuf,
@@ -219,6 +225,18 @@ fn load(path: &Path, host: &Host) -> Result<Spec> {
     Ok(spec::load(path, mem.mem_total)?)
 }
 
+/// [`load`], with paths, users and groups checked in the tree `root`
+/// (an image or container) unless it is `None` or `/`.
+fn load_in(path: &Path, host: &Host, root: Option<&Path>) -> Result<Spec> {
+    let paths = match root {
+        None => spec::Paths::Check,
+        Some(r) if r == Path::new("/") => spec::Paths::Check,
+        Some(r) => spec::Paths::Under(r.to_path_buf()),
+    };
+    let mem = host.meminfo()?;
+    Ok(spec::load_with(path, mem.mem_total, paths)?)
+}
+
 /// For the commands that find their mounts in the mount table: a renamed or
 /// missing managed path is that mount's problem, not the whole spec's.
 fn load_as_written(path: &Path, host: &Host) -> Result<Spec> {
@@ -259,8 +277,8 @@ fn run(cli: Cli) -> Result<i32> {
     let state = State::new(&cli.state_dir);
     let wait = Duration::from_secs(cli.wait);
     match cli.command {
-        Command::Validate { spec } => {
-            let s = load(&spec, &host)?;
+        Command::Validate { spec, root } => {
+            let s = load_in(&spec, &host, root.as_deref())?;
             out::print(&format!(
                 "{}: valid, {}\n",
                 escape(&spec),
@@ -322,7 +340,7 @@ fn run(cli: Cli) -> Result<i32> {
                     format,
                 },
         } => {
-            let s = load(&spec, &host)?;
+            let s = load_in(&spec, &host, Some(&root))?;
             let spec_path = match spec_path {
                 Some(p) => p,
                 None => {

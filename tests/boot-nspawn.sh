@@ -66,7 +66,9 @@ boot() { # boot ROOT_WITH_ETC LOG: boots, runs the checker, powers off
 
 # --- systemd mode ---------------------------------------------------------
 R=$W/systemd-root
-mkdir -p "$R"
+# boot install --root checks the spec in the root: the image has the disk
+# directory too.
+mkdir -p "$R$W/disk/cache"
 "$BIN" boot install "$W/cache.yaml" --root "$R" --binary /opt/tmpfsctl/tmpfsctl \
     --spec-path /etc/tmpfsctl/cache.yaml > "$W/install.log" 2>&1
 rc=$?
@@ -134,6 +136,7 @@ cat >> "$W/cache.yaml" <<YAML
     size: 4MiB
     on_failure: fail
 YAML
+mkdir -p "$R$W/disk/big"
 "$BIN" boot install "$W/cache.yaml" --root "$R" --binary /opt/tmpfsctl/tmpfsctl \
     --spec-path /etc/tmpfsctl/cache.yaml > "$W/install.log" 2>&1
 boot "$R" "$W/console-failed.log" systemd.journald.forward_to_console=1
@@ -148,7 +151,9 @@ cp "$W/cache.yaml.good" "$W/cache.yaml"
 # --- fstab mode -----------------------------------------------------------
 rm -f "$W/disk/report."* "$W/disk/consumer-saw"
 F=$W/fstab-root
-mkdir -p "$F/etc/systemd/system/multi-user.target.wants"
+mkdir -p "$F/etc/systemd/system/multi-user.target.wants" "$F$W/disk/cache"
+chown 1234:2345 "$F$W/disk/cache"
+chmod 0750 "$F$W/disk/cache"
 "$BIN" boot install "$W/cache.yaml" --mode fstab --root "$F" > "$W/install-fstab.log" 2>&1
 rc=$?
 check "boot install (fstab mode)" '[ $rc -eq 0 ] && grep -q "^tmpfsctl-cache $W/disk/cache tmpfs" "$F/etc/fstab"' "$(cat "$W/install-fstab.log" "$F/etc/fstab" 2>&1)"

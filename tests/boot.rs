@@ -14,6 +14,23 @@ use common::Sandbox;
 const SPEC_PATH: &str = "/etc/tmpfsctl/cache.yaml";
 const BINARY: &str = "/usr/bin/tmpfsctl";
 
+/// `boot install --root` checks the spec in the root: the directories a
+/// test manages on this host (where the installed units or script run) are
+/// made in the root too.
+fn mirror(root: &Path, dirs: &[&Path]) {
+    for d in dirs {
+        fs::create_dir_all(root.join(d.strip_prefix("/").unwrap())).unwrap();
+    }
+}
+
+/// The root user and group in the root's etc/passwd and etc/group, for
+/// specs that name them.
+fn mirror_users(root: &Path) {
+    fs::create_dir_all(root.join("etc")).unwrap();
+    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+}
+
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
@@ -307,6 +324,8 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
     );
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
+    mirror(&root, &[&cache]);
+    mirror_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),
@@ -362,6 +381,7 @@ fn sysv_script_starts_reports_and_stops_with_lsb_codes() {
         ),
     );
     let root = sb.path("root");
+    mirror(&root, &[&cache]);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),
@@ -586,6 +606,8 @@ fn hostile_paths_round_trip_through_fstab() {
     let spec = sb.write_spec("spec.yaml", &yaml);
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
+    mirror(&root, &managed.iter().map(PathBuf::as_path).collect::<Vec<_>>());
+    mirror_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),
@@ -643,6 +665,7 @@ fn boot_install_refuses_what_a_unit_file_cannot_hold() {
         ),
     );
     let root = sb.path("root");
+    mirror(&root, &[&cache]);
     let install = |extra: &[&std::ffi::OsStr]| {
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "boot".as_ref(),
@@ -698,7 +721,7 @@ fn boot_install_refuses_what_a_unit_file_cannot_hold() {
         let r = install(&[flag.as_ref(), value]);
         r.code(2).stderr_has(says);
         assert!(!r.stderr.contains('\u{1b}'), "{r}");
-        assert!(!root.exists(), "{flag} {value:?} wrote files");
+        assert!(!root.join("etc").exists(), "{flag} {value:?} wrote files");
     }
     // What is accepted is what systemd accepts.
     for t in ["15min", "1h 30min", "1.5h", "900", "infinity", "2d3h", "500ms"] {

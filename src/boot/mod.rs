@@ -227,9 +227,9 @@ pub fn artifacts(cx: &Context, mode: Mode) -> Vec<Artifact> {
 }
 
 /// Root owner and mode of each mount's tmpfs for fstab mode, which cannot
-/// copy them at mount time: from the spec, else the directory as this host
-/// has it (like validation; `--root` only says where files are written).
-pub fn fstab_roots(cx: &Context) -> Result<Vec<RootAttrs>> {
+/// copy them at mount time: from the spec, else the directory as the tree
+/// `root` has it (the same tree the spec was validated in).
+pub fn fstab_roots(cx: &Context, root: &Path) -> Result<Vec<RootAttrs>> {
     cx.spec
         .mounts
         .iter()
@@ -237,7 +237,8 @@ pub fn fstab_roots(cx: &Context) -> Result<Vec<RootAttrs>> {
             if let (Some(uid), Some(gid), Some(mode)) = (m.owner, m.group, m.mode) {
                 return Ok(RootAttrs { uid, gid, mode });
             }
-            let base = match RootAttrs::of(&m.path) {
+            let inside = root.join(m.path.strip_prefix("/").unwrap_or(&m.path));
+            let base = match RootAttrs::of(&inside) {
                 Ok(a) => a,
                 Err(_) if m.create => RootAttrs {
                     uid: 0,
@@ -287,7 +288,7 @@ pub fn install(cx: &Context, mode: Mode, root: &Path) -> Result<BootReport> {
         }
     }
     let fstab_block = match mode {
-        Mode::Fstab => fstab::block(cx, &fstab_roots(cx)?),
+        Mode::Fstab => fstab::block(cx, &fstab_roots(cx, root)?),
         _ => String::new(),
     };
     if splice_fstab(root, &fstab_block)? {

@@ -110,7 +110,7 @@ struct Ctx {
 }
 
 /// How far managed paths are checked against the filesystem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paths {
     /// They must exist (or be creatable) without a symlink on the way: for
     /// commands that mount there (`validate`, `plan`, `apply`, the agent).
@@ -119,6 +119,42 @@ pub enum Paths {
     /// (`status`, `sync`, `down`), where one renamed or missing path must not
     /// keep the other mounts from being written back.
     AsWritten,
+    /// As [`Paths::Check`], inside an image or container tree: managed paths
+    /// are looked up under this directory, and user and group names in its
+    /// `etc/passwd` and `etc/group` instead of the host's databases
+    /// (`validate --root`, `boot install --root`).
+    Under(PathBuf),
+}
+
+impl Paths {
+    /// The tree managed paths are checked in (`/` for the host), or `None`
+    /// when they are taken as written.
+    fn tree(&self) -> Option<&Path> {
+        match self {
+            Paths::Check => Some(Path::new("/")),
+            Paths::AsWritten => None,
+            Paths::Under(root) => Some(root),
+        }
+    }
+
+    /// `path` (absolute) as it is reached from this process.
+    fn host_path(&self, path: &Path) -> PathBuf {
+        match self {
+            Paths::Under(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+            _ => path.to_path_buf(),
+        }
+    }
+}
+
+/// Looks `name` up in a passwd- or group-format file (`name:x:id:...`).
+fn id_in_file(file: &Path, name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let mut f = l.split(':');
+        (f.next() == Some(name))
+            .then(|| f.nth(1)?.parse::<u32>().ok())
+            .flatten()
+    })
 }
 
 impl Ctx {
@@ -224,9 +260,10 @@ pub fn validate(
                 Some("a name unique within the spec"),
             );
         }
-        let dir = (cx.paths == Paths::Check)
-            .then(|| std::fs::metadata(&spec.path).ok())
-            .flatten()
+        let dir = cx
+            .paths
+            .tree()
+            .and_then(|_| std::fs::metadata(cx.paths.host_path(&spec.path)).ok())
             .map(|md| (md.dev(), md.ino()));
         if let Some(id) = dir {
             // The same path twice is reported below as a duplicate.
@@ -576,23 +613,26 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
             ELSEWHERE,
         );
     }
-    if let Some(why) = ssh_dir(p, cx.paths == Paths::Check) {
+    if let Some(why) = ssh_dir(p, &cx.paths) {
         return bad(
             cx,
             format!("path `{text}` is {why}; SSH keys are never managed"),
             ELSEWHERE,
         );
     }
-    if cx.paths == Paths::AsWritten {
+    if cx.paths.tree().is_none() {
         return Some(p.to_path_buf());
     }
     // Walk the existing prefix with lstat so a symlink anywhere is caught.
+    // Under a root, `cur` stays the path inside the tree (what messages
+    // show) and `cx.paths.host_path` is where it is looked up.
     let mut cur = PathBuf::from("/");
     for comp in p.components().skip(1) {
         cur.push(comp);
-        match std::fs::symlink_metadata(&cur) {
+        let here = cx.paths.host_path(&cur);
+        match std::fs::symlink_metadata(&here) {
             Ok(md) if md.file_type().is_symlink() => {
-                let target = std::fs::read_link(&cur)
+                let target = std::fs::read_link(&here)
                     .map(|t| t.display().to_string())
                     .unwrap_or_default();
                 return bad(
@@ -612,9 +652,16 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
                 if create {
                     break;
                 }
+                let inside = match &cx.paths {
+                    Paths::Under(root) => format!(" in {}", crate::out::escape(root)),
+                    _ => String::new(),
+                };
                 return bad(
                     cx,
-                    format!("path `{text}` does not exist (`{}` is missing)", cur.display()),
+                    format!(
+                        "path `{text}` does not exist{inside} (`{}` is missing)",
+                        cur.display()
+                    ),
                     "an existing directory, or `create: true` to create it",
                 );
             }
@@ -631,12 +678,12 @@ fn path(cx: &mut Ctx, field: &str, s: &Spanned<String>, create: bool) -> Option<
 /// Home directories are not only under /home (/root, /var/lib/git, ...), so
 /// any `.ssh` component is refused, and with `look` a directory that has a
 /// `.ssh` entry (a home directory).
-fn ssh_dir(path: &Path, look: bool) -> Option<String> {
+fn ssh_dir(path: &Path, paths: &Paths) -> Option<String> {
     if path.components().any(|c| c.as_os_str() == ".ssh") {
         return Some("an SSH directory".into());
     }
     let inner = path.join(".ssh");
-    (look && std::fs::symlink_metadata(&inner).is_ok())
+    (paths.tree().is_some() && std::fs::symlink_metadata(paths.host_path(&inner)).is_ok())
         .then(|| format!("a home directory: it holds {}", inner.display()))
 }
 
@@ -662,15 +709,24 @@ fn user(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
     if let Ok(n) = s.value.parse::<u64>() {
         return numeric_id(cx, field, s, n, "uid");
     }
-    let found = nix::unistd::User::from_name(&s.value)
-        .ok()
-        .flatten()
-        .map(|u| u.uid.as_raw());
+    let (found, db) = match &cx.paths {
+        Paths::Under(root) => (
+            id_in_file(&root.join("etc/passwd"), &s.value),
+            in_tree(root, "passwd"),
+        ),
+        _ => (
+            nix::unistd::User::from_name(&s.value)
+                .ok()
+                .flatten()
+                .map(|u| u.uid.as_raw()),
+            String::new(),
+        ),
+    };
     if found.is_none() {
         cx.at(
             s,
             field,
-            format!("unknown user `{}`", s.value),
+            format!("unknown user `{}`{db}", s.value),
             Some(&format!(
                 "a user name known to the passwd database (getent passwd), or a uid: {ID_RANGE}"
             )),
@@ -683,21 +739,35 @@ fn group(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
     if let Ok(n) = s.value.parse::<u64>() {
         return numeric_id(cx, field, s, n, "gid");
     }
-    let found = nix::unistd::Group::from_name(&s.value)
-        .ok()
-        .flatten()
-        .map(|g| g.gid.as_raw());
+    let (found, db) = match &cx.paths {
+        Paths::Under(root) => (
+            id_in_file(&root.join("etc/group"), &s.value),
+            in_tree(root, "group"),
+        ),
+        _ => (
+            nix::unistd::Group::from_name(&s.value)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw()),
+            String::new(),
+        ),
+    };
     if found.is_none() {
         cx.at(
             s,
             field,
-            format!("unknown group `{}`", s.value),
+            format!("unknown group `{}`{db}", s.value),
             Some(&format!(
                 "a group name known to the group database (getent group), or a gid: {ID_RANGE}"
             )),
         );
     }
     found
+}
+
+/// " in ROOT/etc/DB", for messages about a tree's databases.
+fn in_tree(root: &Path, db: &str) -> String {
+    format!(" in {}", crate::out::escape(&root.join("etc").join(db)))
 }
 
 fn numeric_id(cx: &mut Ctx, field: &str, s: &Spanned<String>, n: u64, what: &str) -> Option<u32> {
