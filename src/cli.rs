@@ -47,6 +47,8 @@ enum Command {
         #[arg(long)]
         root: Option<PathBuf>,
     },
+    /// Print the JSON Schema (draft 2020-12) of the spec, for editors and CI.
+    Schema,
     /// Show the steps `apply` would take.
     Plan {
         spec: PathBuf,
@@ -284,6 +286,10 @@ fn run(cli: Cli) -> Result<i32> {
                 escape(&spec),
                 crate::plural::count(s.mounts.len(), "mount", "mounts")
             ));
+            Ok(exit::OK)
+        }
+        Command::Schema => {
+            out::print(&spec::schema::json());
             Ok(exit::OK)
         }
         Command::Plan { spec, format } => {

@@ -3,6 +3,7 @@
 #[cfg(test)]
 mod fuzz;
 mod raw;
+pub mod schema;
 pub mod size;
 mod validate;
 pub use validate::Paths;

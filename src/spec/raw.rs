@@ -12,88 +12,145 @@ use std::collections::HashMap;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 
+use super::schema::*;
 use super::validate::diagnostic;
 use crate::error::Diagnostic;
+use schemars::JsonSchema;
 
 pub type S<T> = Spanned<T>;
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawSpec {
+    #[schemars(required, range(min = 1, max = 1))]
+    #[schemars(with = "Option<u8>")]
     pub version: Option<S<i64>>,
+    #[schemars(with = "Option<Size>")]
     pub max_total: Option<S<String>>,
     pub defaults: Option<RawDefaults>,
-    /// `None` items were not mappings (already reported); indices stay those
-    /// of the YAML list.
+    // `None` items were not mappings (already reported); indices stay those
+    // of the YAML list.
+    #[schemars(required)]
+    #[schemars(with = "Option<Vec<RawMount>>")]
     pub mounts: Option<S<Vec<Option<RawMount>>>>,
     pub agent: Option<RawAgent>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawDefaults {
+    #[schemars(with = "Option<Vec<OptionName>>")]
     pub options: Option<S<Vec<S<String>>>>,
+    #[schemars(with = "Option<HugeName>")]
     pub huge: Option<S<String>>,
+    #[schemars(with = "Option<bool>")]
     pub noswap: Option<S<bool>>,
+    #[schemars(with = "Option<SeedName>")]
     pub seed: Option<S<String>>,
+    #[schemars(with = "Option<OnFailureName>")]
     pub on_failure: Option<S<String>>,
     pub watchdog: Option<RawWatchdog>,
 }
 
 /// A mount. `name`, `path` and `size` are required; when one is `None` its
 /// absence (or bad type) has been reported already.
-#[derive(Debug)]
+#[derive(Debug, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawMount {
+    #[schemars(required)]
+    #[schemars(with = "Option<MountName>")]
     pub name: Option<S<String>>,
+    #[schemars(required)]
+    #[schemars(with = "Option<AbsPath>")]
     pub path: Option<S<String>>,
+    #[schemars(required)]
+    #[schemars(with = "Option<Size>")]
     pub size: Option<S<String>>,
+    #[schemars(with = "Option<Inodes>")]
     pub inodes: Option<S<String>>,
+    #[schemars(with = "Option<Id>")]
     pub owner: Option<S<String>>,
+    #[schemars(with = "Option<Id>")]
     pub group: Option<S<String>>,
+    #[schemars(with = "Option<Mode>")]
     pub mode: Option<S<String>>,
+    #[schemars(with = "Option<bool>")]
     pub create: Option<S<bool>>,
+    #[schemars(with = "Option<bool>")]
     pub takeover: Option<S<bool>>,
+    #[schemars(with = "Option<Vec<OptionName>>")]
     pub options: Option<S<Vec<S<String>>>>,
+    #[schemars(with = "Option<HugeName>")]
     pub huge: Option<S<String>>,
+    #[schemars(with = "Option<bool>")]
     pub noswap: Option<S<bool>>,
+    #[schemars(with = "Option<SeedName>")]
     pub seed: Option<S<String>>,
+    #[schemars(with = "Option<Persist>")]
     pub persist: Option<S<String>>,
+    #[schemars(with = "Option<OnFailureName>")]
     pub on_failure: Option<S<String>>,
+    #[schemars(with = "Option<Vec<Unit>>")]
     pub before: Option<S<Vec<S<String>>>>,
     pub watchdog: Option<RawWatchdog>,
 }
 
 /// `watchdog:` of a mount or of `defaults`; a mount's fields override the
 /// defaults' one by one.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawWatchdog {
+    #[schemars(with = "Option<Percent>")]
     pub warn: Option<S<String>>,
+    #[schemars(with = "Option<Percent>")]
     pub high: Option<S<String>>,
+    #[schemars(with = "Option<Percent>")]
     pub low: Option<S<String>>,
     pub inodes: Option<RawThresholds>,
+    #[schemars(with = "Option<Actions>")]
     pub action: Option<S<NameList>>,
+    #[schemars(with = "Option<Size>")]
     pub grow_step: Option<S<String>>,
+    #[schemars(with = "Option<Size>")]
     pub max_size: Option<S<String>>,
+    #[schemars(with = "Option<Duration>")]
     pub reoffload_after: Option<S<String>>,
+    #[schemars(with = "Option<PressureNames>")]
     pub pressure: Option<S<NameList>>,
+    #[schemars(range(max = 100))]
+    #[schemars(with = "Option<u8>")]
     pub priority: Option<S<i64>>,
+    #[schemars(with = "Option<EvictGroupName>")]
     pub evict_group: Option<S<String>>,
 }
 
 /// Inode thresholds; unset ones follow the byte thresholds.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawThresholds {
+    #[schemars(with = "Option<Percent>")]
     pub warn: Option<S<String>>,
+    #[schemars(with = "Option<Percent>")]
     pub high: Option<S<String>>,
+    #[schemars(with = "Option<Percent>")]
     pub low: Option<S<String>>,
 }
 
 /// Top-level `agent:`: settings only `tmpfsctl agent` reads.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RawAgent {
+    #[schemars(with = "Option<Duration>")]
     pub interval: Option<S<String>>,
+    #[schemars(with = "Option<Text>")]
     pub metrics: Option<S<String>>,
+    #[schemars(with = "Option<Size>")]
     pub min_available: Option<S<String>>,
+    #[schemars(with = "Option<Percent>")]
     pub max_pressure: Option<S<String>>,
+    #[schemars(with = "Option<Size>")]
     pub grow_floor: Option<S<String>>,
+    #[schemars(with = "Option<Duration>")]
     pub cooldown: Option<S<String>>,
 }
 

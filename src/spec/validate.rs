@@ -865,24 +865,19 @@ fn huge(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Huge> {
     choice(cx, field, s, "huge page policy", &Huge::ALL)
 }
 
+pub(super) const SEEDS: [(&str, Seed); 2] = [("copy", Seed::Copy), ("empty", Seed::Empty)];
+pub(super) const ON_FAILURES: [(&str, OnFailure); 2] =
+    [("keep-disk", OnFailure::KeepDisk), ("fail", OnFailure::Fail)];
+/// What `flags` accepts in `options` (the JSON schema's list).
+pub(super) const OPTION_NAMES: [&str; 6] =
+    ["nosuid", "nodev", "noexec", "relatime", "noatime", "strictatime"];
+
 fn seed(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Seed> {
-    choice(
-        cx,
-        field,
-        s,
-        "seed mode",
-        &[("copy", Seed::Copy), ("empty", Seed::Empty)],
-    )
+    choice(cx, field, s, "seed mode", &SEEDS)
 }
 
 fn on_failure(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<OnFailure> {
-    choice(
-        cx,
-        field,
-        s,
-        "failure policy",
-        &[("keep-disk", OnFailure::KeepDisk), ("fail", OnFailure::Fail)],
-    )
+    choice(cx, field, s, "failure policy", &ON_FAILURES)
 }
 
 const PERSIST_ACCEPTED: &str =
