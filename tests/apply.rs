@@ -296,7 +296,11 @@ fn seed_that_does_not_fit_degrades_and_rolls_back() {
     fs::write(cache.join("huge"), vec![3u8; 12 << 20]).unwrap();
     let spec = spec_for(&sb, &cache, "");
     let r = sb.run(["apply".as_ref(), spec.as_os_str()]);
-    r.code(3).stdout_has("DEGRADED").stdout_has("do not fit");
+    r.code(3)
+        .stdout_has("DEGRADED")
+        .stdout_has("do not fit")
+        // It was tried and rolled back: never reported as "no change".
+        .stdout_has("changed: yes");
     assert!(
         sb.mounts().is_empty()
             || sb
