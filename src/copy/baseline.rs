@@ -21,9 +21,10 @@ pub type Time = (i64, i64);
 
 const MAGIC: &[u8] = b"tmpfsctl-baseline\n";
 /// The format this build writes; it reads it and older ones, and refuses a newer one
-/// rather than guess at it. Format 2 has the same records with a bytewise FNV-1a
-/// checksum, which took longer than the rest of a load.
-pub const FORMAT: u32 = 3;
+/// rather than guess at it. Format 3 lacks [`Baseline::listed_after`] (read as
+/// `None`); format 2 also has a bytewise FNV-1a checksum, which took longer than the
+/// rest of a load.
+pub const FORMAT: u32 = 4;
 
 /// A disk entry as the baseline saw it: enough to tell whether it changed since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +50,7 @@ impl Sig {
         }
     }
 
-    fn is_dir(&self) -> bool {
+    pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
     }
 
@@ -78,25 +79,30 @@ pub fn now_coarse() -> Time {
         .expect("CLOCK_REALTIME_COARSE exists on every Linux since 2.6.32")
 }
 
-/// The current time on the clock inode ctimes use, read just after that clock ticked:
-/// every change made before this returns has a ctime before the result, every change
-/// made after it one at or after it.
+/// A time on the clock inode ctimes use such that every change made before this is
+/// called has a ctime before it, and every change made after it returns one at or
+/// after it.
 ///
-/// Inode ctimes come from the coarse realtime clock (or, with multigrain timestamps,
-/// from a fine-grained time never below it), so that clock is read, after waiting for
-/// it to tick once (a few milliseconds at most).
+/// Inode ctimes come from the coarse realtime clock, or, with multigrain timestamps
+/// (Linux 6.13 and later, on tmpfs and ext4 among others), from the fine-grained clock
+/// for a change that follows a stat of the inode; never from below the coarse clock. A
+/// fine-grained ctime may be ahead of the coarse clock by a tick or more (longer on a
+/// tickless idle CPU). So the fine-grained time is read first, and the coarse clock
+/// is waited for until it has passed that (a few milliseconds).
 pub fn now_after_tick() -> Time {
-    let coarse = now_coarse;
-    let start = coarse();
+    use nix::time::{clock_gettime, ClockId};
+    let fine = clock_gettime(ClockId::CLOCK_REALTIME)
+        .map(|t| (t.tv_sec(), t.tv_nsec()))
+        .expect("CLOCK_REALTIME exists everywhere");
     // A tick is 1 to 10 ms; 100 ms covers a stalled clock without hanging.
     for _ in 0..200 {
-        let now = coarse();
-        if now > start {
+        let now = now_coarse();
+        if now > fine {
             return now;
         }
         std::thread::sleep(std::time::Duration::from_micros(500));
     }
-    coarse()
+    now_coarse()
 }
 
 /// One path's record.
@@ -127,6 +133,11 @@ pub struct Baseline {
     /// for no baseline at all (a mount of an older tmpfsctl, a lost state directory):
     /// the merge then deletes nothing and lets the newer side of every pair win.
     pub taken: Option<Time>,
+    /// Every directory record with a ctime before this was read from the disk at or
+    /// after it, so a later change of that directory gives it another ctime (see
+    /// [`Baseline::unchanged_dir`]). `None`: no record is known to be, as after a seed,
+    /// which reads the disk before it knows its time.
+    pub listed_after: Option<Time>,
     /// By path: looked up once per entry of the tree each pass, so hashed.
     pub marks: Marks,
     /// For a [`Mark::Placing`] from a journal: the record it replaced, which holds
@@ -143,6 +154,37 @@ impl Baseline {
         self.marks.get(path)
     }
 
+    /// Whether the disk directory at `path`, which looks like `now`, has the names it
+    /// had when its record was read: the record is trusted and equal to `now`. A name
+    /// added, removed or renamed sets the directory's ctime to the current time, which
+    /// is at or after `listed_after`, so never back to a trusted record's ctime. (A
+    /// file changed in place does not change its directory: a caller that trusts the
+    /// names still stats what it must compare.)
+    pub fn unchanged_dir(&self, path: &[u8], now: &Sig) -> bool {
+        match (self.listed_after, self.get(path)) {
+            (Some(after), Some(Mark::Entry(sig))) => sig.is_dir() && sig.ctime < after && sig == now,
+            _ => false,
+        }
+    }
+
+    /// The names each directory's records hold, by the directory's path (`""` for
+    /// the root): the disk directory's names, where [`Self::unchanged_dir`] holds. A
+    /// name remembered as deleted is not on the disk.
+    pub fn names_by_dir(&self) -> HashMap<&[u8], Vec<&[u8]>> {
+        let mut by_dir: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
+        for (path, mark) in self.marks.iter() {
+            if matches!(mark, Mark::Deleted(_)) {
+                continue;
+            }
+            let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&path[..i], &path[i + 1..]),
+                None => (&path[..0], path),
+            };
+            by_dir.entry(dir).or_default().push(name);
+        }
+        by_dir
+    }
+
     /// The records of everything below `dir` (not `dir` itself), in no order. A scan
     /// of all records: only needed for a subtree a pass did not walk.
     pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], &'a Mark)> + 'a {
@@ -156,6 +198,12 @@ impl Baseline {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT.to_le_bytes());
         let (has, t) = match self.taken {
+            Some(t) => (1u8, t),
+            None => (0, (0, 0)),
+        };
+        out.push(has);
+        put_time(&mut out, t);
+        let (has, t) = match self.listed_after {
             Some(t) => (1u8, t),
             None => (0, (0, 0)),
         };
@@ -192,6 +240,13 @@ impl Baseline {
         let has = r.take(1)?[0];
         let t = r.time()?;
         let taken = (has == 1).then_some(t);
+        let listed_after = if format >= 4 {
+            let has = r.take(1)?[0];
+            let t = r.time()?;
+            (has == 1).then_some(t)
+        } else {
+            None
+        };
         let count = u64::from_le_bytes(r.array()?);
         // Every record is 4 bytes of length and 17 of payload besides its path.
         let count = usize::try_from(count)
@@ -208,6 +263,7 @@ impl Baseline {
         }
         Ok(Baseline {
             taken,
+            listed_after,
             marks,
             placing_before: HashMap::new(),
         })
@@ -721,6 +777,7 @@ mod tests {
     fn encoding_round_trips_and_damage_is_detected() {
         let mut b = Baseline {
             taken: Some((1_700_000_000, 123)),
+            listed_after: Some((1_700_000_001, 7)),
             ..Baseline::none()
         };
         b.marks.insert(b"a", Mark::Entry(file(1, T0)));
@@ -754,6 +811,80 @@ mod tests {
         assert!(err.to_string().contains("newer than this tmpfsctl"));
     }
 
+    /// `b` as an older format wrote it: without `listed_after`, and before format 3
+    /// with the bytewise checksum.
+    fn encode_old(b: &Baseline, format: u32) -> Vec<u8> {
+        let data = b.encode();
+        let mut old = data[..data.len() - 8].to_vec();
+        old[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&format.to_le_bytes());
+        // Magic, format, then `taken` (a flag and two i64): `listed_after` follows.
+        let at = MAGIC.len() + 4 + 17;
+        old.drain(at..at + 17);
+        let sum = if format >= 3 { sum64(&old) } else { fnv1a(&old) };
+        old.extend_from_slice(&sum.to_le_bytes());
+        old
+    }
+
+    #[test]
+    fn a_format_3_baseline_is_read_with_no_directory_trusted() {
+        let mut b = Baseline {
+            taken: Some(T1),
+            listed_after: Some(T2),
+            ..Baseline::none()
+        };
+        b.marks.insert(b"d", Mark::Entry(dir(9, T0)));
+        let read = Baseline::decode(&encode_old(&b, 3)).unwrap();
+        assert_eq!(read.listed_after, None);
+        assert_eq!((read.taken, read.marks.clone()), (b.taken, b.marks.clone()));
+        assert!(b.unchanged_dir(b"d", &dir(9, T0)));
+        assert!(!read.unchanged_dir(b"d", &dir(9, T0)));
+    }
+
+    #[test]
+    fn a_directory_record_is_trusted_only_when_read_after_its_ctime_and_equal() {
+        let mut b = Baseline {
+            taken: Some(T0),
+            listed_after: Some(T1),
+            ..Baseline::none()
+        };
+        b.marks.insert(b"old", Mark::Entry(dir(1, T0)));
+        b.marks.insert(b"recent", Mark::Entry(dir(2, T1)));
+        b.marks.insert(b"file", Mark::Entry(file(3, T0)));
+        b.marks.insert(b"gone", Mark::Deleted(T0));
+        assert!(b.unchanged_dir(b"old", &dir(1, T0)));
+        // Changed in the tick it was read in: a later change could keep that ctime.
+        assert!(!b.unchanged_dir(b"recent", &dir(2, T1)));
+        assert!(!b.unchanged_dir(b"old", &dir(1, T1)), "names changed since");
+        assert!(!b.unchanged_dir(b"old", &dir(4, T0)), "another directory");
+        let mut bigger = dir(1, T0);
+        bigger.size += 4096;
+        assert!(!b.unchanged_dir(b"old", &bigger));
+        assert!(!b.unchanged_dir(b"file", &file(3, T0)));
+        assert!(!b.unchanged_dir(b"gone", &dir(1, T0)));
+        assert!(!b.unchanged_dir(b"unknown", &dir(1, T0)));
+    }
+
+    #[test]
+    fn names_by_dir_holds_what_is_on_disk_under_each_directory() {
+        let mut b = Baseline::none();
+        b.marks.insert(b"a", Mark::Entry(dir(1, T0)));
+        b.marks.insert(b"a/x", Mark::Entry(file(2, T0)));
+        b.marks.insert(b"a/y", Mark::DiskWon(file(3, T0)));
+        b.marks.insert(b"a/gone", Mark::Deleted(T0));
+        b.marks.insert(b"a/y/z", Mark::Entry(file(4, T0)));
+        b.marks.insert(b"top", Mark::Entry(file(5, T0)));
+        let by_dir = b.names_by_dir();
+        let names = |d: &[u8]| {
+            let mut v: Vec<&[u8]> = by_dir.get(d).cloned().unwrap_or_default();
+            v.sort();
+            v
+        };
+        assert_eq!(names(b""), [&b"a"[..], b"top"]);
+        assert_eq!(names(b"a"), [&b"x"[..], b"y"]);
+        assert_eq!(names(b"a/y"), [&b"z"[..]]);
+        assert_eq!(by_dir.len(), 3);
+    }
+
     #[test]
     fn a_format_2_baseline_with_its_bytewise_checksum_is_still_read() {
         let mut b = Baseline {
@@ -761,11 +892,7 @@ mod tests {
             ..Baseline::none()
         };
         b.marks.insert(b"d/f", Mark::Entry(file(9, T0)));
-        let data = b.encode();
-        let mut old = data[..data.len() - 8].to_vec();
-        old[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
-        let sum = fnv1a(&old);
-        old.extend_from_slice(&sum.to_le_bytes());
+        let mut old = encode_old(&b, 2);
         assert_eq!(Baseline::decode(&old).unwrap(), b);
         let wrong = sum64(&old[..old.len() - 8]);
         old.truncate(old.len() - 8);

@@ -30,6 +30,7 @@ pub mod journal;
 mod marks;
 mod ops;
 mod scan;
+mod settle;
 mod sync;
 mod xattrs;
 

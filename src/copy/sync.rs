@@ -25,6 +25,7 @@ use super::ops::{
     Failed, RelPath, Reporter, Transfer,
 };
 use super::scan::{self, is_temp, read_names, Event, Name, SrcEntry};
+use super::settle::{self, UNTRUSTED};
 use super::xattrs::{self, XattrTarget};
 use super::{open_root_dir, CopyError};
 
@@ -61,6 +62,9 @@ pub struct SyncStats {
     /// Names changed on both sides since the baseline: decided for the later change
     /// (also counted in `kept_disk` when that was the disk's).
     pub conflicts: u64,
+    /// Disk directories whose names the baseline stood for: neither listed nor their
+    /// unchanged entries stated (see [`Baseline::unchanged_dir`]).
+    pub dirs_trusted: u64,
 }
 
 /// What [`sync_tree`] returns: what it did, and the baseline for the next pass.
@@ -184,6 +188,9 @@ pub fn sync_tree(
     } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
+    let dst_root = dst_fd.try_clone().map_err(|e| {
+        dst_err("open directory")(Errno::from_raw(e.raw_os_error().unwrap_or(0))).at(PathBuf::from("."))
+    })?;
     // RAM changes from here on have a ctime at or after it: the next pass's baseline.
     let taken = baseline::now_after_tick();
     std::thread::scope(|scope| {
@@ -192,6 +199,11 @@ pub fn sync_tree(
             journal,
             deletions,
             marks: baseline::Marks::with_capacity(base.marks.len(), 0),
+            disk_names: if base.listed_after.is_some() {
+                base.names_by_dir()
+            } else {
+                HashMap::new()
+            },
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -225,13 +237,15 @@ pub fn sync_tree(
             marks.insert(&path, mark);
         }
         reporter.report();
+        let mut baseline = Baseline {
+            taken: Some(taken),
+            marks,
+            ..Baseline::none()
+        };
+        settle::settle(&mut baseline, dst_root.as_fd(), taken);
         Ok(Synced {
             stats: reporter.stats,
-            baseline: Baseline {
-                taken: Some(taken),
-                marks,
-                ..Baseline::none()
-            },
+            baseline,
         })
     })
 }
@@ -416,6 +430,9 @@ struct Frame {
     tentative: Option<(Time, Arc<DstDir>, CString)>,
     /// The RAM side's metadata wins (see [`Verdict`]).
     ram_meta: bool,
+    /// The disk directory kept its names since the baseline, whose records stand for
+    /// its listing ([`Baseline::unchanged_dir`]).
+    trusted: bool,
     rel_len: usize,
 }
 
@@ -439,6 +456,8 @@ struct Syncer<'p, 'b> {
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
     /// The next baseline's records, in the order made (the last of a path holds).
     marks: baseline::Marks,
+    /// The names the baseline holds by disk directory, where it may be trusted.
+    disk_names: HashMap<&'b [u8], Vec<&'b [u8]>>,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -595,12 +614,43 @@ impl Syncer<'_, '_> {
     /// below another filesystem): what the baseline knew of it still holds.
     fn carry(&mut self, path: &[u8]) {
         let base = self.base;
-        if let Some(m) = base.get(path) {
-            self.marks.insert(path, *m);
+        for (p, m) in base
+            .get(path)
+            .map(|m| (path, m))
+            .into_iter()
+            .chain(base.below(path))
+        {
+            let mark = match *m {
+                // Not read in this pass: trusted as before, or not at all.
+                Mark::Entry(sig) if sig.is_dir() && !base.unchanged_dir(p, &sig) => Mark::Entry(Sig {
+                    ctime: UNTRUSTED,
+                    ..sig
+                }),
+                other => other,
+            };
+            self.marks.insert(p, mark);
         }
-        for (p, m) in base.below(path) {
-            self.marks.insert(p, *m);
+    }
+
+    /// In a directory whose names the disk kept: a RAM non-directory unchanged since
+    /// the baseline, whose record says both sides agreed on it or the disk's version
+    /// won, keeps that record without a look at the disk. Had the disk changed it in
+    /// place, the disk's version would be kept all the same; whether the RAM then
+    /// wins with a later change is decided by times, which the disk's entry shows
+    /// whenever the RAM changes it. Hard links are left to the full comparison.
+    fn carry_unchanged(&mut self, path: &[u8], s: &FileStat) -> bool {
+        let ram = ctime(s);
+        if file_type(s) == libc::S_IFDIR || s.st_nlink != 1 || self.base.taken.is_none_or(|t| ram >= t) {
+            return false;
         }
+        let mark = match self.base.get(path) {
+            Some(&m @ Mark::Entry(sig)) if !sig.is_dir() => m,
+            Some(&m @ Mark::DiskWon(sig)) if !sig.is_dir() && ram <= sig.ctime => m,
+            _ => return false,
+        };
+        self.marks.insert(path, mark);
+        self.reporter.stats.unchanged += 1;
+        true
     }
 
     fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
@@ -608,7 +658,7 @@ impl Syncer<'_, '_> {
         let root = match self.next_event()? {
             Event::Enter { fd, st, entries, .. } => {
                 let dst_st = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at_root)?;
-                let mut frame = self.frame(fd, entries, dst, None, None).map_err(at_root)?;
+                let mut frame = self.frame(fd, entries, dst, None, None, None).map_err(at_root)?;
                 frame.ram_deleted_at = ctime(&st);
                 frame.disk_deleted_at = ctime(&dst_st);
                 frame
@@ -704,8 +754,9 @@ impl Syncer<'_, '_> {
     }
 
     /// Lists the destination side of a directory pair (a directory created just now is
-    /// known to be empty) and pairs it with the scanned source side. The deletion
-    /// times are the caller's to set.
+    /// known to be empty, one whose names the disk kept since the baseline at `path`
+    /// is listed there) and pairs it with the scanned source side. The deletion times
+    /// are the caller's to set.
     fn frame(
         &mut self,
         src: OwnedFd,
@@ -713,10 +764,21 @@ impl Syncer<'_, '_> {
         dst: OwnedFd,
         meta: Option<FileStat>,
         before: Option<FileStat>,
+        path: Option<&[u8]>,
     ) -> Result<Frame, Failed> {
         let created = before.is_none() && meta.is_some();
+        let kept = match (path, &before) {
+            (Some(path), Some(before)) if self.base.unchanged_dir(path, &Sig::of(before)) => {
+                self.names_in_baseline(path)
+            }
+            _ => None,
+        };
+        let trusted = kept.is_some();
+        self.reporter.stats.dirs_trusted += u64::from(trusted);
         let dst_names = if created {
             Vec::new()
+        } else if let Some(names) = kept {
+            names
         } else {
             read_names(&dst).map_err(dst_err("read directory"))?
         };
@@ -731,8 +793,18 @@ impl Syncer<'_, '_> {
             disk_deleted_at: (0, 0),
             tentative: None,
             ram_meta: true,
+            trusted,
             rel_len: self.rel.len(),
         })
+    }
+
+    /// The disk directory at `path`'s names as the baseline holds them.
+    fn names_in_baseline(&self, path: &[u8]) -> Option<Vec<Name>> {
+        let names = self.disk_names.get(path).map_or(&[][..], Vec::as_slice);
+        names
+            .iter()
+            .map(|n| CString::new(*n).ok().map(|name| Name { name, dtype: None }))
+            .collect()
     }
 
     fn step(&mut self, stack: &[Frame], step: &Step) -> Result<Outcome, Stop> {
@@ -754,7 +826,11 @@ impl Syncer<'_, '_> {
             self.carry(&path);
             return Ok(Outcome::default());
         };
-        let d = if in_dst {
+        if parent.trusted && self.carry_unchanged(&path, &s) {
+            return Ok(Outcome::default());
+        }
+        // A trusted listing holds the baseline's names only: the disk may have others.
+        let d = if in_dst || parent.trusted {
             match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(d) => Some(d),
                 Err(Errno::ENOENT) => None,
@@ -963,7 +1039,7 @@ impl Syncer<'_, '_> {
             self.finish_dir(&left)?;
             return Ok(Outcome { enter: None, changed });
         }
-        let mut frame = self.frame(src, entries, dst, Some(s), before)?;
+        let mut frame = self.frame(src, entries, dst, Some(s), before, Some(&path))?;
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
         frame.tentative = tentative;

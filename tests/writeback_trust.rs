@@ -1,0 +1,222 @@
+//! A write-back trusts the baseline for the names of a disk directory that kept them
+//! (`Baseline::unchanged_dir`): it neither lists it nor stats its unchanged entries.
+//! That must change no outcome. Two disk copies get the same changes, round after
+//! round, while the application also changes the tmpfs; one is written back with its
+//! baselines as they are, the other with every directory listed and every entry
+//! stated. The two copies must stay identical.
+//!
+//! Needs root: the tmpfs is mounted in a private mount namespace; the disk copies are
+//! directories under /tmp.
+
+mod common_copy;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common_copy::*;
+use tmpfsctl::copy::{sync_tree, Baseline, Merge, SyncStats, Synced};
+
+fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
+    sync_tree(
+        src,
+        dst,
+        Merge {
+            base,
+            journal: None,
+            deletions: None,
+        },
+        None,
+    )
+    .expect("write-back")
+}
+
+/// What a tree holds: per path, the type and the contents (a directory's are empty).
+fn contents(root: &Path) -> BTreeMap<PathBuf, (bool, Vec<u8>, u32)> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        for e in fs::read_dir(root.join(&rel)).expect("list") {
+            let rel = rel.join(e.expect("entry").file_name());
+            let m = fs::symlink_metadata(root.join(&rel)).expect("stat");
+            let data = if m.is_dir() {
+                todo.push(rel.clone());
+                Vec::new()
+            } else {
+                fs::read(root.join(&rel)).expect("read")
+            };
+            out.insert(rel, (m.is_dir(), data, m.permissions().mode() & 0o7777));
+        }
+    }
+    out
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    fn file(&mut self) -> PathBuf {
+        PathBuf::from(format!("d{}/f{}", self.below(4), self.below(12)))
+    }
+}
+
+/// One change by the application at `root`: a write (in place or a new file), a
+/// deletion, a rename or a `chmod`, where it applies. The same `Rng` state makes the
+/// same change.
+fn change(root: &Path, rng: &mut Rng, round: usize) {
+    let (op, a, b) = (rng.below(5), rng.file(), rng.file());
+    let (a, b) = (root.join(a), root.join(b));
+    let _ = match op {
+        0 | 1 => fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&a)
+            .and_then(|mut f| {
+                f.write_all(format!("{round}:{}", a.strip_prefix(root).unwrap().display()).as_bytes())
+            }),
+        2 => fs::remove_file(&a),
+        3 => fs::rename(&a, &b),
+        _ => fs::set_permissions(&a, fs::Permissions::from_mode(0o600 + 0o40 * (round as u32 % 2))),
+    };
+}
+
+/// Lets the coarse clock move on, so the sides' changes are ordered by their ctimes
+/// as they were made.
+fn tick() {
+    std::thread::sleep(Duration::from_millis(12));
+}
+
+#[test]
+fn trusted_directories_change_no_outcome() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let (trusting, listing) = (
+        tempfile::tempdir_in("/tmp").expect("tempdir"),
+        tempfile::tempdir_in("/tmp").expect("tempdir"),
+    );
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=64m,mode=0755");
+        let src = ram.path();
+        for d in 0..4 {
+            fs::create_dir_all(src.join(format!("d{d}/sub"))).unwrap();
+            for f in 0..8 {
+                fs::write(src.join(format!("d{d}/f{f}")), format!("seed {d} {f}")).unwrap();
+            }
+        }
+        let (a, b) = (trusting.path(), listing.path());
+        let mut base_a = pass(src, a, &Baseline::none()).baseline;
+        let mut base_b = pass(src, b, &Baseline::none()).baseline;
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut trusted = 0;
+        for round in 0..60 {
+            // Some rounds change nothing on one side or the other, so directories
+            // stay unchanged long enough to be trusted.
+            let (ram_changes, disk_changes) = (rng.below(4), rng.below(3));
+            for _ in 0..ram_changes {
+                change(src, &mut rng, round);
+            }
+            tick();
+            for _ in 0..disk_changes {
+                let state = rng.0;
+                change(a, &mut rng, round);
+                rng.0 = state;
+                change(b, &mut rng, round);
+            }
+            tick();
+            let done = pass(src, a, &base_a);
+            trusted += done.stats.dirs_trusted;
+            base_a = done.baseline;
+            let mut listed = base_b.clone();
+            listed.listed_after = None;
+            let done = pass(src, b, &listed);
+            assert_eq!(
+                done.stats.dirs_trusted, 0,
+                "nothing is trusted without listed_after"
+            );
+            base_b = done.baseline;
+            assert_eq!(contents(a), contents(b), "round {round}: the copies differ");
+            tick();
+        }
+        assert!(trusted > 100, "the trusted path was taken only {trusted} times");
+    });
+}
+
+fn stats_of(src: &Path, dst: &Path, base: &mut Baseline) -> SyncStats {
+    let done = pass(src, dst, base);
+    *base = done.baseline;
+    done.stats
+}
+
+#[test]
+fn a_directory_the_pass_changed_is_trusted_by_the_next() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        for d in ["a", "b", "a/c"] {
+            fs::create_dir(src.join(d)).unwrap();
+            fs::write(src.join(d).join("f"), d).unwrap();
+        }
+        let mut base = Baseline::none();
+        assert_eq!(
+            stats_of(src, dst, &mut base).dirs_trusted,
+            0,
+            "a first pass lists all"
+        );
+        assert_eq!(stats_of(src, dst, &mut base).dirs_trusted, 3);
+        fs::write(src.join("a/f"), "new").unwrap();
+        fs::write(src.join("a/g"), "new").unwrap();
+        let st = stats_of(src, dst, &mut base);
+        assert_eq!((st.files_written, st.dirs_trusted), (2, 3), "{st:?}");
+        // `a` got two names in that pass; it was read again afterwards.
+        assert_eq!(stats_of(src, dst, &mut base).dirs_trusted, 3);
+        assert_eq!(fs::read(dst.join("a/g")).unwrap(), b"new");
+        // The application's change on the disk side makes the directory listed again.
+        fs::write(dst.join("b/own"), "disk").unwrap();
+        let st = stats_of(src, dst, &mut base);
+        assert_eq!((st.dirs_trusted, st.kept_disk), (2, 0), "{st:?}");
+        assert_eq!(fs::read(dst.join("b/own")).unwrap(), b"disk");
+    });
+}
+
+#[test]
+fn in_a_trusted_directory_a_newer_ram_file_replaces_the_disk_s_own() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/f"), "ram").unwrap();
+        fs::create_dir(dst.join("d")).unwrap();
+        // The disk's own name, in no baseline, older than the RAM's file of that name.
+        fs::write(dst.join("d/x"), "disk").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        assert_eq!(stats_of(src, dst, &mut base).dirs_trusted, 1);
+        tick();
+        fs::write(src.join("d/x"), "ram, later").unwrap();
+        // A file changed on disk in place, unchanged in RAM: the disk's version stays.
+        fs::write(dst.join("d/f"), "disk, in place").unwrap();
+        let st = stats_of(src, dst, &mut base);
+        assert_eq!((st.dirs_trusted, st.files_written), (1, 1), "{st:?}");
+        assert_eq!(fs::read(dst.join("d/x")).unwrap(), b"ram, later");
+        assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"disk, in place");
+        tick();
+        // A later RAM change of it wins over the disk's.
+        fs::write(src.join("d/f"), "ram, latest").unwrap();
+        stats_of(src, dst, &mut base);
+        assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"ram, latest");
+    });
+}
