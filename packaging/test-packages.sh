@@ -44,6 +44,7 @@ expected=$(sort <<'EOF_LIST'
 /usr/share/doc/tmpfsctl/boot.md
 /usr/share/doc/tmpfsctl/examples/cache.yaml
 /usr/share/doc/tmpfsctl/prometheus/tmpfsctl.rules.yml
+/usr/share/tmpfsctl/tmpfsctl.schema.json
 EOF_LIST
 )
 # Files of the repository that the packages must carry whole.
@@ -78,6 +79,8 @@ check ".deb has copyright and changelog" \
     'grep -q "/usr/share/doc/tmpfsctl/copyright$" <<<"$contents" && grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$" <<<"$contents"' "$contents"
 check "/etc/tmpfsctl/cache.yaml is a conffile" \
     '[ "$(dpkg-deb --info "$deb" conffiles 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(dpkg-deb --info "$deb" conffiles 2>&1)"
+check "the packaged schema is the binary's own (tmpfsctl schema)" \
+    'dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ./usr/share/tmpfsctl/tmpfsctl.schema.json | cmp -s - <("$bin" schema)'
 check "the binary is stripped" 'dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ./usr/bin/tmpfsctl > "$W/bin" && ! file "$W/bin" 2>/dev/null | grep -q "not stripped"'
 lintian --fail-on error --info "$deb" > "$W/lintian.log" 2>&1
 rc=$?
