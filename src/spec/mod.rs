@@ -533,9 +533,13 @@ fn yaml_message(message: &str) -> String {
     }
 }
 
-/// Best-effort field name for a YAML-level error: the key on that line.
+/// Best-effort field path for a YAML-level error (`mounts[0].watchdog.high`): the
+/// key on that line, then the keys and list items it is indented under in block
+/// style. Flow style and other odd layouts give a shorter path, never a wrong key.
 fn field_of_yaml_error(text: &str, line: u64, column: u64) -> String {
-    let Some(l) = text.lines().nth(line.saturating_sub(1) as usize) else {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = line.saturating_sub(1) as usize;
+    let Some(l) = lines.get(at) else {
         return "(document)".into();
     };
     let upto: String = l.chars().take(column.saturating_sub(1) as usize).collect();
@@ -548,15 +552,107 @@ fn field_of_yaml_error(text: &str, line: u64, column: u64) -> String {
         .unwrap_or("")
         .trim();
     if key.is_empty() {
-        "(document)".into()
-    } else {
-        key.to_string()
+        return "(document)".into();
+    }
+    let mut parts = vec![key.to_string()];
+    let here = BlockLine::of(l);
+    // The indent of the keys of the mapping being climbed out of, and the list item
+    // it is (its dash's indent, and how many items precede it), if it is one.
+    let mut target = here.key_indent;
+    let mut item = here.dash.then_some((here.lead, 0usize));
+    for l in lines[..at].iter().rev() {
+        let b = BlockLine::of(l);
+        if b.blank {
+            continue;
+        }
+        let parent = match item {
+            Some((dash, ref mut before)) => {
+                if b.dash && b.lead == dash {
+                    *before += 1;
+                    continue;
+                }
+                if b.lead > dash {
+                    continue;
+                }
+                let Some(k) = b.key else { break };
+                format!("{k}[{before}]")
+            }
+            None => {
+                if b.key_indent == target && b.dash {
+                    item = Some((b.lead, 0));
+                    continue;
+                }
+                if b.key_indent >= target {
+                    continue;
+                }
+                let Some(k) = b.key else { break };
+                k.to_string()
+            }
+        };
+        parts.push(parent);
+        target = b.key_indent;
+        item = b.dash.then_some((b.lead, 0));
+    }
+    parts.reverse();
+    parts.join(".")
+}
+
+/// A line of block-style YAML as [`field_of_yaml_error`] climbs through it.
+struct BlockLine<'a> {
+    blank: bool,
+    /// Spaces before its first character.
+    lead: usize,
+    /// It starts a list item (`- `).
+    dash: bool,
+    /// Where its key (or value) starts: after the dash, if any.
+    key_indent: usize,
+    /// The key it opens, if it has one.
+    key: Option<&'a str>,
+}
+
+impl<'a> BlockLine<'a> {
+    fn of(l: &'a str) -> Self {
+        let rest = l.trim_start_matches(' ');
+        let lead = l.len() - rest.len();
+        let (dash, body) = match rest.strip_prefix("- ") {
+            Some(b) => (true, b.trim_start_matches(' ')),
+            None => (rest == "-", rest),
+        };
+        let key_indent = l.len() - body.len();
+        let key = body
+            .split_once(':')
+            .map(|(k, _)| k.trim())
+            .filter(|k| !k.is_empty() && !k.starts_with(['#', '{', '[', '"', '\'']));
+        BlockLine {
+            blank: rest.is_empty() || rest.starts_with('#'),
+            lead,
+            dash,
+            key_indent,
+            key,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_yaml_error_is_placed_by_its_full_field_path() {
+        let at = |text: &str, line: u64| field_of_yaml_error(text, line, 1);
+        let spec = "version: 1\nmounts:\n  - name: a\n    size: 1m\n  - name: b\n    watchdog:\n      # why\n\n      high: [1\n    size: 2m\n";
+        assert_eq!(at(spec, 9), "mounts[1].watchdog.high");
+        assert_eq!(at(spec, 10), "mounts[1].size");
+        assert_eq!(at(spec, 5), "mounts[1].name");
+        assert_eq!(at(spec, 4), "mounts[0].size");
+        assert_eq!(at(spec, 1), "version");
+        // A list at the same indent as its key, and nested lists.
+        let flat = "mounts:\n- name: a\n- name: b\n  before:\n    - x.service\n    - y: [\n";
+        assert_eq!(at(flat, 3), "mounts[1].name");
+        assert_eq!(at(flat, 6), "mounts[1].before[1].y");
+        assert_eq!(at("mounts: [\n", 1), "mounts");
+        assert_eq!(at("", 3), "(document)");
+    }
 
     const GIB: u64 = 1 << 30;
 
