@@ -220,3 +220,32 @@ fn in_a_trusted_directory_a_newer_ram_file_replaces_the_disk_s_own() {
         assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"ram, latest");
     });
 }
+
+#[test]
+fn a_directory_renamed_in_ram_over_a_trusted_one_is_written_whole() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        for (d, text) in [("a", "content of a, longer"), ("b", "content of b")] {
+            fs::create_dir_all(src.join(d).join("sub")).unwrap();
+            fs::write(src.join(d).join("c"), text).unwrap();
+            fs::write(src.join(d).join("sub/c"), text).unwrap();
+        }
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        assert_eq!(stats_of(src, dst, &mut base).dirs_trusted, 4);
+        tick();
+        // Only `b` (the moved directory) gets a new ctime; its entries keep theirs.
+        fs::remove_dir_all(src.join("b")).unwrap();
+        fs::rename(src.join("a"), src.join("b")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        for f in ["b/c", "b/sub/c"] {
+            assert_eq!(fs::read(dst.join(f)).unwrap(), b"content of a, longer", "{f}");
+        }
+        assert!(!dst.join("a").exists());
+    });
+}

@@ -46,6 +46,20 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
         let fresh: Vec<(&[u8], Sig)> = {
             let mut expected: HashMap<&[u8], Vec<&[u8]>> = base.names_by_dir();
             expected.retain(|dir, _| changed.contains(*dir));
+            // Names remembered as deleted: back on the disk, the next pass must see
+            // them to merge the RAM's side against that record.
+            let mut deleted: HashMap<&[u8], HashSet<&[u8]>> = HashMap::new();
+            for (path, mark) in base.marks.iter() {
+                if matches!(mark, Mark::Deleted(_)) {
+                    let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+                        Some(i) => (&path[..i], &path[i + 1..]),
+                        None => (&path[..0], path),
+                    };
+                    if changed.contains(dir) {
+                        deleted.entry(dir).or_default().insert(name);
+                    }
+                }
+            }
             changed
                 .iter()
                 .filter_map(|path| {
@@ -53,7 +67,8 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
                         return None;
                     };
                     let names = expected.get(&**path).map_or(&[][..], Vec::as_slice);
-                    let sig = match reread(root, path, names, settled) {
+                    let gone = deleted.get(&**path);
+                    let sig = match reread(root, path, names, gone, settled) {
                         Some(now) if now.ino == walked.ino => now,
                         _ => Sig {
                             ctime: UNTRUSTED,
@@ -72,8 +87,15 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
 }
 
 /// The directory at `path` below `root` as it is now, if its ctime is before `settled`
-/// and it holds every one of `names` (it may hold more: names the disk has on its own).
-fn reread(root: BorrowedFd<'_>, path: &[u8], names: &[&[u8]], settled: Time) -> Option<Sig> {
+/// and it holds every one of `names` and none of `gone` (it may hold more: names the
+/// disk has on its own).
+fn reread(
+    root: BorrowedFd<'_>,
+    path: &[u8],
+    names: &[&[u8]],
+    gone: Option<&HashSet<&[u8]>>,
+    settled: Time,
+) -> Option<Sig> {
     let fd = beneath(root, Path::new(OsStr::from_bytes(path))).ok()?;
     let before = Sig::of(&stat::fstat(&fd).ok()?);
     if before.ctime >= settled {
@@ -85,7 +107,8 @@ fn reread(root: BorrowedFd<'_>, path: &[u8], names: &[&[u8]], settled: Time) -> 
         return None;
     }
     let listed: HashSet<&[u8]> = listed.iter().map(|n| n.name.to_bytes()).collect();
-    names.iter().all(|n| listed.contains(n)).then_some(before)
+    let back = gone.is_some_and(|g| listed.iter().any(|n| g.contains(n)));
+    (!back && names.iter().all(|n| listed.contains(n))).then_some(before)
 }
 
 /// Opens the directory `rel` below `root` without following a symlink or leaving the

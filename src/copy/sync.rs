@@ -433,6 +433,10 @@ struct Frame {
     /// The disk directory kept its names since the baseline, whose records stand for
     /// its listing ([`Baseline::unchanged_dir`]).
     trusted: bool,
+    /// Neither this RAM directory nor any above it changed since the baseline, so its
+    /// names hold what they held then: a directory renamed or exchanged in RAM gets a
+    /// new ctime, its entries (and their subdirectories) do not.
+    ram_kept: bool,
     rel_len: usize,
 }
 
@@ -661,6 +665,8 @@ impl Syncer<'_, '_> {
                 let mut frame = self.frame(fd, entries, dst, None, None, None).map_err(at_root)?;
                 frame.ram_deleted_at = ctime(&st);
                 frame.disk_deleted_at = ctime(&dst_st);
+                // The tmpfs root itself is never renamed.
+                frame.ram_kept = true;
                 frame
             }
             _ => unreachable!("the scan starts with the root"),
@@ -794,6 +800,7 @@ impl Syncer<'_, '_> {
             tentative: None,
             ram_meta: true,
             trusted,
+            ram_kept: false,
             rel_len: self.rel.len(),
         })
     }
@@ -826,7 +833,7 @@ impl Syncer<'_, '_> {
             self.carry(&path);
             return Ok(Outcome::default());
         };
-        if parent.trusted && self.carry_unchanged(&path, &s) {
+        if parent.trusted && parent.ram_kept && self.carry_unchanged(&path, &s) {
             return Ok(Outcome::default());
         }
         // A trusted listing holds the baseline's names only: the disk may have others.
@@ -1042,6 +1049,7 @@ impl Syncer<'_, '_> {
         let mut frame = self.frame(src, entries, dst, Some(s), before, Some(&path))?;
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
+        frame.ram_kept = parent.ram_kept && self.base.taken.is_some_and(|t| ctime(&s) < t);
         frame.tentative = tentative;
         frame.ram_meta = ram_meta;
         self.rel.push(name);
