@@ -12,6 +12,16 @@ use std::path::{Path, PathBuf};
 
 use common::Sandbox;
 
+/// `tmpfsctl validate SPEC --root ROOT`.
+fn validate_in(sb: &Sandbox, spec: &Path, root: &Path) -> common::Run {
+    sb.run([
+        "validate".as_ref(),
+        spec.as_os_str(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ])
+}
+
 fn examples() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut v: Vec<PathBuf> = fs::read_dir(&dir)
@@ -85,14 +95,7 @@ fn every_example_is_valid_in_a_fake_root() {
             ex.display()
         );
         let root = fake_root(&sb, &format!("root{i}"), &yaml);
-        sb.run([
-            "validate".as_ref(),
-            ex.as_os_str(),
-            "--root".as_ref(),
-            root.as_os_str(),
-        ])
-        .code(0)
-        .stdout_has("valid");
+        validate_in(&sb, ex, &root).code(0).stdout_has("valid");
     }
 }
 
@@ -104,17 +107,12 @@ fn an_example_in_an_empty_root_names_what_is_missing_there() {
     fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
     fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
     let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/squid-cache-dir.yaml");
-    sb.run([
-        "validate".as_ref(),
-        ex.as_os_str(),
-        "--root".as_ref(),
-        root.as_os_str(),
-    ])
-    .code(2)
-    .stderr_has("path `/var/spool/squid` does not exist in ")
-    .stderr_has("unknown user `proxy` in ")
-    .stderr_has("unknown group `proxy` in ")
-    .stderr_has("etc/passwd");
+    validate_in(&sb, &ex, &root)
+        .code(2)
+        .stderr_has("path `/var/spool/squid` does not exist in ")
+        .stderr_has("unknown user `proxy` in ")
+        .stderr_has("unknown group `proxy` in ")
+        .stderr_has("etc/passwd");
 }
 
 /// A path, user and group that exist only on the host are not in the image;
@@ -128,15 +126,10 @@ fn root_is_checked_instead_of_the_host() {
     fs::create_dir_all(image.join("etc")).unwrap();
     fs::write(image.join("etc/passwd"), "img:x:4242:4242::/:/bin/sh\n").unwrap();
     fs::write(image.join("etc/group"), "img:x:4242:\n").unwrap();
-    sb.run([
-        "validate".as_ref(),
-        spec.as_os_str(),
-        "--root".as_ref(),
-        image.as_os_str(),
-    ])
-    .code(2)
-    .stderr_has("does not exist in")
-    .stderr_has("unknown user `root`");
+    validate_in(&sb, &spec, &image)
+        .code(2)
+        .stderr_has("does not exist in")
+        .stderr_has("unknown user `root`");
 
     // Only in the image: a directory, a user the host does not know.
     let spec = sb.write_spec(
@@ -145,13 +138,7 @@ fn root_is_checked_instead_of_the_host() {
     );
     fs::create_dir_all(image.join("srv/tmpfsctl-image-only/cache")).unwrap();
     sb.run(["validate".as_ref(), spec.as_os_str()]).code(2);
-    sb.run([
-        "validate".as_ref(),
-        spec.as_os_str(),
-        "--root".as_ref(),
-        image.as_os_str(),
-    ])
-    .code(0);
+    validate_in(&sb, &spec, &image).code(0);
 
     // A symlink inside the image is caught there, and named as the image sees it.
     fs::create_dir_all(image.join("var/real")).unwrap();
@@ -160,14 +147,9 @@ fn root_is_checked_instead_of_the_host() {
         "link.yaml",
         "version: 1\nmounts:\n  - name: c\n    path: /var/link\n    size: 8MiB\n",
     );
-    sb.run([
-        "validate".as_ref(),
-        spec.as_os_str(),
-        "--root".as_ref(),
-        image.as_os_str(),
-    ])
-    .code(2)
-    .stderr_has("passes through the symlink `/var/link` -> `/var/real`");
+    validate_in(&sb, &spec, &image)
+        .code(2)
+        .stderr_has("passes through the symlink `/var/link` -> `/var/real`");
 
     // boot install --root checks the same way.
     let spec = sb.write_spec(

@@ -150,6 +150,17 @@ fn trusted_directories_change_no_outcome() {
     });
 }
 
+/// A fresh tmpfs (the RAM side) and an empty directory under /tmp (the disk side),
+/// in a private mount namespace.
+fn with_trees(test: impl FnOnce(&Path, &Path) + Send) {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        test(ram.path(), disk.path());
+    });
+}
+
 fn stats_of(src: &Path, dst: &Path, base: &mut Baseline) -> SyncStats {
     let done = pass(src, dst, base);
     *base = done.baseline;
@@ -158,11 +169,7 @@ fn stats_of(src: &Path, dst: &Path, base: &mut Baseline) -> SyncStats {
 
 #[test]
 fn a_directory_the_pass_changed_is_trusted_by_the_next() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         for d in ["a", "b", "a/c"] {
             fs::create_dir(src.join(d)).unwrap();
             fs::write(src.join(d).join("f"), d).unwrap();
@@ -191,11 +198,7 @@ fn a_directory_the_pass_changed_is_trusted_by_the_next() {
 
 #[test]
 fn in_a_trusted_directory_a_newer_ram_file_replaces_the_disk_s_own() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         fs::create_dir(src.join("d")).unwrap();
         fs::write(src.join("d/f"), "ram").unwrap();
         fs::create_dir(dst.join("d")).unwrap();
@@ -223,11 +226,7 @@ fn in_a_trusted_directory_a_newer_ram_file_replaces_the_disk_s_own() {
 
 #[test]
 fn a_directory_renamed_in_ram_over_a_trusted_one_is_written_whole() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         for (d, text) in [("a", "content of a, longer"), ("b", "content of b")] {
             fs::create_dir_all(src.join(d).join("sub")).unwrap();
             fs::write(src.join(d).join("c"), text).unwrap();

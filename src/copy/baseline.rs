@@ -176,10 +176,7 @@ impl Baseline {
             if matches!(mark, Mark::Deleted(_)) {
                 continue;
             }
-            let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
-                Some(i) => (&path[..i], &path[i + 1..]),
-                None => (&path[..0], path),
-            };
+            let (dir, name) = super::ops::split_parent(path);
             by_dir.entry(dir).or_default().push(name);
         }
         by_dir

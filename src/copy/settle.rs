@@ -26,6 +26,7 @@ use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat;
 
 use super::baseline::{self, Baseline, Mark, Sig, Time};
+use super::ops::split_parent;
 use super::scan::read_names;
 
 /// A directory record's ctime that no `listed_after` exceeds: never trusted.
@@ -44,20 +45,20 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
     let settled = baseline::now_after_tick();
     if !changed.is_empty() {
         let fresh: Vec<(&[u8], Sig)> = {
-            let mut expected: HashMap<&[u8], Vec<&[u8]>> = base.names_by_dir();
-            expected.retain(|dir, _| changed.contains(*dir));
-            // Names remembered as deleted: back on the disk, the next pass must see
-            // them to merge the RAM's side against that record.
+            // Per directory to read again: the names the new baseline puts in it, and
+            // those it remembers as deleted (back on the disk, the next pass must see
+            // them to merge the RAM's side against that record).
+            let mut expected: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
             let mut deleted: HashMap<&[u8], HashSet<&[u8]>> = HashMap::new();
             for (path, mark) in base.marks.iter() {
+                let (dir, name) = split_parent(path);
+                if !changed.contains(dir) {
+                    continue;
+                }
                 if matches!(mark, Mark::Deleted(_)) {
-                    let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
-                        Some(i) => (&path[..i], &path[i + 1..]),
-                        None => (&path[..0], path),
-                    };
-                    if changed.contains(dir) {
-                        deleted.entry(dir).or_default().insert(name);
-                    }
+                    deleted.entry(dir).or_default().insert(name);
+                } else {
+                    expected.entry(dir).or_default().push(name);
                 }
             }
             changed

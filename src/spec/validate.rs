@@ -705,60 +705,64 @@ fn system_dir(path: &str) -> Option<String> {
 const MAX_ID: u64 = u32::MAX as u64 - 1;
 const ID_RANGE: &str = "a number from 0 to 4294967294";
 
-fn user(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
-    if let Ok(n) = s.value.parse::<u64>() {
-        return numeric_id(cx, field, s, n, "uid");
+/// The two id databases an owner is looked up in.
+#[derive(Clone, Copy)]
+enum IdDb {
+    Passwd,
+    Group,
+}
+
+impl IdDb {
+    /// (file under etc/, what it holds, the numeric form's name)
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            IdDb::Passwd => ("passwd", "user", "uid"),
+            IdDb::Group => ("group", "group", "gid"),
+        }
     }
-    let (found, db) = match &cx.paths {
-        Paths::Under(root) => (
-            id_in_file(&root.join("etc/passwd"), &s.value),
-            in_tree(root, "passwd"),
-        ),
-        _ => (
-            nix::unistd::User::from_name(&s.value)
+
+    fn lookup_on_host(self, name: &str) -> Option<u32> {
+        match self {
+            IdDb::Passwd => nix::unistd::User::from_name(name)
                 .ok()
                 .flatten()
                 .map(|u| u.uid.as_raw()),
-            String::new(),
-        ),
-    };
-    if found.is_none() {
-        cx.at(
-            s,
-            field,
-            format!("unknown user `{}`{db}", s.value),
-            Some(&format!(
-                "a user name known to the passwd database (getent passwd), or a uid: {ID_RANGE}"
-            )),
-        );
-    }
-    found
-}
-
-fn group(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
-    if let Ok(n) = s.value.parse::<u64>() {
-        return numeric_id(cx, field, s, n, "gid");
-    }
-    let (found, db) = match &cx.paths {
-        Paths::Under(root) => (
-            id_in_file(&root.join("etc/group"), &s.value),
-            in_tree(root, "group"),
-        ),
-        _ => (
-            nix::unistd::Group::from_name(&s.value)
+            IdDb::Group => nix::unistd::Group::from_name(name)
                 .ok()
                 .flatten()
                 .map(|g| g.gid.as_raw()),
-            String::new(),
+        }
+    }
+}
+
+fn user(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
+    id(cx, field, s, IdDb::Passwd)
+}
+
+fn group(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<u32> {
+    id(cx, field, s, IdDb::Group)
+}
+
+/// A numeric id, or a name looked up in `db` on the host (in the tree with `--root`).
+fn id(cx: &mut Ctx, field: &str, s: &Spanned<String>, db: IdDb) -> Option<u32> {
+    let (file, what, numeric) = db.names();
+    if let Ok(n) = s.value.parse::<u64>() {
+        return numeric_id(cx, field, s, n, numeric);
+    }
+    let (found, located) = match &cx.paths {
+        Paths::Under(root) => (
+            id_in_file(&root.join("etc").join(file), &s.value),
+            in_tree(root, file),
         ),
+        _ => (db.lookup_on_host(&s.value), String::new()),
     };
     if found.is_none() {
         cx.at(
             s,
             field,
-            format!("unknown group `{}`{db}", s.value),
+            format!("unknown {what} `{}`{located}", s.value),
             Some(&format!(
-                "a group name known to the group database (getent group), or a gid: {ID_RANGE}"
+                "a {what} name known to the {file} database (getent {file}), or a {numeric}: {ID_RANGE}"
             )),
         );
     }
