@@ -248,3 +248,70 @@ fn a_directory_renamed_in_ram_over_a_trusted_one_is_written_whole() {
         assert!(!dst.join("a").exists());
     });
 }
+
+#[test]
+fn an_attribute_the_disk_added_is_not_undone_by_a_later_pass() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/f"), "f").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        stats_of(src, dst, &mut base);
+        xattr::set(dst.join("d/f"), "user.disk", b"v").unwrap();
+        tick();
+        for listing in [false, true] {
+            for _ in 0..2 {
+                if listing {
+                    base.listed_after = None;
+                }
+                stats_of(src, dst, &mut base);
+                tick();
+                let kept = xattr::get(dst.join("d/f"), "user.disk").unwrap();
+                assert_eq!(kept.as_deref(), Some(&b"v"[..]), "listing: {listing}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_name_remembered_deleted_and_back_on_disk_keeps_its_directory_listed() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/p"), "ram p").unwrap();
+        fs::write(src.join("d/k"), "k").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        stats_of(src, dst, &mut base);
+        // The disk deletes `p` (remembered as deleted); the pass also writes `q` in
+        // `d`, so `d` is read again at its end, after the disk created `p` anew.
+        fs::remove_file(dst.join("d/p")).unwrap();
+        fs::write(src.join("d/q"), "new q in ram").unwrap();
+        tick();
+        let mut recreate = |_: &SyncStats| {
+            if !dst.join("d/p").exists() {
+                fs::write(dst.join("d/p"), "disk p again").unwrap();
+            }
+        };
+        let merge = Merge {
+            base: &base,
+            journal: None,
+            deletions: None,
+        };
+        base = sync_tree(src, dst, merge, Some(&mut recreate))
+            .expect("write-back")
+            .baseline;
+        tick();
+        // The RAM deletes it after the disk's new version: the deletion is later.
+        fs::remove_file(src.join("d/p")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        tick();
+        stats_of(src, dst, &mut base);
+        assert!(
+            !dst.join("d/p").exists(),
+            "the RAM's later deletion was not applied"
+        );
+    });
+}

@@ -850,10 +850,21 @@ impl Syncer<'_, '_> {
         if file_type(&s) != libc::S_IFDIR {
             if verdict != Verdict::Ram {
                 let regular = |st: &FileStat| file_type(st) == libc::S_IFREG;
-                if let Some(d) = d
-                    .as_ref()
-                    .filter(|d| regular(&s) && regular(d) && compare_stats(&s, d) == Diff::Same)
-                {
+                let agree = match &d {
+                    // Attributes too: one the disk added is a change of the disk's,
+                    // which a record of agreement would let the next pass undo.
+                    // The application may delete it on disk meanwhile (after a switch):
+                    // then nothing agrees, and the disk's side stays as it is.
+                    Some(d) if regular(&s) && regular(d) => {
+                        match self.same_details(src_dir, dst_dir, entry, &s, Some(d)) {
+                            Ok(same) => same,
+                            Err(f) if vanished(&f) => false,
+                            Err(f) => return Err(f.into()),
+                        }
+                    }
+                    _ => false,
+                };
+                if let Some(d) = d.as_ref().filter(|_| agree) {
                     // The disk's side is the same as the RAM's: they agree.
                     self.reporter.stats.unchanged += 1;
                     self.record(path, d);
