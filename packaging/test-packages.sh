@@ -8,7 +8,7 @@
 # of the installed units. Prints TAP.
 #
 # Usage: packaging/test-packages.sh   (as root, after `cargo build --release`;
-# needs cargo-deb, cargo-generate-rpm, lintian, rpm, systemd-container)
+# needs cargo-deb, cargo-generate-rpm, lintian, rpm, cpio, systemd-container)
 set -uo pipefail
 if [ "${TMPFSCTL_PKG_INNER:-}" != 1 ]; then
     exec env TMPFSCTL_PKG_INNER=1 unshare --mount --propagation private "$0" "$@"
@@ -31,10 +31,12 @@ check() { if eval "$2"; then ok "$1"; else not_ok "$1" "${3:-}"; fi; }
 # What both packages must hold (directories aside).
 expected=$(sort <<'EOF_LIST'
 /usr/bin/tmpfsctl
+/usr/sbin/mount.tmpfsctl
 /usr/lib/systemd/system/tmpfsctl-apply.service
 /usr/lib/systemd/system/tmpfsctl-down.service
 /usr/lib/systemd/system/tmpfsctl-agent.service
 /usr/share/man/man8/tmpfsctl.8.gz
+/usr/share/man/man8/mount.tmpfsctl.8.gz
 /usr/share/bash-completion/completions/tmpfsctl
 /usr/share/zsh/vendor-completions/_tmpfsctl
 /usr/share/fish/vendor_completions.d/tmpfsctl.fish
@@ -104,6 +106,10 @@ check "rpm: scriptlets only daemon-reload" \
     "$(rpm -qp --scripts "$rpmf" 2>&1)"
 check "rpm: /etc/tmpfsctl/cache.yaml is a config file" \
     '[ "$(rpm -qcp "$rpmf" 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(rpm -qcp "$rpmf" 2>&1)"
+# The rpm's helper is a script (no symlinks in cargo-generate-rpm); the
+# container below runs it against the .deb's binary.
+(mkdir -p "$W/rpm-root" && cd "$W/rpm-root" && rpm2cpio "$rpmf" | cpio -idm --quiet ./usr/sbin/mount.tmpfsctl) 2>/dev/null
+check "rpm: the mount helper is an executable script" '[ -x "$W/rpm-root/usr/sbin/mount.tmpfsctl" ]'
 
 # --- the .deb installed in a container --------------------------------------
 # Not booted (that would start the host's own units): a command container as
@@ -113,6 +119,7 @@ check "rpm: /etc/tmpfsctl/cache.yaml is a config file" \
 cp "$deb" "$W/tmpfsctl.deb"
 timeout 300 systemd-nspawn --quiet --directory=/ --volatile=yes --overlay=/usr::/usr --register=no --keep-unit \
     --machine=tmpfsctl-pkg-test --bind-ro="$W/tmpfsctl.deb:/mnt/tmpfsctl.deb" \
+    --bind-ro="$W/rpm-root/usr/sbin/mount.tmpfsctl:/mnt/rpm-mount-helper" \
     --bind-ro=/var/lib/dpkg:/mnt/host-dpkg --bind-ro=/etc/passwd --bind-ro=/etc/group --bind-ro=/etc/dpkg \
     --pipe /bin/sh -c '
         set -e
@@ -126,6 +133,16 @@ timeout 300 systemd-nspawn --quiet --directory=/ --volatile=yes --overlay=/usr::
         systemd-analyze verify --man=no /usr/lib/systemd/system/tmpfsctl-apply.service \
             /usr/lib/systemd/system/tmpfsctl-down.service /usr/lib/systemd/system/tmpfsctl-agent.service
         echo "verify: ok"
+        # An fstab line of type tmpfsctl goes through the packaged helper.
+        mkdir -p /var/tmp/deb-helper /var/tmp/rpm-helper
+        chown 12:34 /var/tmp/deb-helper /var/tmp/rpm-helper
+        chmod 0710 /var/tmp/deb-helper /var/tmp/rpm-helper
+        echo "helper link: $(readlink /usr/sbin/mount.tmpfsctl)"
+        mount -t tmpfsctl -o size=1m,nosuid,x-systemd.before=a.service tmpfsctl-deb /var/tmp/deb-helper
+        echo "deb helper: $(findmnt -n -o FSTYPE,SOURCE /var/tmp/deb-helper) $(stat -c "%u:%g %a" /var/tmp/deb-helper)"
+        /mnt/rpm-mount-helper tmpfsctl-rpm /var/tmp/rpm-helper -o size=1m
+        echo "rpm helper: $(findmnt -n -o FSTYPE,SOURCE /var/tmp/rpm-helper) $(stat -c "%u:%g %a" /var/tmp/rpm-helper)"
+        umount /var/tmp/deb-helper /var/tmp/rpm-helper
         for u in tmpfsctl-apply tmpfsctl-down tmpfsctl-agent; do
             echo "enabled $u: $(systemctl is-enabled $u.service 2>&1 || true)"
         done
@@ -139,6 +156,9 @@ check "container: tmpfsctl --version runs from /usr/bin" \
     'grep -qx "which: /usr/bin/tmpfsctl" <<<"$log" && grep -qx "version: tmpfsctl $(sed -n "s/^version = \"\(.*\)\"/\1/p" Cargo.toml | head -1)" <<<"$log"' "$log"
 check "container: the installed example validates" 'grep -q "^validate: .*valid, 0 mounts" <<<"$log"' "$log"
 check "container: systemd-analyze verify of the installed units" 'grep -qx "verify: ok" <<<"$log"' "$log"
+check "container: mount -t tmpfsctl runs the .deb's helper, which takes the directory's owner and mode" \
+    'grep -qx "helper link: ../bin/tmpfsctl" <<<"$log" && grep -qx "deb helper: tmpfs  *tmpfsctl-deb 12:34 710" <<<"$log"' "$log"
+check "container: the .rpm's helper script mounts the same way" 'grep -qx "rpm helper: tmpfs  *tmpfsctl-rpm 12:34 710" <<<"$log"' "$log"
 check "container: no unit enabled by the package" \
     '[ "$(grep -c "^enabled .*: disabled$" <<<"$log")" = 3 ]' "$log"
 check "container: dpkg -r removes the binary" 'grep -qx "removed: yes" <<<"$log"' "$log"

@@ -166,6 +166,11 @@ enum BootAction {
 
 /// Runs the command line and returns the exit status.
 pub fn main() -> i32 {
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    if Path::new(&argv0).file_name() == Some(boot::helper::NAME.as_ref()) {
+        return boot::helper::main(args.collect());
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

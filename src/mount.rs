@@ -41,6 +41,18 @@ impl RootAttrs {
             mode: md.mode() & 0o7777,
         })
     }
+
+    /// Of what `path` names after symlinks: what a mount on it covers.
+    pub fn of_followed(path: &Path) -> Result<RootAttrs> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
+        anyhow::ensure!(md.is_dir(), "{} is not a directory", path.display());
+        Ok(RootAttrs {
+            uid: md.uid(),
+            gid: md.gid(),
+            mode: md.mode() & 0o7777,
+        })
+    }
 }
 
 impl TmpfsOptions {
@@ -89,6 +101,25 @@ pub fn mount_tmpfs(source: &str, target: &Path, opts: &TmpfsOptions) -> Result<(
         Some(data.as_str()),
     )
     .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
+}
+
+/// A tmpfs with flags and data as given (mount.tmpfsctl passes an fstab
+/// line's options through).
+pub fn mount_tmpfs_raw(source: &str, target: &Path, flags: MsFlags, data: &str) -> Result<()> {
+    mount(Some(source), target, Some("tmpfs"), flags, Some(data))
+        .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
+}
+
+/// MS_REMOUNT with flags and data as given.
+pub fn remount_raw(target: &Path, flags: MsFlags, data: &str) -> Result<()> {
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | flags,
+        Some(data),
+    )
+    .with_context(|| format!("mount -o remount,{data} {}", target.display()))
 }
 
 pub fn remount_tmpfs(target: &Path, opts: &TmpfsOptions) -> Result<(), Errno> {
@@ -255,6 +286,19 @@ pub fn enter_private_namespace() -> Result<()> {
         None::<&str>,
     )
     .context("making / private in the new mount namespace")
+}
+
+/// Joins the mount namespace `ns`: a PID's, or one named by a path
+/// (mount(8)'s `-N`).
+pub fn enter_namespace(ns: &str) -> Result<()> {
+    let path = if !ns.is_empty() && ns.bytes().all(|b| b.is_ascii_digit()) {
+        format!("/proc/{ns}/ns/mnt")
+    } else {
+        ns.to_string()
+    };
+    let f = std::fs::File::open(&path).with_context(|| format!("opening mount namespace {path}"))?;
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNS)
+        .with_context(|| format!("entering mount namespace {path}"))
 }
 
 /// Lazy unmount: holders keep their open files; new lookups see what is below.

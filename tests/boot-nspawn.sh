@@ -149,21 +149,25 @@ journal "$W/console-failed.log"
 cp "$W/cache.yaml.good" "$W/cache.yaml"
 
 # --- fstab mode -----------------------------------------------------------
+# mount(8) hands the lines to /sbin/mount.tmpfsctl, which `boot install`
+# links to the binary; an overlay adds it to the host's /usr/sbin inside.
 rm -f "$W/disk/report."* "$W/disk/consumer-saw"
 F=$W/fstab-root
 mkdir -p "$F/etc/systemd/system/multi-user.target.wants" "$F$W/disk/cache"
-chown 1234:2345 "$F$W/disk/cache"
-chmod 0750 "$F$W/disk/cache"
-"$BIN" boot install "$W/cache.yaml" --mode fstab --root "$F" > "$W/install-fstab.log" 2>&1
+"$BIN" boot install "$W/cache.yaml" --mode fstab --root "$F" --binary /opt/tmpfsctl/tmpfsctl > "$W/install-fstab.log" 2>&1
 rc=$?
-check "boot install (fstab mode)" '[ $rc -eq 0 ] && grep -q "^tmpfsctl-cache $W/disk/cache tmpfs" "$F/etc/fstab"' "$(cat "$W/install-fstab.log" "$F/etc/fstab" 2>&1)"
+check "boot install (fstab mode)" '[ $rc -eq 0 ] && grep -q "^tmpfsctl-cache $W/disk/cache tmpfsctl " "$F/etc/fstab" && [ "$(readlink "$F/sbin/mount.tmpfsctl")" = /opt/tmpfsctl/tmpfsctl ]' "$(cat "$W/install-fstab.log" "$F/etc/fstab" 2>&1)"
+# After the install: the boot, not the install, reads the owner and mode.
+chown 1111:2222 "$W/disk/cache"
+chmod 0770 "$W/disk/cache"
 cp "$U/checker.service" "$F/etc/systemd/system/"
 ln -sf ../checker.service "$F/etc/systemd/system/multi-user.target.wants/checker.service"
-boot "$F" "$W/console-fstab.log" --bind-ro="$F/etc/fstab:/etc/fstab"
+boot "$F" "$W/console-fstab.log" --bind-ro="$F/etc/fstab:/etc/fstab" --overlay-ro="/usr/sbin:$F/sbin:/usr/sbin"
 rc=$?
 check "fstab mode: container booted" '[ $rc -eq 0 ]'
 check "fstab mode: path is a 16MiB tmpfs at boot" 'grep -q "^tmpfs  *tmpfsctl-cache  *16M" "$W/disk/report.mount"' "$(cat "$W/disk/report.mount" 2>&1)"
-
+check "fstab mode: tmpfs root has the owner and mode the directory had at boot" '[ "$(cat "$W/disk/report.root" 2>/dev/null)" = "1111:2222 770" ]' "$(cat "$W/disk/report.root" 2>&1)"
+check "fstab mode: no failed units" '[ -f "$W/disk/report.failed" ] && ! grep -v machine-id-commit "$W/disk/report.failed" | grep -q "\.service\|\.mount"' "$(cat "$W/disk/report.failed" 2>&1)"
 journal "$W/console-fstab.log"
 
 echo "1..$n"

@@ -362,7 +362,7 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
     let unit = gen_out.join(tmpfsctl::boot::escape::mount_unit(&cache));
     let body = fs::read_to_string(&unit).unwrap_or_else(|e| panic!("{}: {e}", unit.display()));
     assert!(
-        body.contains("What=tmpfsctl-web") && body.contains("Type=tmpfs"),
+        body.contains("What=tmpfsctl-web") && body.contains("Type=tmpfsctl"),
         "{body}"
     );
     assert!(body.contains("Before=nginx.service"), "{body}");
@@ -642,15 +642,165 @@ fn hostile_paths_round_trip_through_fstab() {
         out.status.success() && text.trim().is_empty(),
         "generator said:\n{text}"
     );
+    provide_mount_helper(&sb);
+    let out = Command::new("mount")
+        .args(["-a", "-T"])
+        .arg(&fstab)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -a:\n{}", output_text(&out));
+    for (i, p) in managed.iter().enumerate() {
+        let top = sb
+            .top(p)
+            .unwrap_or_else(|| panic!("nothing mounted at {}", p.display()));
+        assert_eq!(
+            (top.fstype.as_str(), top.source.as_str()),
+            ("tmpfs", format!("tmpfsctl-m{i}").as_str())
+        );
+    }
     for p in &managed {
         let unit = systemd_escape(&["--path", "--suffix=mount"], &p.display().to_string());
         let body = fs::read_to_string(gen_out.join(&unit)).unwrap_or_else(|e| panic!("{unit}: {e}"));
-        assert!(body.contains("Type=tmpfs"), "{unit}:\n{body}");
+        assert!(body.contains("Type=tmpfsctl"), "{unit}:\n{body}");
         assert!(
             body.contains("Before=my\\x2dapp.service tpl@a.service\n"),
             "{unit}:\n{body}"
         );
     }
+}
+
+/// mount(8) runs helpers from /sbin only. In this thread's private
+/// namespace an overlay on /usr/sbin (/sbin links there) adds
+/// `mount.tmpfsctl`, the built binary, as the packages install it.
+fn provide_mount_helper(sb: &Sandbox) {
+    let (upper, work) = (sb.path("sbin-upper"), sb.path("sbin-work"));
+    fs::create_dir_all(&upper).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tmpfsctl"), upper.join("mount.tmpfsctl")).unwrap();
+    let data = format!(
+        "lowerdir=/usr/sbin,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    nix::mount::mount(
+        Some("overlay"),
+        "/usr/sbin",
+        Some("overlay"),
+        nix::mount::MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .expect("overlay on /usr/sbin in the test's namespace");
+    assert!(
+        Path::new("/sbin/mount.tmpfsctl").exists(),
+        "/sbin is not /usr/sbin here"
+    );
+}
+
+/// fstab mode fixes nothing about the root at install time: mount(8) runs
+/// the helper at boot, which reads the directory's owner and mode then.
+#[test]
+fn fstab_mode_takes_the_owner_and_mode_at_mount_time() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 1234, 2345, 0o750);
+    let fresh = sb.path("fresh/dir");
+    let spec = sb.write_spec(
+        "spec.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 4MiB\n  - name: f\n    path: {}\n    size: 4MiB\n    create: true\n    mode: \"0700\"\n",
+            cache.display(),
+            fresh.display()
+        ),
+    );
+    let root = sb.path("root");
+    mirror(&root, &[&cache]);
+    let install = || {
+        sb.run([
+            "boot".as_ref(),
+            "install".as_ref(),
+            spec.as_os_str(),
+            "--mode".as_ref(),
+            "fstab".as_ref(),
+            "--root".as_ref(),
+            root.as_os_str(),
+        ])
+    };
+    install().code(0);
+    let fstab = root.join("etc/fstab");
+    let text = fs::read_to_string(&fstab).unwrap();
+    assert!(!text.contains("uid=") && !text.contains("gid="), "{text}");
+    assert_eq!(
+        fs::read_link(root.join("sbin/mount.tmpfsctl")).unwrap(),
+        Path::new(env!("CARGO_BIN_EXE_tmpfsctl")),
+        "install links the helper where the root has none"
+    );
+
+    // The operator changes the directory after the install.
+    std::os::unix::fs::chown(&cache, Some(4321), Some(5432)).unwrap();
+    fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).unwrap();
+    provide_mount_helper(&sb);
+    let out = Command::new("mount")
+        .args(["-a", "-T"])
+        .arg(&fstab)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -a:\n{}", output_text(&out));
+    let top = sb.top(&cache).expect("the cache is mounted");
+    assert_eq!(
+        (top.fstype.as_str(), top.source.as_str()),
+        ("tmpfs", "tmpfsctl-c")
+    );
+    assert_eq!(common::owner_of(&cache), (4321, 5432));
+    assert_eq!(common::mode_of(&cache), 0o2770);
+    let top = sb
+        .top(&fresh)
+        .expect("the missing directory was made and mounted");
+    assert_eq!(top.source, "tmpfsctl-f");
+    assert_eq!(
+        (common::owner_of(&fresh), common::mode_of(&fresh)),
+        ((0, 0), 0o700)
+    );
+
+    // A remount through mount(8) keeps the root as the boot made it.
+    let out = Command::new("mount")
+        .args(["-T"])
+        .arg(&fstab)
+        .args(["-o", "remount,size=8m"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "remount:\n{}", output_text(&out));
+    let opts = sb.top(&cache).unwrap().super_options;
+    assert!(
+        opts.iter().any(|o| o == "size=8192k") && opts.iter().any(|o| o == "uid=4321"),
+        "{opts:?}"
+    );
+
+    sb.run([
+        "boot".as_ref(),
+        "remove".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ])
+    .code(0);
+    assert!(
+        fs::symlink_metadata(root.join("sbin/mount.tmpfsctl")).is_err(),
+        "remove takes the link away"
+    );
+
+    // A helper the root already has (the package's) is neither replaced nor removed.
+    fs::write(root.join("sbin/mount.tmpfsctl"), "#!/bin/sh\n").unwrap();
+    install().code(0);
+    sb.run([
+        "boot".as_ref(),
+        "remove".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ])
+    .code(0);
+    assert_eq!(
+        fs::read_to_string(root.join("sbin/mount.tmpfsctl")).unwrap(),
+        "#!/bin/sh\n"
+    );
 }
 
 #[test]

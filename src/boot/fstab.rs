@@ -1,36 +1,49 @@
-//! fstab mode: a marked block of tmpfs lines, edited atomically. fstab can
-//! neither seed nor write back; see docs/boot.md.
+//! fstab mode: a marked block of lines of type `tmpfsctl`, edited
+//! atomically. mount(8) hands them to `mount.tmpfsctl` (helper.rs), which
+//! mounts the tmpfs with the disk directory's owner and mode as they are at
+//! boot. fstab can neither seed nor write back; see docs/boot.md.
 
 use super::escape::fstab_field;
 use super::Context;
-use crate::mount::RootAttrs;
 
 pub const BEGIN: &str = "# BEGIN tmpfsctl";
 pub const END: &str = "# END tmpfsctl";
 
-/// The block for `cx`; `roots` holds each mount's root owner and mode.
-pub fn block(cx: &Context, roots: &[RootAttrs]) -> String {
+/// The filesystem type of our lines: mount(8) runs `/sbin/mount.tmpfsctl`.
+pub const FSTYPE: &str = "tmpfsctl";
+
+/// The block for `cx`. Owner, group and mode appear only where the spec sets
+/// them; the helper takes the rest from the directory at boot.
+pub fn block(cx: &Context) -> String {
     let mut b = format!(
         "{BEGIN} (written by `tmpfsctl boot install {}`; edits inside are overwritten)\n",
         cx.spec_path.display()
     );
-    for (m, root) in cx.spec.mounts.iter().zip(roots) {
+    for m in &cx.spec.mounts {
         let mut o = vec![format!("size={}", m.size)];
         if let Some(n) = m.inodes {
             o.push(format!("nr_inodes={n}"));
         }
         o.push(format!("huge={}", m.huge.name()));
-        o.push(format!(
-            "mode={:04o},uid={},gid={}",
-            root.mode, root.uid, root.gid
-        ));
+        if let Some(mode) = m.mode {
+            o.push(format!("mode={mode:04o}"));
+        }
+        if let Some(uid) = m.owner {
+            o.push(format!("uid={uid}"));
+        }
+        if let Some(gid) = m.group {
+            o.push(format!("gid={gid}"));
+        }
         if m.noswap {
             o.push("noswap".into());
         }
         o.extend(m.flags.names().iter().map(|s| s.to_string()));
+        if m.create {
+            o.push("X-mount.mkdir".into());
+        }
         o.extend(m.before.iter().map(|c| format!("x-systemd.before={c}")));
         b.push_str(&format!(
-            "{} {} tmpfs {} 0 0\n",
+            "{} {} {FSTYPE} {} 0 0\n",
             fstab_field(&m.source()),
             fstab_field(&m.path.to_string_lossy()),
             fstab_field(&o.join(","))

@@ -4,6 +4,7 @@
 
 pub mod escape;
 pub mod fstab;
+pub mod helper;
 pub mod systemd;
 pub mod sysv;
 
@@ -16,7 +17,6 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 use crate::error::BadInput;
-use crate::mount::RootAttrs;
 use crate::spec::Spec;
 use crate::state::{self, State};
 
@@ -226,34 +226,36 @@ pub fn artifacts(cx: &Context, mode: Mode) -> Vec<Artifact> {
     }
 }
 
-/// Root owner and mode of each mount's tmpfs for fstab mode, which cannot
-/// copy them at mount time: from the spec, else the directory as the tree
-/// `root` has it (the same tree the spec was validated in).
-pub fn fstab_roots(cx: &Context, root: &Path) -> Result<Vec<RootAttrs>> {
-    cx.spec
-        .mounts
-        .iter()
-        .map(|m| {
-            if let (Some(uid), Some(gid), Some(mode)) = (m.owner, m.group, m.mode) {
-                return Ok(RootAttrs { uid, gid, mode });
+/// fstab mode's lines need `/sbin/mount.tmpfsctl`. The packages ship it;
+/// where it is missing, `install` links it to the binary and lists it, so
+/// `remove` takes it away again. A helper that is not ours is left alone.
+fn helper_link(cx: &Context, root: &Path) -> Result<Option<Artifact>> {
+    let sbin = root.join("sbin");
+    let dir = match fs::symlink_metadata(&sbin) {
+        Ok(md) if md.is_symlink() => {
+            let to = fs::read_link(&sbin).with_context(|| format!("reading the link {}", sbin.display()))?;
+            // Merged /usr. An absolute link would lead out of an image root.
+            if to != Path::new("usr/sbin") && to != Path::new("/usr/sbin") {
+                bail!(
+                    "{} links to {}; cannot tell where mount(8) looks for {}: install the package, or link it by hand",
+                    sbin.display(),
+                    to.display(),
+                    helper::NAME
+                );
             }
-            let inside = root.join(m.path.strip_prefix("/").unwrap_or(&m.path));
-            let base = match RootAttrs::of(&inside) {
-                Ok(a) => a,
-                Err(_) if m.create => RootAttrs {
-                    uid: 0,
-                    gid: 0,
-                    mode: 0o755,
-                },
-                Err(e) => return Err(e),
-            };
-            Ok(RootAttrs {
-                uid: m.owner.unwrap_or(base.uid),
-                gid: m.group.unwrap_or(base.gid),
-                mode: m.mode.unwrap_or(base.mode),
-            })
-        })
-        .collect()
+            "usr/sbin"
+        }
+        _ => "sbin",
+    };
+    let rel = Path::new(dir).join(helper::NAME);
+    let ours = read_manifest(root).contains(&rel);
+    if !ours && fs::symlink_metadata(root.join(&rel)).is_ok() {
+        return Ok(None);
+    }
+    Ok(Some(Artifact::Link {
+        path: rel,
+        target: cx.binary.clone(),
+    }))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -281,14 +283,17 @@ pub fn install(cx: &Context, mode: Mode, root: &Path) -> Result<BootReport> {
         removed: vec![],
         notes: vec![],
     };
-    let wanted = artifacts(cx, mode);
+    let mut wanted = artifacts(cx, mode);
+    if mode == Mode::Fstab {
+        wanted.extend(helper_link(cx, root)?);
+    }
     for a in &wanted {
         if put(root, a)? {
             rep.written.push(a.path().to_path_buf());
         }
     }
     let fstab_block = match mode {
-        Mode::Fstab => fstab::block(cx, &fstab_roots(cx, root)?),
+        Mode::Fstab => fstab::block(cx),
         _ => String::new(),
     };
     if splice_fstab(root, &fstab_block)? {
