@@ -41,7 +41,9 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
+use crate::backend;
 use crate::down::{self, DownOutcome};
+use crate::error::ExitCode;
 use crate::execute;
 use crate::host::usage::Usage;
 use crate::host::Host;
@@ -392,7 +394,7 @@ fn raise_priority() {
     }
 }
 
-pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<i32> {
+pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<ExitCode> {
     let psi_trigger = psi_trigger(&host);
     init_logging();
     raise_priority();
@@ -640,7 +642,7 @@ impl Agent {
         reload_rx: &OwnedFd,
         mountinfo: Option<&File>,
         watchdog_period: Option<Duration>,
-    ) -> i32 {
+    ) -> ExitCode {
         let mut next_check = Instant::now() + self.interval;
         let mut wake_armed_at = Instant::now();
         let mut reload_at: Option<Instant> = None;
@@ -1139,10 +1141,9 @@ impl Agent {
             );
             return false;
         }
-        let mut options = plan::desired_options(&w.spec, attrs);
-        options.size = size;
-        options.nr_inodes = nr_inodes.or(w.spec.inodes).or(Some(before.inodes));
-        match mount::remount_tmpfs(&w.spec.path, &options) {
+        let options = backend::Options::desired(&w.spec, attrs)
+            .resized(size, nr_inodes.or(w.spec.inodes).or(Some(before.inodes)));
+        match backend::remount(&w.spec.path, &options) {
             Ok(()) => {
                 w.metrics.count(kind);
                 let after = Usage::of_fd(root).ok();
@@ -1153,7 +1154,7 @@ impl Agent {
                     "{name}: {kind} {} -> {} ({by}): {}",
                     format_bytes(before.size),
                     format_bytes(size),
-                    plan::describe_options(&options)
+                    options.describe()
                 );
                 true
             }
@@ -1578,7 +1579,7 @@ impl Agent {
             let source = self.mounts[i].spec.source();
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
-            let ours = top.as_ref().filter(|e| e.is_tmpfs_of(&source));
+            let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
             if held && Some(self.mounts[i].dev) != dev {
@@ -1765,7 +1766,7 @@ impl Agent {
     }
 
     /// SIGTERM/SIGINT: write persisted mounts back, then exit.
-    fn stop(&mut self, sig: Signal) -> i32 {
+    fn stop(&mut self, sig: Signal) -> ExitCode {
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         self.state.clear_agent_status(std::process::id());
         info!("{sig}: stopping");
@@ -1779,7 +1780,7 @@ impl Agent {
         for i in 0..self.mounts.len() {
             self.unwatch(i);
         }
-        let mut code = crate::error::exit::OK;
+        let mut code = ExitCode::Ok;
         if !persisted.is_empty() {
             match self.state.lock(self.opts.wait) {
                 Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state, "stop") {
@@ -1789,13 +1790,13 @@ impl Agent {
                                 self.record_sync(i, s);
                             }
                             if s.result == SyncOutcome::Failed {
-                                code = crate::error::exit::FAILED;
+                                code = ExitCode::Failed;
                             }
                         }
                     }
                     Err(e) => {
                         error!("write-back at stop failed: {e:#}");
-                        code = crate::error::exit::FAILED;
+                        code = ExitCode::Failed;
                     }
                 },
                 // Another tmpfsctl (typically `down` at shutdown) holds the
@@ -2002,10 +2003,11 @@ fn keep_growth(m: &mut MountSpec, at: &AtPath, page: u64) {
         return;
     }
     let max = max.div_ceil(page) * page;
+    let live = live.usage();
     if live.size > m.size && live.size <= max {
         m.size = live.size;
         if let Some(n) = m.inodes {
-            m.inodes = Some(live.nr_inodes.max(n));
+            m.inodes = Some(live.inodes.max(n));
         }
     }
 }
@@ -2078,7 +2080,7 @@ mod tests {
 
     #[test]
     fn growth_within_max_size_is_kept_by_the_agents_apply() {
-        use crate::observe::Live;
+        use crate::backend::{tmpfs, Live};
         let mut m = crate::spec::MountSpec {
             name: "c".into(),
             path: "/x".into(),
@@ -2103,7 +2105,7 @@ mod tests {
             },
         };
         let live = |size: u64| {
-            AtPath::Ours(Live {
+            AtPath::Ours(Live::Tmpfs(tmpfs::Live {
                 dev: (0, 1),
                 size,
                 nr_inodes: 1500,
@@ -2121,7 +2123,7 @@ mod tests {
                     inodes: 1500,
                     inodes_used: 0,
                 },
-            })
+            }))
         };
         let mut grown = m.clone();
         keep_growth(&mut grown, &live(150 << 20), 4096);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::error::exit;
+use crate::error::ExitCode;
 use crate::host::Host;
 use crate::out::{self, escape};
 use crate::spec::{self, Spec, SpecLoadError};
@@ -37,6 +37,31 @@ enum Format {
     Json,
 }
 
+/// `--format`, declared once for every command that reports.
+#[derive(clap::Args, Clone, Copy)]
+struct Output {
+    /// human: a report for people (progress on a terminal); json: one document.
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    format: Format,
+}
+
+impl Output {
+    fn json(self) -> bool {
+        self.format == Format::Json
+    }
+
+    /// Prints `r` as the report `human` writes, or as its JSON form.
+    fn print<T: serde::Serialize>(self, r: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
+        match self.format {
+            Format::Human => {
+                out::print(&human(r));
+                Ok(())
+            }
+            Format::Json => print_json(r),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Check a spec; change nothing.
@@ -52,20 +77,20 @@ enum Command {
     /// Show the steps `apply` would take.
     Plan {
         spec: PathBuf,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Bring the host to the spec (idempotent).
     Apply {
         spec: PathBuf,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Show managed mounts: state, size, usage, inodes, and host memory.
     Status {
         spec: Option<PathBuf>,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Install or remove what re-applies the spec at boot.
     Boot {
@@ -77,8 +102,8 @@ enum Command {
         spec: PathBuf,
         /// Mount names (default: every persisted mount of the spec).
         names: Vec<String>,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Watch the spec's mounts and act on them: usage thresholds (warn, evict,
     /// grow, fallback), memory pressure, periodic write-back; reloads the spec
@@ -104,8 +129,8 @@ enum Command {
         spec: PathBuf,
         /// Mount names (default: all mounts of the spec).
         names: Vec<String>,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions { shell: clap_complete::Shell },
@@ -115,15 +140,15 @@ enum Command {
     Residency {
         #[command(flatten)]
         args: residency::ResidencyArgs,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Measure a disk directory against a private temporary tmpfs, side by side.
     Bench {
         #[command(flatten)]
         args: diskbench::BenchArgs,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Internal: watches a held mount's disk directory for deletions between two
     /// write-back attempts (see src/keeper.rs); started by tmpfsctl itself.
@@ -150,8 +175,8 @@ enum BootAction {
         /// Start and stop timeout of the apply unit (seeding, write-back).
         #[arg(long, default_value = "15min")]
         timeout: String,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
     /// Remove everything `boot install` wrote under the root.
     Remove {
@@ -159,8 +184,8 @@ enum BootAction {
         spec: Option<PathBuf>,
         #[arg(long, default_value = "/")]
         root: PathBuf,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        output: Output,
     },
 }
 
@@ -176,7 +201,12 @@ pub fn main() -> i32 {
         Err(e) => {
             // clap's own printing returns write errors rather than panicking.
             let _ = e.print();
-            return if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
+            return if e.use_stderr() {
+                ExitCode::BadInput
+            } else {
+                ExitCode::Ok
+            }
+            .code();
         }
     };
     let code = match run(cli) {
@@ -190,35 +220,38 @@ pub fn main() -> i32 {
     match out::stdout_failure() {
         Some(why) => {
             out::eprint(&format!("error: writing the output: {}\n", escape(&why)));
-            code.max(exit::FAILED)
+            code.max(ExitCode::Failed).code()
         }
-        None => code,
+        None => code.code(),
     }
 }
 
 /// The exit status of an error and its message, host strings escaped.
-fn describe_error(e: &anyhow::Error) -> (i32, String) {
+fn describe_error(e: &anyhow::Error) -> (ExitCode, String) {
     if let Some(SpecLoadError::Invalid(se)) = e.downcast_ref::<SpecLoadError>() {
-        return (exit::BAD_INPUT, escape_lines(&se.to_string()));
+        return (ExitCode::BadInput, escape_lines(&se.to_string()));
     }
     let plain = |code| (code, format!("error: {}\n", escape(&e.to_string())));
     if let Some(SpecLoadError::Read { .. } | SpecLoadError::Untrusted { .. }) =
         e.downcast_ref::<SpecLoadError>()
     {
-        return plain(exit::BAD_INPUT);
+        return plain(ExitCode::BadInput);
     }
     if let Some(LockError::Unsafe(_)) = e.downcast_ref::<LockError>() {
-        return plain(exit::BAD_INPUT);
+        return plain(ExitCode::BadInput);
     }
     if e.downcast_ref::<crate::error::UnknownName>().is_some()
         || e.downcast_ref::<crate::error::BadInput>().is_some()
     {
-        return plain(exit::BAD_INPUT);
+        return plain(ExitCode::BadInput);
     }
     if let Some(LockError::Busy { .. }) = e.downcast_ref::<LockError>() {
-        return plain(exit::BUSY);
+        return plain(ExitCode::Busy);
     }
-    (exit::FAILED, format!("error: {}\n", escape(&format!("{e:#}"))))
+    (
+        ExitCode::Failed,
+        format!("error: {}\n", escape(&format!("{e:#}"))),
+    )
 }
 
 /// Escapes each line of a message whose line breaks are its own layout (a
@@ -279,7 +312,7 @@ fn parse_metrics(text: &str) -> Result<spec::MetricsTarget, String> {
     spec::metrics_target(text)
 }
 
-fn run(cli: Cli) -> Result<i32> {
+fn run(cli: Cli) -> Result<ExitCode> {
     let host = Host::from_env();
     let state = State::new(&cli.state_dir);
     let wait = Duration::from_secs(cli.wait);
@@ -291,26 +324,25 @@ fn run(cli: Cli) -> Result<i32> {
                 escape(&spec),
                 crate::plural::count(s.mounts.len(), "mount", "mounts")
             ));
-            Ok(exit::OK)
+            Ok(ExitCode::Ok)
         }
         Command::Schema => {
             out::print(&spec::schema::json());
-            Ok(exit::OK)
+            Ok(ExitCode::Ok)
         }
-        Command::Plan { spec, format } => {
+        Command::Plan { spec, output } => {
             let s = load(&spec, &host)?;
             let world = observe::observe(&s, &host, &state)?;
             let p = plan::plan(&s, &world, &state);
-            match format {
-                Format::Human => out::print(&report::plan(&p)),
-                Format::Json => {
-                    let plan = serde_json::to_value(&p).context("writing the JSON report")?;
-                    print_json(&serde_json::json!({ "changed": p.changes(), "plan": plan }))?
-                }
+            if output.json() {
+                let plan = serde_json::to_value(&p).context("writing the JSON report")?;
+                print_json(&serde_json::json!({ "changed": p.changes(), "plan": plan }))?
+            } else {
+                out::print(&report::plan(&p));
             }
-            Ok(exit::OK)
+            Ok(ExitCode::Ok)
         }
-        Command::Apply { spec, format } => {
+        Command::Apply { spec, output } => {
             let s = load(&spec, &host)?;
             need_root("apply")?;
             let _lock = state.lock(wait)?;
@@ -321,23 +353,17 @@ fn run(cli: Cli) -> Result<i32> {
                 &p,
                 &state,
                 &execute::Options {
-                    progress: format == Format::Human,
+                    progress: !output.json(),
                 },
             )?;
-            match format {
-                Format::Human => out::print(&report::apply(&r)),
-                Format::Json => print_json(&r)?,
-            }
+            output.print(&r, report::apply)?;
             Ok(r.exit_code())
         }
-        Command::Status { spec, format } => {
+        Command::Status { spec, output } => {
             let s = spec.as_deref().map(|p| load_as_written(p, &host)).transpose()?;
             let r = status::status(s.as_ref(), &host, &state)?;
-            match format {
-                Format::Human => out::print(&report::status(&r)),
-                Format::Json => print_json(&r)?,
-            }
-            Ok(exit::OK)
+            output.print(&r, report::status)?;
+            Ok(ExitCode::Ok)
         }
         Command::Boot {
             action:
@@ -348,7 +374,7 @@ fn run(cli: Cli) -> Result<i32> {
                     binary,
                     spec_path,
                     timeout,
-                    format,
+                    output,
                 },
         } => {
             let s = load_in(&spec, &host, Some(&root))?;
@@ -364,36 +390,27 @@ fn run(cli: Cli) -> Result<i32> {
             };
             let cx = boot::context(&s, spec_path, binary, timeout)?;
             let r = boot::install(&cx, mode, &root)?;
-            match format {
-                Format::Human => out::print(&report::boot(&r)),
-                Format::Json => print_json(&r)?,
-            }
-            Ok(exit::OK)
+            output.print(&r, report::boot)?;
+            Ok(ExitCode::Ok)
         }
         Command::Boot {
-            action: BootAction::Remove { spec, root, format },
+            action: BootAction::Remove { spec, root, output },
         } => {
             if let Some(spec) = &spec {
                 load(spec, &host)?;
             }
             let r = boot::remove(&root)?;
-            match format {
-                Format::Human => out::print(&report::boot(&r)),
-                Format::Json => print_json(&r)?,
-            }
-            Ok(exit::OK)
+            output.print(&r, report::boot)?;
+            Ok(ExitCode::Ok)
         }
-        Command::Sync { spec, names, format } => {
+        Command::Sync { spec, names, output } => {
             let s = load_as_written(&spec, &host)?;
             need_root("sync")?;
             let _lock = state.lock(wait)?;
             let r = sync::sync(&s, &names, &host, &state, "sync")?;
-            match format {
-                Format::Human => out::print(&report::sync(&r)),
-                Format::Json => print_json(&r)?,
-            }
+            output.print(&r, |r| report::sync(r))?;
             let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
-            Ok(if failed { exit::FAILED } else { exit::OK })
+            Ok(if failed { ExitCode::Failed } else { ExitCode::Ok })
         }
         Command::Completions { shell } => {
             // Generated whole first: clap_complete panics on a failed write.
@@ -401,7 +418,7 @@ fn run(cli: Cli) -> Result<i32> {
             let mut text = Vec::new();
             clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut text);
             out::print(&String::from_utf8_lossy(&text));
-            Ok(exit::OK)
+            Ok(ExitCode::Ok)
         }
         Command::Manpage => {
             let cmd = <Cli as clap::CommandFactory>::command();
@@ -411,10 +428,10 @@ fn run(cli: Cli) -> Result<i32> {
                 .render(&mut text)
                 .context("rendering the manual page")?;
             out::print(&String::from_utf8_lossy(&text));
-            Ok(exit::OK)
+            Ok(ExitCode::Ok)
         }
-        Command::Residency { args, format } => residency::run(&args, format == Format::Json),
-        Command::Bench { args, format } => diskbench::run(&args, format == Format::Json),
+        Command::Residency { args, output } => residency::run(&args, output.json()),
+        Command::Bench { args, output } => diskbench::run(&args, output.json()),
         Command::Agent {
             spec,
             interval,
@@ -436,20 +453,17 @@ fn run(cli: Cli) -> Result<i32> {
             )
         }
         Command::KeepDeletions { name, parent } => keeper::run(&state, &name, parent),
-        Command::Down { spec, names, format } => {
+        Command::Down { spec, names, output } => {
             let s = load_as_written(&spec, &host)?;
             need_root("down")?;
             let _lock = state.lock(wait)?;
             let r = down::down(&s, &names, &host, &state)?;
-            match format {
-                Format::Human => out::print(&report::down(&r)),
-                Format::Json => print_json(&r)?,
-            }
+            output.print(&r, |r| report::down(r))?;
             let failed = r.iter().any(|d| {
                 matches!(d.result, down::DownOutcome::Refused | down::DownOutcome::Failed)
                     || d.syncs.iter().any(|s| s.result == sync::SyncOutcome::Failed)
             });
-            Ok(if failed { exit::FAILED } else { exit::OK })
+            Ok(if failed { ExitCode::Failed } else { ExitCode::Ok })
         }
     }
 }

@@ -39,7 +39,7 @@ use nix::sys::statfs::{statfs, TMPFS_MAGIC};
 use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
-use crate::error::exit;
+use crate::error::ExitCode;
 use crate::host::Host;
 use crate::out::{self, escape};
 use crate::spec::size::{format_bytes, parse_size, SizeLit};
@@ -54,8 +54,6 @@ pub const SMALL_FILES_FSYNC: u64 = 2_000;
 pub const DISK_MARGIN: u64 = 64 << 20;
 /// MemAvailable that must remain beyond 2 × --size.
 pub const RAM_MARGIN: u64 = 256 << 20;
-/// Exit status after SIGINT/SIGTERM/SIGHUP (cleanup done).
-pub const INTERRUPTED_EXIT: i32 = 130;
 
 const READ_CHUNK: usize = 1 << 20;
 /// statfs f_type of ramfs (linux/magic.h); nix has no constant for it.
@@ -804,7 +802,7 @@ fn measure_all(p: &Plan, disk: &Path, tmpfs: &Path) -> Result<(Vec<Row>, Vec<Str
 }
 
 /// Runs `tmpfsctl bench`; returns the exit status.
-pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
+pub fn run(args: &BenchArgs, json: bool) -> Result<ExitCode> {
     let host = Host::from_env();
     let md = fs::metadata(&args.disk).with_context(|| format!("--disk {}", escape(&args.disk)))?;
     if !md.is_dir() {
@@ -812,7 +810,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
             "error: --disk {} is not a directory\n",
             escape(&args.disk)
         ));
-        return Ok(exit::BAD_INPUT);
+        return Ok(ExitCode::BadInput);
     }
     let dir = fs::canonicalize(&args.disk).with_context(|| format!("resolving {}", args.disk.display()))?;
     if !nix::unistd::geteuid().is_root() {
@@ -825,7 +823,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
             out::eprint(&format!("error: {}\n", escape(w)));
         }
         out::eprint("nothing was written; no tmpfs was mounted\n");
-        return Ok(exit::BAD_INPUT);
+        return Ok(ExitCode::BadInput);
     }
     let mem = host.meminfo()?;
     let (n_nosync, n_fsync) = small_counts(args.size);
@@ -850,7 +848,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
         Ok(Ok(x)) => x,
         Ok(Err(e)) if e.is::<Interrupted>() => {
             out::eprint("interrupted; the temporary files and tmpfs were removed\n");
-            return Ok(INTERRUPTED_EXIT);
+            return Ok(ExitCode::Interrupted);
         }
         Ok(Err(e)) => return Err(e.context("benchmark failed; the temporary files and tmpfs were removed")),
         Err(_) => bail!("the benchmark thread panicked; the temporary tmpfs went with its namespace"),
@@ -883,7 +881,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<i32> {
     } else {
         out::print(&human(&report));
     }
-    Ok(exit::OK)
+    Ok(ExitCode::Ok)
 }
 
 // ---------------------------------------------------------------- output

@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::backend;
 use crate::error::UnknownName;
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::procs::Holder;
@@ -93,7 +94,7 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
     };
     let table = host.mounts()?;
     UnknownName::check(spec, &targets, |n| {
-        table.by_source(&spec::source_for(n)).next().is_some()
+        backend::mounts_of(&table, &spec::source_for(n)).next().is_some()
     })?;
     let mut out = Vec::new();
     for name in targets {
@@ -126,21 +127,17 @@ fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
     let held = table
         .stack_at(&held_path)
         .into_iter()
-        .find(|e| e.is_tmpfs_of(&source))
+        .find(|e| backend::is_ours(e, &source))
         .cloned();
     // The tmpfs at the spec's path, not a bind of it elsewhere (a chroot).
     let at_spec_path = spec.mount(name).and_then(|m| {
         table
             .stack_at(&m.path)
             .into_iter()
-            .find(|e| e.is_tmpfs_of(&source))
+            .find(|e| backend::is_ours(e, &source))
     });
     let live = at_spec_path
-        .or_else(|| {
-            table
-                .by_source(&source)
-                .find(|e| !e.mount_point.starts_with(state.dir()))
-        })
+        .or_else(|| backend::mounts_of(table, &source).find(|e| !e.mount_point.starts_with(state.dir())))
         .cloned();
     Found { live, held }
 }

@@ -5,19 +5,38 @@ use std::path::{Path, PathBuf};
 
 use crate::out::escape;
 
-/// Process exit statuses; documented in README.md ("Exit status").
-pub mod exit {
+/// Process exit statuses; documented in README.md ("Exit status"). Errors
+/// map to them in one place, `cli::describe_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ExitCode {
     /// Converged (apply), valid (validate), or nothing to report.
-    pub const OK: i32 = 0;
+    Ok = 0,
     /// An operation failed: a mount with `on_failure: fail`, an I/O error, a refused `down`.
-    pub const FAILED: i32 = 1;
+    Failed = 1,
     /// Bad input: invalid spec or command line. Nothing on the host was changed.
-    pub const BAD_INPUT: i32 = 2;
+    BadInput = 2,
     /// Not fully converged: some mounts are degraded (application on its disk
     /// directory) or a change was refused; the rest were applied.
-    pub const DEGRADED: i32 = 3;
+    Degraded = 3,
     /// Another tmpfsctl held the lock for longer than `--wait`.
-    pub const BUSY: i32 = 4;
+    Busy = 4,
+    /// `bench` stopped by SIGINT, SIGTERM or SIGHUP, after cleaning up (128 + SIGINT).
+    Interrupted = 130,
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// `Failed` when `failed`, else `Ok`.
+    pub fn failed_if(failed: bool) -> ExitCode {
+        if failed {
+            ExitCode::Failed
+        } else {
+            ExitCode::Ok
+        }
+    }
 }
 
 /// A mount name on the command line that the spec does not have (and that no

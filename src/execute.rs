@@ -1,5 +1,5 @@
-//! Carries out a plan. The only module that changes the host; the syscalls
-//! themselves are in `mount` (mount/umount) and `copy` (the tree copier).
+//! Carries out `apply`'s plan, with rollback. Mounts are made through
+//! `backend` (and `mount` for binds and moves), the seed through `copy`.
 
 use std::io::IsTerminal;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -9,7 +9,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::backend;
 use crate::copy;
+use crate::error::ExitCode;
 use crate::mount::{self, PinnedDir, RootAttrs};
 use crate::plan::{Blocked, MountPlan, Plan, Step};
 use crate::spec::size::format_bytes;
@@ -72,15 +74,14 @@ pub struct ApplyReport {
 }
 
 impl ApplyReport {
-    pub fn exit_code(&self) -> i32 {
-        use crate::error::exit;
+    pub fn exit_code(&self) -> ExitCode {
         let any = |o: Outcome| self.mounts.iter().any(|m| m.result == o);
         if any(Outcome::Failed) {
-            exit::FAILED
+            ExitCode::Failed
         } else if any(Outcome::Degraded) || any(Outcome::Refused) {
-            exit::DEGRADED
+            ExitCode::Degraded
         } else {
-            exit::OK
+            ExitCode::Ok
         }
     }
 }
@@ -313,7 +314,7 @@ fn run_step(
             options,
         } => {
             mount::ensure_mount_point(stage)?;
-            mount::mount_tmpfs(source, stage, options)?;
+            backend::mount(source, stage, options)?;
             undo.push(Undo::Detach(stage.clone()));
         }
         Step::Seed { from, to } => return seed(from, to, name, opts).map(Some),
@@ -322,7 +323,7 @@ fn run_step(
             // The tmpfs is in place; a later failure must not tear it down.
             undo.retain(|Undo::Detach(p)| p != stage);
         }
-        Step::Remount { path, options, .. } => mount::remount_tmpfs(path, options).map_err(|e| {
+        Step::Remount { path, options, .. } => backend::remount(path, options).map_err(|e| {
             let hint = if e == nix::errno::Errno::EINVAL {
                 " (the kernel refused; for a shrink, usage may have grown past the new size)"
             } else {

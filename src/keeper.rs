@@ -33,6 +33,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
 use crate::copy::baseline::fnv1a;
+use crate::error::ExitCode;
 use crate::host::deletions::{Deletions, Handle};
 use crate::state::State;
 
@@ -213,7 +214,7 @@ pub fn finish(state: &State, name: &str) {
 
 /// The keeper itself (`tmpfsctl keep-deletions NAME PID`): watches until SIGTERM, or
 /// until the held tmpfs or the record is gone; ignores the events of `parent`.
-pub fn run(state: &State, name: &str, parent: i32) -> Result<i32> {
+pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGTERM);
     mask.add(Signal::SIGINT);
@@ -265,7 +266,7 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<i32> {
             started.elapsed() > Duration::from_secs(10)
         };
         if stop || gone || !record.exists() {
-            return Ok(0);
+            return Ok(ExitCode::Ok);
         }
     }
 }

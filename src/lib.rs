@@ -3,11 +3,15 @@
 //!
 //! Every command is a view of one pipeline:
 //! `spec` (desired) + `observe` (the host, read through `host`) → `plan`
-//! (ordered steps, pure) → `execute` (the only code that changes the host:
-//! mounts in `mount`, the tree copy in `copy`) → `report`.
+//! (ordered steps, pure) → `execute` → `backend` (each backend's options,
+//! mount and remount, through the syscalls in `mount`) → `report`.
+//! `apply` changes the host through `execute`; `down` (and the agent's
+//! fallback through it), `sync` and the agent's actions change it through
+//! `mount`, `backend` and `copy` (the tree copy and the write-back).
 //! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
 
 pub mod agent;
+pub mod backend;
 pub mod boot;
 pub mod cli;
 pub mod copy;

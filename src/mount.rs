@@ -9,20 +9,6 @@ use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use serde::Serialize;
 
-use crate::spec::{Atime, Flags, Huge};
-
-/// Everything a tmpfs is mounted with. Remounts repeat all of it, because a
-/// bare MS_REMOUNT resets nosuid/nodev/noexec.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TmpfsOptions {
-    pub size: u64,
-    pub nr_inodes: Option<u64>,
-    pub huge: Huge,
-    pub noswap: bool,
-    pub flags: Flags,
-    pub root: RootAttrs,
-}
-
 /// Owner, group and mode of a directory (the tmpfs root, the on-disk dir).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RootAttrs {
@@ -42,6 +28,10 @@ impl RootAttrs {
         })
     }
 
+    pub fn describe(&self) -> String {
+        format!("{}:{} {:04o}", self.uid, self.gid, self.mode)
+    }
+
     /// Of what `path` names after symlinks: what a mount on it covers.
     pub fn of_followed(path: &Path) -> Result<RootAttrs> {
         use std::os::unix::fs::MetadataExt;
@@ -55,81 +45,20 @@ impl RootAttrs {
     }
 }
 
-impl TmpfsOptions {
-    fn ms_flags(&self) -> MsFlags {
-        let f = self.flags;
-        let mut ms = MsFlags::empty();
-        ms.set(MsFlags::MS_NOSUID, f.nosuid);
-        ms.set(MsFlags::MS_NODEV, f.nodev);
-        ms.set(MsFlags::MS_NOEXEC, f.noexec);
-        match f.atime {
-            Some(Atime::Relatime) => ms |= MsFlags::MS_RELATIME,
-            Some(Atime::Noatime) => ms |= MsFlags::MS_NOATIME,
-            Some(Atime::Strictatime) => ms |= MsFlags::MS_STRICTATIME,
-            None => {}
-        }
-        ms
-    }
-
-    /// The data string. The root's uid/gid/mode only matter at mount time
-    /// (the kernel ignores them for the root on remount), and `noswap` can
-    /// only be set at mount time but must be repeated on remount.
-    pub fn data(&self, remount: bool) -> String {
-        let mut d = format!("size={}", self.size);
-        if let Some(n) = self.nr_inodes {
-            d.push_str(&format!(",nr_inodes={n}"));
-        }
-        d.push_str(&format!(",huge={}", self.huge.name()));
-        if !remount {
-            let r = self.root;
-            d.push_str(&format!(",mode={:o},uid={},gid={}", r.mode, r.uid, r.gid));
-        }
-        if self.noswap {
-            d.push_str(",noswap");
-        }
-        d
-    }
-}
-
-pub fn mount_tmpfs(source: &str, target: &Path, opts: &TmpfsOptions) -> Result<()> {
-    let data = opts.data(false);
-    mount(
-        Some(source),
-        target,
-        Some("tmpfs"),
-        opts.ms_flags(),
-        Some(data.as_str()),
-    )
-    .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
-}
-
-/// A tmpfs with flags and data as given (mount.tmpfsctl passes an fstab
-/// line's options through).
-pub fn mount_tmpfs_raw(source: &str, target: &Path, flags: MsFlags, data: &str) -> Result<()> {
-    mount(Some(source), target, Some("tmpfs"), flags, Some(data))
-        .with_context(|| format!("mount -t tmpfs -o {data} {source} {}", target.display()))
+/// Mounts a new filesystem of `fstype`; the backends build flags and data.
+pub fn mount_fs(source: &str, target: &Path, fstype: &str, flags: MsFlags, data: &str) -> Result<()> {
+    mount(Some(source), target, Some(fstype), flags, Some(data))
+        .with_context(|| format!("mount -t {fstype} -o {data} {source} {}", target.display()))
 }
 
 /// MS_REMOUNT with flags and data as given.
-pub fn remount_raw(target: &Path, flags: MsFlags, data: &str) -> Result<()> {
+pub fn remount(target: &Path, flags: MsFlags, data: &str) -> Result<(), Errno> {
     mount(
         None::<&str>,
         target,
         None::<&str>,
         MsFlags::MS_REMOUNT | flags,
         Some(data),
-    )
-    .with_context(|| format!("mount -o remount,{data} {}", target.display()))
-}
-
-pub fn remount_tmpfs(target: &Path, opts: &TmpfsOptions) -> Result<(), Errno> {
-    let data = opts.data(true);
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_REMOUNT | opts.ms_flags(),
-        Some(data.as_str()),
     )
 }
 
@@ -201,7 +130,10 @@ pub fn ensure_mount_point(dir: &Path) -> Result<()> {
 /// unless one is there already.
 pub fn ensure_records_tmpfs(dir: &Path, source: &str) -> Result<()> {
     let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
-    if table.top_at(dir).is_some_and(|e| e.is_tmpfs_of(source)) {
+    if table
+        .top_at(dir)
+        .is_some_and(|e| e.fstype == "tmpfs" && e.source == source)
+    {
         return Ok(());
     }
     ensure_mount_point(dir)?;
@@ -324,56 +256,5 @@ pub fn mount_scratch_tmpfs(source: &str, target: &Path, size: u64) -> Result<()>
 pub fn unmount_or_detach(target: &Path) {
     if umount2(target, MntFlags::empty()).is_err() {
         let _ = umount2(target, MntFlags::MNT_DETACH);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn opts() -> TmpfsOptions {
-        TmpfsOptions {
-            size: 512 << 20,
-            nr_inodes: Some(1000),
-            huge: Huge::Never,
-            noswap: false,
-            flags: Flags {
-                nosuid: true,
-                nodev: true,
-                noexec: false,
-                atime: None,
-            },
-            root: RootAttrs {
-                uid: 33,
-                gid: 34,
-                mode: 0o750,
-            },
-        }
-    }
-
-    #[test]
-    fn data_sets_root_only_at_mount_time() {
-        let o = opts();
-        assert_eq!(
-            o.data(false),
-            "size=536870912,nr_inodes=1000,huge=never,mode=750,uid=33,gid=34"
-        );
-        assert_eq!(o.data(true), "size=536870912,nr_inodes=1000,huge=never");
-        let o = TmpfsOptions {
-            nr_inodes: None,
-            noswap: true,
-            huge: Huge::WithinSize,
-            ..opts()
-        };
-        assert_eq!(o.data(true), "size=536870912,huge=within_size,noswap");
-    }
-
-    #[test]
-    fn remount_flags_repeat_every_security_flag() {
-        let mut o = opts();
-        o.flags.noexec = true;
-        o.flags.atime = Some(Atime::Noatime);
-        let f = o.ms_flags();
-        assert!(f.contains(MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME));
     }
 }

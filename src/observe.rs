@@ -7,28 +7,13 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::backend::{self, Live};
 use crate::host::meminfo::MemInfo;
-use crate::host::mountinfo::{MountEntry, MountTable};
-use crate::host::usage::Usage;
+use crate::host::mountinfo::MountTable;
 use crate::host::Host;
 use crate::mount::RootAttrs;
-use crate::spec::{self, Atime, Flags, Huge, MountSpec, Spec};
+use crate::spec::{self, MountSpec, Spec};
 use crate::state::State;
-
-/// A live managed tmpfs as the kernel reports it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Live {
-    pub dev: (u32, u32),
-    /// Options as they are now; `size` and `nr_inodes` from statvfs.
-    pub size: u64,
-    pub nr_inodes: u64,
-    /// `None` when the kernel reports a policy tmpfsctl does not set (deny, force).
-    pub huge: Option<Huge>,
-    pub noswap: bool,
-    pub flags: Flags,
-    pub root: RootAttrs,
-    pub usage: Usage,
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -91,12 +76,12 @@ fn lower_state(
     let Some(top) = stack.last() else {
         return Lower::Absent;
     };
-    if stack.len() > 1 || top.is_tmpfs_of(source) {
+    if stack.len() > 1 || backend::is_ours(top, source) {
         return Lower::Stale;
     }
     let same_dir = match at_path {
         // The path shows the tmpfs; the bind must at least not be that tmpfs.
-        AtPath::Ours(live) => top.dev != live.dev,
+        AtPath::Ours(live) => top.dev != live.dev(),
         _ => match (path_md, std::fs::symlink_metadata(lower_path)) {
             (Some(p), Ok(l)) => p.dev() == l.dev() && p.ino() == l.ino(),
             _ => false,
@@ -153,8 +138,7 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
             let path = path_of(state, &name);
             let mounted = table.top_at(&path).is_some();
             // A side bind still serves an orphan tmpfs; keep it.
-            let serves_orphan = table
-                .by_source(&spec::source_for(&name))
+            let serves_orphan = backend::mounts_of(&table, &spec::source_for(&name))
                 .any(|e| !e.mount_point.starts_with(state.dir()));
             if !serves_orphan {
                 leftovers.push(Leftover { name, path, mounted });
@@ -170,13 +154,8 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
     let orphans = table
         .entries
         .iter()
-        .filter(|e| e.fstype == "tmpfs" && !e.mount_point.starts_with(state.dir()))
-        .filter_map(|e| {
-            Some((
-                e.source.strip_prefix(spec::SOURCE_PREFIX)?.to_string(),
-                e.mount_point.clone(),
-            ))
-        })
+        .filter(|e| !e.mount_point.starts_with(state.dir()))
+        .filter_map(|e| Some((backend::managed_name(e)?.to_string(), e.mount_point.clone())))
         .filter(|(n, _)| !in_spec(n))
         .collect();
     let state_not_private = [state.lower_root(), state.stage_root()]
@@ -203,14 +182,14 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
     let path_md = std::fs::symlink_metadata(&m.path).ok();
     let at_path = match table.top_at(&m.path) {
         None => AtPath::Disk,
-        Some(e) if e.is_tmpfs_of(&source) => match live(e, &m.path) {
+        Some(e) if backend::is_ours(e, &source) => match Live::read(e, &m.path) {
             Some(l) => AtPath::Ours(l),
             None => AtPath::Foreign {
                 fstype: e.fstype.clone(),
                 source: e.source.clone(),
             },
         },
-        Some(e) if e.fstype == "tmpfs" && e.source.starts_with(spec::SOURCE_PREFIX) => AtPath::OtherManaged {
+        Some(e) if backend::managed_name(e).is_some() => AtPath::OtherManaged {
             source: e.source.clone(),
         },
         Some(e) => AtPath::Foreign {
@@ -225,8 +204,7 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
     // path has none means the spec's path changed.
     let ours_elsewhere = match at_path {
         AtPath::Ours(_) => None,
-        _ => table
-            .by_source(&source)
+        _ => backend::mounts_of(table, &source)
             .map(|e| e.mount_point.clone())
             .find(|p| *p != m.path && *p != stage),
     };
@@ -246,35 +224,4 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         disk,
         recorded: state.record(&m.name).is_some(),
     }
-}
-
-fn live(e: &MountEntry, path: &Path) -> Option<Live> {
-    let usage = Usage::of(path).ok()?;
-    let root = RootAttrs::of(path).ok()?;
-    let huge = match e.super_option("huge") {
-        None => Some(Huge::Never),
-        Some(h) => Huge::ALL.iter().find(|(n, _)| *n == h).map(|(_, v)| *v),
-    };
-    let atime = if e.has_mount_option("noatime") {
-        Atime::Noatime
-    } else if e.has_mount_option("relatime") {
-        Atime::Relatime
-    } else {
-        Atime::Strictatime
-    };
-    Some(Live {
-        dev: e.dev,
-        size: usage.size,
-        nr_inodes: usage.inodes,
-        huge,
-        noswap: e.super_option("noswap").is_some(),
-        flags: Flags {
-            nosuid: e.has_mount_option("nosuid"),
-            nodev: e.has_mount_option("nodev"),
-            noexec: e.has_mount_option("noexec"),
-            atime: Some(atime),
-        },
-        root,
-        usage,
-    })
 }

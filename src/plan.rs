@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::mount::{RootAttrs, TmpfsOptions};
-use crate::observe::{AtPath, Leftover, Live, Lower, Observed, World};
-use crate::spec::size::format_bytes;
+use crate::backend::{self, Change, Live};
+use crate::mount::RootAttrs;
+use crate::observe::{AtPath, Leftover, Lower, Observed, World};
 use crate::spec::{MountSpec, Seed, Spec};
 use crate::state::State;
 
@@ -33,7 +33,7 @@ pub enum Step {
     MountStage {
         source: String,
         stage: PathBuf,
-        options: TmpfsOptions,
+        options: backend::Options,
     },
     Seed {
         from: PathBuf,
@@ -46,7 +46,7 @@ pub enum Step {
     },
     Remount {
         path: PathBuf,
-        options: TmpfsOptions,
+        options: backend::Options,
         changes: Vec<Change>,
     },
     SetRoot {
@@ -80,26 +80,13 @@ pub enum Step {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Change {
-    pub what: &'static str,
-    pub from: String,
-    pub to: String,
-}
-
-impl std::fmt::Display for Change {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} -> {}", self.what, self.from, self.to)
-    }
-}
-
 impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::DetachStage { stage } => format!("detach unfinished tmpfs at {}", stage.display()),
             Step::DetachLower { lower } => format!("detach stale side bind {}", lower.display()),
             Step::CreateDir { path, root } => {
-                format!("create directory {} ({})", path.display(), attrs(root))
+                format!("create directory {} ({})", path.display(), root.describe())
             }
             Step::BindLower { path, lower } => {
                 format!("bind {} to {} (private)", path.display(), lower.display())
@@ -109,9 +96,10 @@ impl Step {
                 stage,
                 options,
             } => format!(
-                "mount tmpfs {source} at {} ({})",
+                "mount {} {source} at {} ({})",
+                options.backend(),
                 stage.display(),
-                describe_options(options)
+                options.describe()
             ),
             Step::Seed { from, to } => format!("copy contents of {} into {}", from.display(), to.display()),
             Step::MoveIntoPlace { stage, path } => {
@@ -122,7 +110,12 @@ impl Step {
                 format!("remount {} online: {}", path.display(), c.join(", "))
             }
             Step::SetRoot { path, from, to } => {
-                format!("set root of {}: {} -> {}", path.display(), attrs(from), attrs(to))
+                format!(
+                    "set root of {}: {} -> {}",
+                    path.display(),
+                    from.describe(),
+                    to.describe()
+                )
             }
             Step::PrivateStateDir { dir, .. } => format!("make {} a private mount", dir.display()),
             Step::PrivateLower { lower } => format!("make side bind {} private", lower.display()),
@@ -142,24 +135,6 @@ impl Step {
             }
         }
     }
-}
-
-fn attrs(a: &RootAttrs) -> String {
-    format!("{}:{} {:04o}", a.uid, a.gid, a.mode)
-}
-
-pub fn describe_options(o: &TmpfsOptions) -> String {
-    let mut parts = vec![format!("size={}", format_bytes(o.size))];
-    if let Some(n) = o.nr_inodes {
-        parts.push(format!("nr_inodes={n}"));
-    }
-    parts.push(format!("huge={}", o.huge.name()));
-    if o.noswap {
-        parts.push("noswap".into());
-    }
-    parts.extend(o.flags.names().iter().map(|s| s.to_string()));
-    parts.push(format!("root {}", attrs(&o.root)));
-    parts.join(" ")
 }
 
 /// Why a mount cannot be brought to its spec now.
@@ -263,17 +238,6 @@ fn desired_root(m: &MountSpec, disk: Option<RootAttrs>) -> Option<RootAttrs> {
     })
 }
 
-pub fn desired_options(m: &MountSpec, root: RootAttrs) -> TmpfsOptions {
-    TmpfsOptions {
-        size: m.size,
-        nr_inodes: m.inodes,
-        huge: m.huge,
-        noswap: m.noswap,
-        flags: m.flags,
-        root,
-    }
-}
-
 pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) -> MountPlan {
     let mut p = MountPlan {
         name: m.name.clone(),
@@ -368,7 +332,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     p.steps.push(Step::MountStage {
         source: m.source(),
         stage: stage.clone(),
-        options: desired_options(m, root),
+        options: backend::Options::desired(m, root),
     });
     if m.seed == Seed::Copy {
         p.steps.push(Step::Seed {
@@ -403,120 +367,30 @@ fn plan_lower_of_live(m: &MountSpec, o: &Observed, state: &State, p: &mut MountP
     }
 }
 
-fn round_to_page(bytes: u64, page: u64) -> u64 {
-    bytes.div_ceil(page) * page
-}
-
 fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut MountPlan) {
     // Unseen disk directory (side bind lost): keep the live root, never the
     // `create` defaults.
-    let root = desired_root(m, Some(o.disk.unwrap_or(live.root))).unwrap_or(live.root);
-    let mut changes = Vec::new();
-    let want_size = round_to_page(m.size, page_size);
-    if want_size != live.size {
-        changes.push(Change {
-            what: "size",
-            from: format_bytes(live.size),
-            to: format_bytes(want_size),
-        });
-    }
-    if let Some(n) = m.inodes {
-        if n != live.nr_inodes {
-            changes.push(Change {
-                what: "nr_inodes",
-                from: live.nr_inodes.to_string(),
-                to: n.to_string(),
-            });
-        }
-    }
-    if live.huge != Some(m.huge) {
-        let from = live.huge.map(|h| h.name()).unwrap_or("other").to_string();
-        changes.push(Change {
-            what: "huge",
-            from,
-            to: m.huge.name().into(),
-        });
-    }
-    let f = live.flags;
-    for (what, have, want) in [
-        ("nosuid", f.nosuid, m.flags.nosuid),
-        ("nodev", f.nodev, m.flags.nodev),
-        ("noexec", f.noexec, m.flags.noexec),
-    ] {
-        if have != want {
-            changes.push(Change {
-                what,
-                from: onoff(have),
-                to: onoff(want),
-            });
-        }
-    }
-    if let Some(want) = m.flags.atime {
-        if f.atime != Some(want) {
-            let from = f.atime.map(|a| a.name()).unwrap_or("default").to_string();
-            changes.push(Change {
-                what: "atime",
-                from,
-                to: want.name().into(),
-            });
-        }
-    }
-
-    if m.noswap != live.noswap {
-        p.blocked = Some(Blocked::Refused {
-            reason: format!(
-                "noswap can only be set when the tmpfs is mounted (now {}, spec {}); run `tmpfsctl down` then `apply`",
-                onoff(live.noswap),
-                onoff(m.noswap)
-            ),
-        });
-        return;
-    }
-    if want_size < live.usage.used && want_size != live.size {
-        p.blocked = Some(Blocked::Refused {
-            reason: format!(
-                "cannot shrink {} to {}: {} are in use; free space or choose a size of at least {}",
-                m.path.display(),
-                format_bytes(want_size),
-                format_bytes(live.usage.used),
-                format_bytes(round_to_page(live.usage.used, page_size))
-            ),
-        });
-        return;
-    }
-    if let Some(n) = m.inodes {
-        if n < live.usage.inodes_used {
-            p.blocked = Some(Blocked::Refused {
-                reason: format!(
-                    "cannot lower nr_inodes of {} to {n}: {} in use",
-                    m.path.display(),
-                    crate::plural::count(live.usage.inodes_used, "inode is", "inodes are")
-                ),
-            });
+    let live_root = live.root();
+    let root = desired_root(m, Some(o.disk.unwrap_or(live_root))).unwrap_or(live_root);
+    match live.online(m, root, page_size) {
+        Err(reason) => {
+            p.blocked = Some(Blocked::Refused { reason });
             return;
         }
-    }
-    if !changes.is_empty() {
-        let mut options = desired_options(m, root);
-        // Keep the live mount's own limits for what the spec leaves unset.
-        options.nr_inodes = m.inodes.or(Some(live.nr_inodes));
-        p.steps.push(Step::Remount {
+        Ok(Some((options, changes))) => p.steps.push(Step::Remount {
             path: m.path.clone(),
             options,
             changes,
-        });
+        }),
+        Ok(None) => {}
     }
-    if root != live.root {
+    if root != live_root {
         p.steps.push(Step::SetRoot {
             path: m.path.clone(),
-            from: live.root,
+            from: live_root,
             to: root,
         });
     }
-}
-
-fn onoff(b: bool) -> String {
-    if b { "on" } else { "off" }.to_string()
 }
 
 #[cfg(test)]

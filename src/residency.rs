@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::error::exit;
+use crate::error::ExitCode;
 use crate::out::{self, escape};
 use crate::spec::size::format_bytes;
 
@@ -489,7 +489,7 @@ impl<W: Write> Walker<W> {
 
 /// Runs `tmpfsctl residency`; returns the exit status (1 if any entry could
 /// not be examined).
-pub fn run(args: &ResidencyArgs, json: bool) -> Result<i32> {
+pub fn run(args: &ResidencyArgs, json: bool) -> Result<ExitCode> {
     let out = io::BufWriter::new(out::stdout());
     let mut w = Walker {
         sink: Sink {
@@ -523,9 +523,9 @@ pub fn run(args: &ResidencyArgs, json: bool) -> Result<i32> {
     // Any other write error is reported by `cli::main` (out::stdout_failure).
     let _ = walked;
     Ok(if w.totals.errors > 0 {
-        exit::FAILED
+        ExitCode::Failed
     } else {
-        exit::OK
+        ExitCode::Ok
     })
 }
 

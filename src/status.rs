@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::backend;
 use crate::host::meminfo::MemInfo;
 use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::observe::{self, AtPath};
-use crate::spec::{self, Spec};
+use crate::spec::Spec;
 use crate::state::{AgentMount, State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -124,7 +125,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                 let pending = crate::sync::held(&world.table, &m.name, state);
                 let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
                 let (state_now, usage) = match &o.at_path {
-                    AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage.into())),
+                    AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage().into())),
                     _ if pending => (
                         MountState::WritebackPending,
                         Usage::of(&held).ok().map(Into::into),
@@ -191,10 +192,10 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             mem = host.meminfo()?;
             let table = host.mounts()?;
             for e in &table.entries {
-                let Some(name) = e.source.strip_prefix(spec::SOURCE_PREFIX) else {
+                let Some(name) = backend::managed_name(e) else {
                     continue;
                 };
-                if e.fstype != "tmpfs" || e.mount_point.starts_with(state.dir()) {
+                if e.mount_point.starts_with(state.dir()) {
                     continue;
                 }
                 mounts.push(orphan(

@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::backend;
 use crate::copy::baseline::now_after_tick;
 use crate::copy::{self, DiskDeletions, Merge, SyncStats};
 use crate::down::DownOutcome;
@@ -264,7 +265,7 @@ pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
     table
         .stack_at(&state.held(name))
         .iter()
-        .any(|e| e.is_tmpfs_of(&source))
+        .any(|e| backend::is_ours(e, &source))
 }
 
 /// Removes the side bind and staging point of a mount that is gone, and has the

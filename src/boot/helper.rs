@@ -315,9 +315,16 @@ pub fn main(args: Vec<OsString>) -> i32 {
         return 0;
     }
     let done = if c.remount {
-        crate::mount::remount_raw(&req.target, c.flags, &c.data)
+        crate::mount::remount(&req.target, c.flags, &c.data)
+            .map_err(|e| anyhow::anyhow!("mount -o remount,{} {}: {e}", c.data, req.target.display()))
     } else {
-        crate::mount::mount_tmpfs_raw(&req.source, &req.target, c.flags, &c.data)
+        crate::mount::mount_fs(
+            &req.source,
+            &req.target,
+            crate::backend::tmpfs::FSTYPE,
+            c.flags,
+            &c.data,
+        )
     };
     match done {
         Ok(()) => 0,

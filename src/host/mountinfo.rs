@@ -26,12 +26,6 @@ pub struct MountEntry {
 }
 
 impl MountEntry {
-    /// Whether this is a tmpfs mounted with `source`: how tmpfsctl knows a mount
-    /// of its own (`tmpfsctl-NAME`, see `spec::source_for`) from anybody else's.
-    pub fn is_tmpfs_of(&self, source: &str) -> bool {
-        self.fstype == "tmpfs" && self.source == source
-    }
-
     pub fn has_mount_option(&self, name: &str) -> bool {
         self.mount_options.iter().any(|o| o == name)
     }
@@ -111,10 +105,6 @@ impl MountTable {
             cur = here.iter().find(|o| o.parent == e.id).copied();
         }
         ordered
-    }
-
-    pub fn by_source<'a>(&'a self, source: &'a str) -> impl Iterator<Item = &'a MountEntry> + 'a {
-        self.entries.iter().filter(move |e| e.is_tmpfs_of(source))
     }
 }
 
@@ -216,7 +206,6 @@ mod tests {
         let ids: Vec<u32> = t.stack_at(p).iter().map(|e| e.id).collect();
         assert_eq!(ids, [50, 51]);
         assert!(t.top_at(Path::new("/srv")).is_none());
-        assert_eq!(t.by_source("tmpfsctl-nginx").count(), 1);
     }
 
     #[test]

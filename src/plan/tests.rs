@@ -1,10 +1,11 @@
 use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::backend::tmpfs;
 use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
-use crate::observe::{AtPath, Leftover, Live, Lower, Observed, World};
+use crate::observe::{AtPath, Leftover, Lower, Observed, World};
 use crate::spec::{AgentSettings, Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec, Watchdog};
 
 const PAGE: u64 = 4096;
@@ -60,8 +61,8 @@ fn on_disk() -> Observed {
     }
 }
 
-fn live() -> Live {
-    Live {
+fn live() -> tmpfs::Live {
+    tmpfs::Live {
         dev: (0, 40),
         size: 512 << 20,
         nr_inodes: 100_000,
@@ -81,9 +82,9 @@ fn live() -> Live {
     }
 }
 
-fn offloaded(l: Live) -> Observed {
+fn offloaded(l: tmpfs::Live) -> Observed {
     Observed {
-        at_path: AtPath::Ours(l),
+        at_path: AtPath::Ours(Live::Tmpfs(l)),
         lower: Lower::Bound,
         recorded: true,
         ..on_disk()
@@ -115,11 +116,18 @@ fn run(m: &MountSpec, o: &Observed) -> MountPlan {
     plan_mount(m, o, &st(), PAGE)
 }
 
-fn mount_options(p: &MountPlan) -> &TmpfsOptions {
+fn mount_options(p: &MountPlan) -> &tmpfs::Options {
     p.steps
         .iter()
         .find_map(|s| match s {
-            Step::MountStage { options, .. } | Step::Remount { options, .. } => Some(options),
+            Step::MountStage {
+                options: backend::Options::Tmpfs(o),
+                ..
+            }
+            | Step::Remount {
+                options: backend::Options::Tmpfs(o),
+                ..
+            } => Some(o),
             _ => None,
         })
         .expect("plan has a mount or remount step")
@@ -371,7 +379,12 @@ fn grow_is_an_online_remount_repeating_all_flags() {
         &offloaded(live()),
     );
     assert_eq!(actions(&p), ["remount"]);
-    let Step::Remount { changes, options, .. } = &p.steps[0] else {
+    let Step::Remount {
+        changes,
+        options: backend::Options::Tmpfs(options),
+        ..
+    } = &p.steps[0]
+    else {
         unreachable!()
     };
     assert_eq!(
@@ -522,7 +535,7 @@ fn huge_policy_change_is_a_remount() {
             to: "within_size".into()
         }
     );
-    let other = Live { huge: None, ..live() };
+    let other = tmpfs::Live { huge: None, ..live() };
     assert_eq!(actions(&run(&mspec(), &offloaded(other))), ["remount"]);
 }
 
@@ -550,7 +563,7 @@ fn root_owner_and_mode_follow_spec_then_disk() {
     assert_eq!(actions(&run(&mspec(), &changed_disk)), ["set-root"]);
     let unseen_disk = Observed {
         disk: None,
-        ..offloaded(Live {
+        ..offloaded(tmpfs::Live {
             root: RootAttrs {
                 uid: 5,
                 gid: 5,

@@ -10,11 +10,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::{parse, Persist, Spec};
+use crate::backend::{tmpfs, Live};
 use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
-use crate::observe::{AtPath, Live, Lower, Observed, World};
+use crate::observe::{AtPath, Lower, Observed, World};
 use crate::state::State;
 use crate::watchdog::{self, Budget, Limits, MemView, PressureView, Tracker};
 
@@ -354,7 +355,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
             .iter()
             .map(|m| {
                 let size = *rng.pick(&extremes);
-                let live = Live {
+                let live = tmpfs::Live {
                     dev: (0, 40),
                     size,
                     nr_inodes: *rng.pick(&extremes),
@@ -375,7 +376,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
                 };
                 let at_path = match rng.below(4) {
                     0 => AtPath::Disk,
-                    1 => AtPath::Ours(live),
+                    1 => AtPath::Ours(Live::Tmpfs(live)),
                     2 => AtPath::OtherManaged {
                         source: "tmpfsctl-other".into(),
                     },
