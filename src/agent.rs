@@ -28,7 +28,7 @@ mod wake;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +38,6 @@ use anyhow::{Context, Result};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
 use crate::backend;
@@ -47,13 +46,13 @@ use crate::error::ExitCode;
 use crate::execute;
 use crate::host::usage::Usage;
 use crate::host::Host;
-use crate::metrics::{self, MountMetrics, MountState, Snapshot};
+use crate::metrics::{self, MountMetrics, Snapshot};
 use crate::mount;
-use crate::observe::{self, AtPath};
+use crate::observe::{self, AtPath, MountState, Seen};
 use crate::plan::{self, Plan};
 use crate::spec::size::format_bytes;
 use crate::spec::{self, Action, MetricsTarget, MountSpec, Persist, PressureAction, Spec};
-use crate::state::{self, AgentAction, AgentMount, AgentStatus, State};
+use crate::state::{AgentAction, AgentMount, AgentStatus, FallbackRecord, State};
 use crate::sync::{self, SyncOutcome, SyncResult};
 use crate::watchdog::{self, Act, Budget, Guard, Level, Limits, MemView, PressureView, Tracker};
 
@@ -99,50 +98,11 @@ const MEM_READ_EVERY: Duration = Duration::from_millis(100);
 /// before the systemd watchdog is no longer fed.
 const BUSY_LIMIT: Duration = Duration::from_secs(30 * 60);
 
-/// What the agent remembers about a fallback, in STATE/agent/NAME.fallback.json.
-/// It counts only while the mount's degraded marker exists: a successful
-/// `apply` or a `down` clears that marker, and with it the fallback.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FallbackRecord {
-    /// Unix time of the fallback.
-    pub at: u64,
-    pub reason: String,
-    /// Unix time the agent offloads the mount again; `None`: the next
-    /// `apply`, or a change of this mount in the spec.
-    pub reoffload_at: Option<u64>,
-}
-
 pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-fn fallback_path(state: &State, name: &str) -> PathBuf {
-    state.dir().join("agent").join(format!("{name}.fallback.json"))
-}
-
-/// The agent's fallback of `name`, while it is in force.
-pub fn read_fallback(state: &State, name: &str) -> Option<FallbackRecord> {
-    state.degraded(name)?;
-    let text = std::fs::read_to_string(fallback_path(state, name)).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn write_fallback(state: &State, name: &str, rec: &FallbackRecord) -> Result<()> {
-    let dir = state.dir().join("agent");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| format!("creating {}", dir.display()))?;
-    let json = serde_json::to_vec_pretty(rec).expect("a FallbackRecord always serialises");
-    state::write_atomic(&fallback_path(state, name), &json)
-}
-
-fn clear_fallback(state: &State, name: &str) {
-    let _ = std::fs::remove_file(fallback_path(state, name));
 }
 
 /// PSI `some avg10` from the text of /proc/pressure/memory.
@@ -239,7 +199,7 @@ impl Watched {
         let mut metrics = MountMetrics::new(&spec.name, &spec.path);
         metrics.last_sync = st.last_sync(&spec.name).map(|r| (r.at, r.seconds, r.ok));
         Watched {
-            fallback: read_fallback(st, &spec.name),
+            fallback: st.fallback(&spec.name),
             spec,
             root: None,
             dev: 0,
@@ -1235,7 +1195,7 @@ impl Agent {
         if let Err(e) = self
             .state
             .set_degraded(&name, &marker)
-            .and_then(|_| write_fallback(&self.state, &name, &rec))
+            .and_then(|_| self.state.set_fallback(&name, &rec))
         {
             error!("{name}: recording the fallback: {e:#}");
         }
@@ -1399,7 +1359,7 @@ impl Agent {
                 if let Some(f) = w.fallback.as_mut() {
                     f.reoffload_at = Some(now.saturating_add(again));
                     let rec = f.clone();
-                    let _ = write_fallback(&self.state, &name, &rec);
+                    let _ = self.state.set_fallback(&name, &rec);
                 }
                 continue;
             }
@@ -1420,7 +1380,7 @@ impl Agent {
                     "{name}: re-offload did not succeed; next try in {again}s"
                 );
                 let rec = f.clone();
-                let _ = write_fallback(&self.state, &name, &rec);
+                let _ = self.state.set_fallback(&name, &rec);
             }
         }
     }
@@ -1599,23 +1559,23 @@ impl Agent {
             let w = &mut self.mounts[i];
             if w.root.is_some() {
                 if w.fallback.take().is_some() {
-                    clear_fallback(&self.state, &w.spec.name);
+                    self.state.clear_fallback(&w.spec.name);
                 }
-                w.state = MountState::Offloaded;
+                w.state = observe::classify(&Seen {
+                    offloaded: true,
+                    ..Seen::default()
+                });
                 continue;
             }
             w.usage = None;
             w.metrics.level = Level::Ok;
-            w.fallback = read_fallback(&self.state, &w.spec.name);
-            w.state = if w.fallback.is_some() {
-                MountState::Fallback
-            } else if self.state.degraded(&w.spec.name).is_some() {
-                MountState::Degraded
-            } else if top.is_some() {
-                MountState::Foreign
-            } else {
-                MountState::Absent
-            };
+            w.fallback = self.state.fallback(&w.spec.name);
+            w.state = observe::classify(&Seen {
+                fallback: w.fallback.is_some(),
+                degraded: self.state.degraded(&w.spec.name).is_some(),
+                covered: top.is_some(),
+                ..Seen::default()
+            });
         }
     }
 
@@ -1733,7 +1693,7 @@ impl Agent {
                     if w.spec != *m {
                         w.tracker = Tracker::default();
                         if w.fallback.take().is_some() {
-                            clear_fallback(&self.state, &m.name);
+                            self.state.clear_fallback(&m.name);
                         }
                         w.metrics.path = m.path.clone();
                         w.spec = m.clone();
@@ -2070,12 +2030,12 @@ mod tests {
             reason: "high".into(),
             reoffload_at: Some(61),
         };
-        write_fallback(&st, "a", &rec).unwrap();
-        assert_eq!(read_fallback(&st, "a"), None, "apply or down cleared the marker");
+        st.set_fallback("a", &rec).unwrap();
+        assert_eq!(st.fallback("a"), None, "apply or down cleared the marker");
         st.set_degraded("a", "fell back").unwrap();
-        assert_eq!(read_fallback(&st, "a"), Some(rec));
-        clear_fallback(&st, "a");
-        assert_eq!(read_fallback(&st, "a"), None);
+        assert_eq!(st.fallback("a"), Some(rec));
+        st.clear_fallback("a");
+        assert_eq!(st.fallback("a"), None);
     }
 
     #[test]

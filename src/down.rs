@@ -113,12 +113,12 @@ pub fn down(spec: &Spec, names: &[String], host: &Host, state: &State) -> Result
 }
 
 /// What `down` finds for one name.
-struct Found {
+pub struct Found {
     /// The tmpfs the application sees: at the spec's path, or wherever it went
     /// (a renamed parent directory takes the mount along).
-    live: Option<MountEntry>,
+    pub live: Option<MountEntry>,
     /// A tmpfs already switched away from the application, waiting for its write-back.
-    held: Option<MountEntry>,
+    pub held: Option<MountEntry>,
 }
 
 fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
@@ -142,34 +142,68 @@ fn find(spec: &Spec, name: &str, table: &MountTable, state: &State) -> Found {
     Found { live, held }
 }
 
-/// Why `down` must not touch a mount: decided from the mount table and the state
-/// before anything changes.
-fn refusal(spec: &Spec, name: &str, found: &Found, table: &MountTable, state: &State) -> Option<String> {
-    let persisted = spec.mount(name).is_some_and(|m| m.persist != Persist::None);
+/// What `down` does with one name. Decided by [`decide`] from the mount
+/// table and the state before anything changes; `down` and the agent's
+/// fallback carry out the same decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Takedown {
+    /// Not touched; the reason says why and what to do.
+    Refuse(String),
+    /// Nothing of ours is mounted: only the side bind and staging point go.
+    CleanUp,
+    /// A volatile tmpfs: unmounted (detached lazily when busy), nothing written back.
+    Unmount(MountEntry),
+    /// A persisted tmpfs: the application is switched to its disk directory
+    /// (when the tmpfs is still where it sees it), then the RAM copy is
+    /// written back from where it is held.
+    WriteBack { switch: Option<MountEntry> },
+}
+
+/// The facts [`decide`] needs beyond the mount table, read before it.
+pub struct Facts<'a> {
+    pub spec: &'a Spec,
+    pub name: &'a str,
+    /// The side bind of `name` (`STATE/lower/NAME`).
+    pub lower: PathBuf,
+    /// The state's record says the mount was persisted.
+    pub recorded_persisted: bool,
+}
+
+/// Pure: what to do with one name (see [`Takedown`]).
+pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
+    let m = f.spec.mount(f.name);
+    let persisted = m.is_some_and(|m| m.persist != Persist::None);
     if let Some(e) = &found.live {
         if let Some(top) = table.top_at(&e.mount_point).filter(|t| t.id != e.id) {
-            return Some(format!(
+            return Takedown::Refuse(format!(
                 "{} is covered by another mount ({} from {}); take that down first",
                 e.mount_point.display(),
                 top.fstype,
                 top.source
             ));
         }
-        if persisted && !observe::lower_reaches_disk(table, e.dev, &state.lower(name)) {
-            return Some(format!(
+        if persisted && !observe::lower_reaches_disk(table, e.dev, &f.lower) {
+            return Takedown::Refuse(format!(
                 "the disk directory is not reachable through {} (missing, stacked or shared side bind); run `tmpfsctl apply` to restore it, then `down` again — nothing was written back or unmounted",
-                state.lower(name).display()
+                f.lower.display()
             ));
         }
     }
-    let recorded_persisted = state.record(name).is_some_and(|r| r.persist != "none");
-    if spec.mount(name).is_none() && (found.held.is_some() || (found.live.is_some() && recorded_persisted)) {
-        return Some(format!(
-            "`{name}` is persisted but not in {}; take it down with the spec that mounted it, so its data is written back",
-            spec.file.display()
+    if m.is_none() && (found.held.is_some() || (found.live.is_some() && f.recorded_persisted)) {
+        return Takedown::Refuse(format!(
+            "`{}` is persisted but not in {}; take it down with the spec that mounted it, so its data is written back",
+            f.name,
+            f.spec.file.display()
         ));
     }
-    None
+    match (persisted, &found.live, &found.held) {
+        (true, Some(e), _) => Takedown::WriteBack {
+            switch: Some(e.clone()),
+        },
+        (true, None, Some(_)) => Takedown::WriteBack { switch: None },
+        (false, Some(e), _) => Takedown::Unmount(e.clone()),
+        _ => Takedown::CleanUp,
+    }
 }
 
 /// Takes one mount down, then removes the side bind and staging point and has
@@ -195,28 +229,45 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
             .or_else(|| spec.mount(name).map(|m| m.path.clone())),
         DownOutcome::NotMounted,
     );
-    if let Some(reason) = refusal(spec, name, &found, &table, state) {
-        res.result = DownOutcome::Refused;
-        res.reason = Some(reason);
-        return Ok(res);
-    }
+    let facts = Facts {
+        spec,
+        name,
+        lower: state.lower(name),
+        recorded_persisted: state.record(name).is_some_and(|r| r.persist != "none"),
+    };
+    let takedown = decide(&facts, &found, &table);
     if let Some(e) = &found.live {
-        res.holders = host.holders(e.dev);
+        if !matches!(takedown, Takedown::Refuse(_)) {
+            res.holders = host.holders(e.dev);
+        }
     }
-    let persisted = spec.mount(name).filter(|m| m.persist != Persist::None);
-    match (persisted, &found.live) {
-        (Some(m), _) => {
+    match takedown {
+        Takedown::Refuse(reason) => {
+            res.result = DownOutcome::Refused;
+            res.reason = Some(reason);
+        }
+        Takedown::CleanUp => crate::sync::clean_up(name, &table, state)?,
+        Takedown::Unmount(e) => {
+            res.result = if mount::unmount_if_idle(&e.mount_point)? {
+                DownOutcome::Unmounted
+            } else {
+                mount::detach(&e.mount_point)?;
+                DownOutcome::Detached
+            };
+            crate::sync::clean_up(name, &table, state)?;
+        }
+        Takedown::WriteBack { switch } => {
+            let m = spec
+                .mount(name)
+                .expect("decide writes back only mounts of the spec");
             let mut watch = None;
-            if let Some(e) = &found.live {
+            if let Some(e) = &switch {
                 let started = Instant::now();
                 // From before the switch: the application's deletions on disk from
                 // its first moment there on.
                 watch = watch_deletions(m, state);
                 switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
                 res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
-            } else if found.held.is_none() {
-                crate::sync::clean_up(name, &table, state)?;
-                return Ok(res);
             }
             let (sync, outcome) = finish_writeback(m, host, state, watch, by)?;
             let failed = sync.result == SyncOutcome::Failed;
@@ -229,30 +280,16 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
                     "the application is on its disk directory, but writing the RAM copy back failed: {why}; the RAM copy stays at {} until that succeeds (free space, then `tmpfsctl down {name}` or `tmpfsctl sync {name}`)",
                     state.held(name).display()
                 ));
-                return Ok(res);
+            } else {
+                res.result = if res.holders.is_empty() {
+                    outcome
+                } else {
+                    DownOutcome::Detached
+                };
             }
-            res.result = if res.holders.is_empty() {
-                outcome
-            } else {
-                DownOutcome::Detached
-            };
-            Ok(res)
-        }
-        (None, Some(e)) => {
-            res.result = if mount::unmount_if_idle(&e.mount_point)? {
-                DownOutcome::Unmounted
-            } else {
-                mount::detach(&e.mount_point)?;
-                DownOutcome::Detached
-            };
-            crate::sync::clean_up(name, &table, state)?;
-            Ok(res)
-        }
-        (None, None) => {
-            crate::sync::clean_up(name, &table, state)?;
-            Ok(res)
         }
     }
+    Ok(res)
 }
 
 /// Puts the application back on its disk directory in one step: the tmpfs `live`
@@ -285,4 +322,166 @@ pub fn switch_to_disk(
     mount::detach(&live.mount_point)?;
     crate::failpoint::hit("after-switch", name);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{AgentSettings, Flags, Huge, MountSpec, OnFailure, Seed, Watchdog};
+
+    /// Our tmpfs at /c with its side bind; 60 covers /covered; 70 is held.
+    const TABLE: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:39 / /c rw,nosuid,nodev - tmpfs tmpfsctl-c rw,size=1024k
+41 22 254:0 /c /run/tmpfsctl/lower/c rw,relatime - ext4 /dev/vda rw
+50 22 0:40 / /covered rw - tmpfs tmpfsctl-c rw,size=1024k
+60 50 0:41 / /covered rw - tmpfs other rw,size=1024k
+70 22 0:42 / /run/tmpfsctl/held/c rw - tmpfs tmpfsctl-c rw,size=1024k
+";
+
+    fn spec(persist: Persist) -> Spec {
+        Spec {
+            file: "/etc/tmpfsctl/cache.yaml".into(),
+            max_total: 1 << 30,
+            mounts: vec![MountSpec {
+                name: "c".into(),
+                path: "/c".into(),
+                size: 1 << 20,
+                inodes: None,
+                owner: None,
+                group: None,
+                mode: None,
+                create: false,
+                takeover: false,
+                flags: Flags::default(),
+                huge: Huge::Never,
+                noswap: false,
+                seed: Seed::Copy,
+                persist,
+                on_failure: OnFailure::KeepDisk,
+                before: vec![],
+                watchdog: Watchdog::default(),
+            }],
+            agent: AgentSettings::default(),
+        }
+    }
+
+    fn entry(t: &MountTable, id: u32) -> Option<MountEntry> {
+        t.entries.iter().find(|e| e.id == id).cloned()
+    }
+
+    fn run(
+        spec: &Spec,
+        name: &str,
+        live: Option<u32>,
+        held: Option<u32>,
+        lower: &str,
+        recorded: bool,
+    ) -> Takedown {
+        let t = MountTable::parse(TABLE).unwrap();
+        let found = Found {
+            live: live.and_then(|id| entry(&t, id)),
+            held: held.and_then(|id| entry(&t, id)),
+        };
+        let facts = Facts {
+            spec,
+            name,
+            lower: lower.into(),
+            recorded_persisted: recorded,
+        };
+        decide(&facts, &found, &t)
+    }
+
+    fn refused(t: Takedown, why: &str) {
+        match t {
+            Takedown::Refuse(r) => assert!(r.contains(why), "{r}"),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    const LOWER: &str = "/run/tmpfsctl/lower/c";
+    const NO_LOWER: &str = "/run/tmpfsctl/lower/gone";
+
+    #[test]
+    fn a_persisted_live_mount_is_switched_then_written_back() {
+        let s = spec(Persist::OnStop);
+        let t = MountTable::parse(TABLE).unwrap();
+        assert_eq!(
+            run(&s, "c", Some(40), None, LOWER, true),
+            Takedown::WriteBack {
+                switch: entry(&t, 40)
+            }
+        );
+        assert_eq!(
+            run(&s, "c", None, Some(70), LOWER, true),
+            Takedown::WriteBack { switch: None },
+            "a held copy is written back without a switch"
+        );
+    }
+
+    #[test]
+    fn a_volatile_live_mount_is_unmounted_without_a_write_back() {
+        let t = MountTable::parse(TABLE).unwrap();
+        assert_eq!(
+            run(&spec(Persist::None), "c", Some(40), None, NO_LOWER, false),
+            Takedown::Unmount(entry(&t, 40).unwrap())
+        );
+    }
+
+    #[test]
+    fn nothing_mounted_leaves_only_the_clean_up() {
+        for p in [Persist::None, Persist::OnStop] {
+            assert_eq!(run(&spec(p), "c", None, None, NO_LOWER, true), Takedown::CleanUp);
+        }
+    }
+
+    #[test]
+    fn a_covered_mount_is_refused() {
+        refused(
+            run(&spec(Persist::None), "c", Some(50), None, LOWER, false),
+            "covered by another mount (tmpfs from other)",
+        );
+    }
+
+    #[test]
+    fn a_persisted_mount_without_its_side_bind_is_refused() {
+        refused(
+            run(&spec(Persist::OnStop), "c", Some(40), None, NO_LOWER, true),
+            "not reachable through /run/tmpfsctl/lower/gone",
+        );
+        // A bind of the tmpfs itself at the side path is no way to the disk.
+        refused(
+            run(
+                &spec(Persist::OnStop),
+                "c",
+                Some(70),
+                None,
+                "/run/tmpfsctl/held/c",
+                true,
+            ),
+            "not reachable",
+        );
+    }
+
+    #[test]
+    fn a_persisted_mount_missing_from_the_spec_is_refused() {
+        let other = Spec {
+            mounts: vec![],
+            ..spec(Persist::None)
+        };
+        refused(
+            run(&other, "c", None, Some(70), LOWER, false),
+            "persisted but not in /etc/tmpfsctl/cache.yaml",
+        );
+        refused(
+            run(&other, "c", Some(40), None, LOWER, true),
+            "persisted but not in",
+        );
+        let t = MountTable::parse(TABLE).unwrap();
+        assert_eq!(
+            run(&other, "c", Some(40), None, LOWER, false),
+            Takedown::Unmount(entry(&t, 40).unwrap()),
+            "a volatile mount removed from the spec can still be taken down"
+        );
+    }
 }

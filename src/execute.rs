@@ -15,7 +15,7 @@ use crate::error::ExitCode;
 use crate::mount::{self, PinnedDir, RootAttrs};
 use crate::plan::{Blocked, MountPlan, Plan, Step};
 use crate::spec::size::format_bytes;
-use crate::spec::{MountSpec, OnFailure, Persist, Spec};
+use crate::spec::{MountSpec, OnFailure, Spec};
 use crate::state::{Record, State};
 
 /// Seeding leaves this share of the tmpfs free for the application.
@@ -221,7 +221,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> 
         state.write_record(&Record {
             name: m.name.clone(),
             path: m.path.clone(),
-            persist: persist_name(m.persist),
+            persist: m.persist.name(),
             applied_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -237,14 +237,6 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> 
     let mut r = result(mp, outcome, done, None);
     r.seeded = seeded;
     Ok(r)
-}
-
-pub fn persist_name(p: Persist) -> String {
-    match p {
-        Persist::None => "none".into(),
-        Persist::OnStop => "on-stop".into(),
-        Persist::Every(s) => format!("every {s}s"),
-    }
 }
 
 /// What to undo when a later step of the same mount fails.

@@ -10,43 +10,18 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::host::usage::Usage;
+use crate::observe::MountState;
 use crate::watchdog::{Level, MemView};
 
-/// What the agent knows about a mount.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MountState {
-    /// The tmpfs is in place and watched.
-    Offloaded,
-    /// The agent took it out of RAM (watchdog or memory pressure); the
-    /// application runs on the disk directory.
-    Fallback,
-    /// apply could not offload it; the application runs on the disk directory.
-    Degraded,
-    /// Not mounted (taken down, or not applied yet).
-    Absent,
-    /// Something else is mounted at the path.
-    Foreign,
-}
-
-impl MountState {
-    pub const ALL: [MountState; 5] = [
-        MountState::Offloaded,
-        MountState::Fallback,
-        MountState::Degraded,
-        MountState::Absent,
-        MountState::Foreign,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            MountState::Offloaded => "offloaded",
-            MountState::Fallback => "fallback",
-            MountState::Degraded => "degraded",
-            MountState::Absent => "absent",
-            MountState::Foreign => "foreign",
-        }
-    }
-}
+/// The states the agent reports, one gauge each: it watches the spec's
+/// path only, so a held write-back or a moved mount shows as what the path has.
+pub const STATES: [MountState; 5] = [
+    MountState::Offloaded,
+    MountState::Fallback,
+    MountState::Degraded,
+    MountState::Absent,
+    MountState::Foreign,
+];
 
 /// Actions counted per mount, in the order they are exported.
 pub const ACTIONS: [&str; 7] = ["warn", "evict", "grow", "shrink", "fallback", "reoffload", "sync"];
@@ -202,7 +177,7 @@ pub fn render(s: &Snapshot, heartbeat: Option<u64>) -> String {
             "1 for the state the mount is in: offloaded, fallback (taken out of RAM by the agent), degraded, absent, foreign.",
         );
         for m in &s.mounts {
-            for st in MountState::ALL {
+            for st in STATES {
                 o.sample(
                     "tmpfsctl_mount_state",
                     &[("name", &m.name), ("state", st.name())],

@@ -28,6 +28,84 @@ pub enum AtPath {
     Foreign { fstype: String, source: String },
 }
 
+/// What a managed mount is now, as `status` and the agent report it.
+/// Told from what was seen in one place, [`classify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MountState {
+    /// The tmpfs is in place.
+    Offloaded,
+    /// apply could not offload it; the application runs on disk.
+    Degraded,
+    /// The agent took it back to disk before it filled (or under memory
+    /// pressure); `reason` says why and when it comes back.
+    Fallback,
+    /// Back on the disk directory (`down` or the agent's fallback), but the RAM
+    /// copy's write-back failed: it is held under the state directory until a
+    /// retry (`sync`, `down`, the agent) succeeds.
+    WritebackPending,
+    /// The tmpfs is no longer at the spec's path: a parent directory was renamed
+    /// or moved with it. It is still written back and taken down.
+    Moved,
+    /// Not mounted and never tried (or taken down).
+    Absent,
+    /// Something else is mounted at the path.
+    Foreign,
+    /// A managed tmpfs whose name the given spec does not have.
+    Orphan,
+}
+
+impl MountState {
+    /// As JSON and the metrics' `state` label write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MountState::Offloaded => "offloaded",
+            MountState::Degraded => "degraded",
+            MountState::Fallback => "fallback",
+            MountState::WritebackPending => "writeback-pending",
+            MountState::Moved => "moved",
+            MountState::Absent => "absent",
+            MountState::Foreign => "foreign",
+            MountState::Orphan => "orphan",
+        }
+    }
+}
+
+/// What a mount's state is told from; each caller fills in what it sees.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen {
+    /// Our mount is at the spec's path.
+    pub offloaded: bool,
+    /// A RAM copy is held for its write-back.
+    pub writeback_pending: bool,
+    /// Our mount is somewhere else (a parent directory was renamed).
+    pub moved: bool,
+    /// Somebody else's mount (or another managed one) is at the path.
+    pub covered: bool,
+    /// The agent's fallback record is in force.
+    pub fallback: bool,
+    /// The degraded marker is set.
+    pub degraded: bool,
+}
+
+pub fn classify(s: &Seen) -> MountState {
+    if s.offloaded {
+        MountState::Offloaded
+    } else if s.writeback_pending {
+        MountState::WritebackPending
+    } else if s.covered {
+        MountState::Foreign
+    } else if s.moved {
+        MountState::Moved
+    } else if s.fallback {
+        MountState::Fallback
+    } else if s.degraded {
+        MountState::Degraded
+    } else {
+        MountState::Absent
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Observed {
     pub name: String,
@@ -223,5 +301,57 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         lower,
         disk,
         recorded: state.record(&m.name).is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every combination of what can be seen: the state is the first fact
+    /// in the order offloaded, write-back pending, covered, moved, fallback,
+    /// degraded; none of them is absent.
+    #[test]
+    fn classify_takes_the_first_fact_in_order() {
+        for bits in 0u8..64 {
+            let f = |i: u8| bits & (1 << i) != 0;
+            let seen = Seen {
+                offloaded: f(0),
+                writeback_pending: f(1),
+                covered: f(2),
+                moved: f(3),
+                fallback: f(4),
+                degraded: f(5),
+            };
+            let want = [
+                MountState::Offloaded,
+                MountState::WritebackPending,
+                MountState::Foreign,
+                MountState::Moved,
+                MountState::Fallback,
+                MountState::Degraded,
+            ]
+            .into_iter()
+            .enumerate()
+            .find(|(i, _)| f(*i as u8))
+            .map_or(MountState::Absent, |(_, s)| s);
+            assert_eq!(classify(&seen), want, "{seen:?}");
+        }
+    }
+
+    #[test]
+    fn state_names_are_the_json_names() {
+        for s in [
+            MountState::Offloaded,
+            MountState::Degraded,
+            MountState::Fallback,
+            MountState::WritebackPending,
+            MountState::Moved,
+            MountState::Absent,
+            MountState::Foreign,
+            MountState::Orphan,
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+        }
     }
 }

@@ -105,6 +105,19 @@ pub enum LockError {
     Newer { path: PathBuf, found: u32 },
 }
 
+/// What the agent remembers about a fallback, in STATE/agent/NAME.fallback.json.
+/// It counts only while the mount's degraded marker exists: a successful
+/// `apply` or a `down` clears that marker, and with it the fallback.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FallbackRecord {
+    /// Unix time of the fallback.
+    pub at: u64,
+    pub reason: String,
+    /// Unix time the agent offloads the mount again; `None`: the next
+    /// `apply`, or a change of this mount in the spec.
+    pub reoffload_at: Option<u64>,
+}
+
 impl State {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         State { dir: dir.into() }
@@ -418,6 +431,32 @@ impl State {
         if self.agent_status().is_none_or(|s| s.pid == pid) {
             let _ = fs::remove_file(self.agent_status_path());
         }
+    }
+
+    fn fallback_path(&self, name: &str) -> PathBuf {
+        self.dir.join("agent").join(format!("{name}.fallback.json"))
+    }
+
+    /// The agent's fallback of `name`, while it is in force.
+    pub fn fallback(&self, name: &str) -> Option<FallbackRecord> {
+        self.degraded(name)?;
+        let text = fs::read_to_string(self.fallback_path(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn set_fallback(&self, name: &str, rec: &FallbackRecord) -> Result<()> {
+        let dir = self.dir.join("agent");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let json = serde_json::to_vec_pretty(rec).expect("a FallbackRecord always serialises");
+        write_atomic(&self.fallback_path(name), &json)
+    }
+
+    pub fn clear_fallback(&self, name: &str) {
+        let _ = fs::remove_file(self.fallback_path(name));
     }
 
     pub fn degraded(&self, name: &str) -> Option<String> {

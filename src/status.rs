@@ -9,34 +9,9 @@ use crate::backend;
 use crate::host::meminfo::MemInfo;
 use crate::host::usage::Usage;
 use crate::host::Host;
-use crate::observe::{self, AtPath};
+use crate::observe::{self, AtPath, MountState, Seen};
 use crate::spec::Spec;
 use crate::state::{AgentMount, State, SyncRecord};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MountState {
-    /// The tmpfs is in place.
-    Offloaded,
-    /// apply could not offload it; the application runs on disk.
-    Degraded,
-    /// The agent took it back to disk before it filled (or under memory
-    /// pressure); `reason` says why and when it comes back.
-    Fallback,
-    /// Back on the disk directory (`down` or the agent's fallback), but the RAM
-    /// copy's write-back failed: it is held under the state directory until a
-    /// retry (`sync`, `down`, the agent) succeeds.
-    WritebackPending,
-    /// The tmpfs is no longer at the spec's path: a parent directory was renamed
-    /// or moved with it. It is still written back and taken down.
-    Moved,
-    /// Not mounted and never tried (or taken down).
-    Absent,
-    /// Something else is mounted at the path.
-    Foreign,
-    /// A managed tmpfs whose name the given spec does not have.
-    Orphan,
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MountStatus {
@@ -120,24 +95,23 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             mem = world.mem;
             for (m, o) in spec.mounts.iter().zip(&world.mounts) {
                 let degraded = state.degraded(&m.name);
-                let fallback = crate::agent::read_fallback(state, &m.name);
+                let fallback = state.fallback(&m.name);
                 let held = state.held(&m.name);
                 let pending = crate::sync::held(&world.table, &m.name, state);
                 let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
-                let (state_now, usage) = match &o.at_path {
-                    AtPath::Ours(live) => (MountState::Offloaded, Some(live.usage().into())),
-                    _ if pending => (
-                        MountState::WritebackPending,
-                        Usage::of(&held).ok().map(Into::into),
-                    ),
-                    AtPath::Disk if moved.is_some() => (
-                        MountState::Moved,
-                        moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
-                    ),
-                    AtPath::Foreign { .. } | AtPath::OtherManaged { .. } => (MountState::Foreign, None),
-                    AtPath::Disk if fallback.is_some() => (MountState::Fallback, None),
-                    AtPath::Disk if degraded.is_some() => (MountState::Degraded, None),
-                    AtPath::Disk => (MountState::Absent, None),
+                let state_now = observe::classify(&Seen {
+                    offloaded: matches!(o.at_path, AtPath::Ours(_)),
+                    writeback_pending: pending,
+                    moved: moved.is_some(),
+                    covered: matches!(o.at_path, AtPath::Foreign { .. } | AtPath::OtherManaged { .. }),
+                    fallback: fallback.is_some(),
+                    degraded: degraded.is_some(),
+                });
+                let usage = match (&o.at_path, state_now) {
+                    (AtPath::Ours(live), _) => Some(live.usage().into()),
+                    (_, MountState::WritebackPending) => Usage::of(&held).ok().map(Into::into),
+                    (_, MountState::Moved) => moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
+                    _ => None,
                 };
                 let reason = match (&o.at_path, state_now) {
                     (_, MountState::WritebackPending) => Some(format!(
@@ -179,7 +153,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                     state: state_now,
                     reason,
                     usage,
-                    persist: Some(crate::execute::persist_name(m.persist)),
+                    persist: Some(m.persist.name()),
                     last_sync: state.last_sync(&m.name),
                     agent: None,
                 });

@@ -247,17 +247,14 @@ fn spec_one(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
 /// least-recently-used order is the order written.
 fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
     for i in 0..n {
-        let p = dir.join(format!("{prefix}{i:03}"));
-        fs::write(&p, vec![0x5a; size]).unwrap();
-        let t = nix::sys::time::TimeSpec::new(1_000_000 + i as i64, 0);
-        nix::sys::stat::utimensat(
-            nix::fcntl::AT_FDCWD,
-            &p,
-            &t,
-            &t,
-            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-        )
-        .unwrap();
+        // Times set through the open file: a fallback that switches the path
+        // to the disk directory between the write and a second lookup would
+        // make the name vanish under the test.
+        let mut f = fs::File::create(dir.join(format!("{prefix}{i:03}"))).unwrap();
+        std::io::Write::write_all(&mut f, &vec![0x5a; size]).unwrap();
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000 + i as u64);
+        f.set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+            .unwrap();
     }
 }
 

@@ -163,6 +163,17 @@ pub enum Persist {
     Every(u64),
 }
 
+impl Persist {
+    /// As the records and `status` write it: `none`, `on-stop`, `every 300s`.
+    pub fn name(self) -> String {
+        match self {
+            Persist::None => "none".into(),
+            Persist::OnStop => "on-stop".into(),
+            Persist::Every(s) => format!("every {s}s"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFailure {
