@@ -37,10 +37,10 @@ use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
+use crate::agent::decide::{pick_evictions, Candidate, EvictTarget};
 use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::spec::EvictGroup;
-use crate::watchdog::{pick_evictions, Candidate, EvictTarget};
 
 /// What an eviction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

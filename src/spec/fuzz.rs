@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::{parse, Persist, Spec};
+use crate::agent::decide::{self, Budget, Limits, MemView, PressureView, Tracker};
 use crate::backend::{tmpfs, Live};
 use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
@@ -17,7 +18,6 @@ use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
 use crate::observe::{AtPath, Lower, Observed, World};
 use crate::state::State;
-use crate::watchdog::{self, Budget, Limits, MemView, PressureView, Tracker};
 
 /// xorshift64*: the same inputs on every run, no dependency.
 struct Rng(u64);
@@ -422,17 +422,17 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
     let now = Instant::now();
     let unix_now = 1_750_000_000;
     let total: u64 = spec.mounts.iter().fold(0, |a, m| a.saturating_add(m.size));
-    watchdog::deadline(now, spec.agent.interval_ms / 1000);
-    watchdog::deadline(now, spec.agent.cooldown_ms / 1000);
+    decide::deadline(now, spec.agent.interval_ms / 1000);
+    decide::deadline(now, spec.agent.cooldown_ms / 1000);
     let mut views = Vec::new();
     for (index, m) in spec.mounts.iter().enumerate() {
         if let Persist::Every(secs) = m.persist {
             for last in [None, Some(0), Some(unix_now), Some(u64::MAX)] {
-                watchdog::deadline(now, watchdog::sync_due_in(secs, last, unix_now));
+                decide::deadline(now, decide::sync_due_in(secs, last, unix_now));
             }
         }
         if let Some(after) = m.watchdog.reoffload_after {
-            watchdog::deadline(now, after);
+            decide::deadline(now, after);
             let _ = unix_now.saturating_add(after);
         }
         let lim = Limits {
@@ -461,7 +461,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
                 under_pressure: rng.percent(20),
                 page_size: PAGE,
             };
-            watchdog::decide(
+            decide::decide(
                 &m.watchdog,
                 &mut tracker,
                 &u,
@@ -484,7 +484,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
         psi_some_avg10: Some(100.0),
     };
     for since in [None, Some(0), Some(u64::MAX)] {
-        watchdog::guard(&mem, &spec.agent, &views, since, PAGE);
+        decide::guard(&mem, &spec.agent, &views, since, PAGE);
     }
 }
 

@@ -9,9 +9,9 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::agent::decide::{Level, MemView};
 use crate::host::usage::Usage;
 use crate::observe::MountState;
-use crate::watchdog::{Level, MemView};
 
 /// The states the agent reports, one gauge each: it watches the spec's
 /// path only, so a held write-back or a moved mount shows as what the path has.

@@ -1,0 +1,555 @@
+//! The agent: Carrying out the watchdog's decisions: evict, grow and shrink, fallback,
+//! write-back, re-offload, apply.
+
+use super::*;
+
+impl Agent {
+    /// Carries out an action; `false` when it failed (logged).
+    pub(super) fn perform(&mut self, i: usize, act: &Act, cause: &Cause) -> bool {
+        let name = self.mounts[i].spec.name.clone();
+        let by = match cause {
+            Cause::Watchdog => "high".to_string(),
+            Cause::Early => format!("filling fast: high within {} ms", decide::LEAD_MS),
+            Cause::Pressure(a, why) => format!("memory pressure ({why}); guard action {}", a.name()),
+        };
+        match act {
+            Act::Warn => {
+                let w = &mut self.mounts[i];
+                let u = w.usage.unwrap_or(Usage {
+                    size: 0,
+                    used: 0,
+                    inodes: 0,
+                    inodes_used: 0,
+                });
+                warn!(
+                    mount = name.as_str(),
+                    action = "warn",
+                    "{name}: usage {} bytes, {} inodes reached high (bytes {}%, inodes {}%); action warn: nothing else is done",
+                    pct(u.used, u.size),
+                    pct(u.inodes_used, u.inodes),
+                    w.spec.watchdog.bytes.high,
+                    w.spec.watchdog.inodes.high
+                );
+                w.metrics.count("warn");
+                true
+            }
+            Act::Evict { target } => self.evict(i, *target, &by),
+            Act::Grow { size, nr_inodes } => self.resize(i, *size, *nr_inodes, &by),
+            Act::Fallback => self.fallback(i, &by),
+        }
+    }
+
+    pub(super) fn evict(&mut self, i: usize, target: decide::EvictTarget, by: &str) -> bool {
+        let started = Instant::now();
+        let w = &mut self.mounts[i];
+        let name = w.spec.name.clone();
+        let Some(root) = w.root.as_ref() else { return false };
+        let before = w.usage;
+        let group = w.spec.watchdog.evict_group;
+        let res = evict::evict(
+            root.as_fd(),
+            &self.host,
+            target,
+            group,
+            &|| Usage::of_fd(root),
+            &mut w.scanned,
+        );
+        let after = Usage::of_fd(root).ok();
+        w.usage = after.or(w.usage);
+        w.last_evicted = res.as_ref().map_or(0, |r| r.files);
+        match res {
+            Ok(r) => {
+                w.metrics.count("evict");
+                w.metrics.evicted_files += r.files;
+                w.metrics.evicted_bytes += r.bytes;
+                let u = w.usage.unwrap_or(target_usage(&target));
+                let msg = format!(
+                    "{name}: evicted {} ({}) in {} ms ({by}); usage {} -> {} bytes, inodes {}; target low {}{}",
+                    crate::plural::count(r.files, "least-recently-used file", "least-recently-used files"),
+                    format_bytes(r.bytes),
+                    started.elapsed().as_millis(),
+                    before.map(|b| pct(b.used, b.size)).unwrap_or_default(),
+                    pct(u.used, u.size),
+                    pct(u.inodes_used, u.inodes),
+                    format_bytes(target.bytes),
+                    if r.skipped_open > 0 {
+                        format!(
+                            "; {} open for writing {} kept",
+                            crate::plural::count(r.skipped_open, "file", "files"),
+                            crate::plural::agree(r.skipped_open, "was", "were")
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+                let now = Instant::now();
+                if r.files == 0 {
+                    if w.quiet.pass("evict-none", now, 0, 0) {
+                        warn!(
+                            mount = name.as_str(),
+                            action = "evict",
+                            "{msg}: nothing could be evicted"
+                        );
+                    }
+                } else if w.quiet.pass("evict", now, r.files, r.bytes) {
+                    info!(mount = name.as_str(), action = "evict", "{msg}");
+                }
+                true
+            }
+            Err(e) => {
+                error!(
+                    mount = name.as_str(),
+                    action = "evict",
+                    "{name}: eviction failed: {e:#}"
+                );
+                false
+            }
+        }
+    }
+
+    /// Online remount to `size` (grow, or shrink back), with every option.
+    pub(super) fn resize(&mut self, i: usize, size: u64, nr_inodes: Option<u64>, by: &str) -> bool {
+        let _busy = self.alive.busy();
+        let _lock = match self.state.lock(self.opts.wait) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("{}: resize postponed: {e}", self.mounts[i].spec.name);
+                return false;
+            }
+        };
+        let w = &mut self.mounts[i];
+        let name = w.spec.name.clone();
+        let Some(root) = w.root.as_ref() else { return false };
+        let Some(before) = w.usage else { return false };
+        let kind: &'static str = if size >= before.size { "grow" } else { "shrink" };
+        // The held root is the live tmpfs; its owner and mode stay as they
+        // are (the kernel ignores them on remount anyway).
+        let attrs = match nix::sys::stat::fstat(root.as_fd()) {
+            Ok(st) => mount::RootAttrs {
+                uid: st.st_uid,
+                gid: st.st_gid,
+                mode: st.st_mode & 0o7777,
+            },
+            Err(e) => {
+                error!("{name}: {kind} failed: fstat: {e}");
+                return false;
+            }
+        };
+        if !still_there(&w.spec.path, w.dev) {
+            warn!(
+                "{name}: {kind} skipped: {} is no longer the watched tmpfs",
+                w.spec.path.display()
+            );
+            return false;
+        }
+        let options = backend::Options::desired(&w.spec, attrs)
+            .resized(size, nr_inodes.or(w.spec.inodes).or(Some(before.inodes)));
+        match backend::remount(&w.spec.path, &options) {
+            Ok(()) => {
+                w.metrics.count(kind);
+                let after = Usage::of_fd(root).ok();
+                w.usage = after.or(w.usage);
+                info!(
+                    mount = name.as_str(),
+                    action = kind,
+                    "{name}: {kind} {} -> {} ({by}): {}",
+                    format_bytes(before.size),
+                    format_bytes(size),
+                    options.describe()
+                );
+                true
+            }
+            Err(e) => {
+                error!(
+                    mount = name.as_str(),
+                    action = kind,
+                    "{name}: {kind} to {} failed: {e}",
+                    format_bytes(size)
+                );
+                false
+            }
+        }
+    }
+
+    /// Takes the mount out of RAM (write-back first when persisted), the
+    /// same way `tmpfsctl down` does; the application continues on its disk
+    /// directory.
+    pub(super) fn fallback(&mut self, i: usize, by: &str) -> bool {
+        let _busy = self.alive.busy();
+        let _lock = match self.state.lock(self.opts.wait) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("{}: fallback postponed: {e}", self.mounts[i].spec.name);
+                return false;
+            }
+        };
+        let name = self.mounts[i].spec.name.clone();
+        let usage = self.mounts[i].usage;
+        // Let go of the root first, so an idle mount unmounts cleanly.
+        self.unwatch(i);
+        let r = match down::down_one(&self.spec, &name, &self.host, &self.state, "fallback") {
+            Ok(r) => r,
+            Err(e) => {
+                error!(
+                    mount = name.as_str(),
+                    action = "fallback",
+                    "{name}: fallback failed: {e:#}"
+                );
+                drop(_lock);
+                self.rescan();
+                return false;
+            }
+        };
+        for s in &r.syncs {
+            self.record_sync(i, s);
+        }
+        if r.result == DownOutcome::Refused {
+            error!(
+                mount = name.as_str(),
+                action = "fallback",
+                "{name}: fallback refused, the tmpfs stays: {}",
+                r.reason.clone().unwrap_or_default()
+            );
+            drop(_lock);
+            self.rescan();
+            return false;
+        }
+        let w = &mut self.mounts[i];
+        let now = unix_now();
+        let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now.saturating_add(s));
+        let reason = format!(
+            "{by} at {}",
+            usage
+                .map(|u| format!("{} used", pct(u.used, u.size)))
+                .unwrap_or_default()
+        );
+        let rec = FallbackRecord {
+            at: now,
+            reason: reason.clone(),
+            reoffload_at,
+        };
+        let when = match w.spec.watchdog.reoffload_after {
+            Some(s) => format!("the agent offloads it again after {s}s"),
+            None => "`tmpfsctl apply` (or a change of this mount in the spec) offloads it again".into(),
+        };
+        let marker = format!("fell back to the disk directory (agent): {reason}; {when}");
+        if let Err(e) = self
+            .state
+            .set_degraded(&name, &marker)
+            .and_then(|_| self.state.set_fallback(&name, &rec))
+        {
+            error!("{name}: recording the fallback: {e:#}");
+        }
+        w.fallback = Some(rec);
+        w.state = MountState::Fallback;
+        w.usage = None;
+        w.tracker = Tracker::default();
+        w.metrics.level = Level::Ok;
+        w.metrics.count("fallback");
+        let how = match r.result {
+            DownOutcome::Detached => format!(
+                "detached lazily; {} open files until they close them",
+                holders_keep(&r.holders)
+            ),
+            DownOutcome::Pending => format!(
+                "switched, but the write-back is pending: {}",
+                r.reason.clone().unwrap_or_default()
+            ),
+            _ => "unmounted".into(),
+        };
+        warn!(
+            mount = name.as_str(),
+            action = "fallback",
+            "{name}: fell back to the disk directory ({by}): {how}{}; {when}",
+            if r.syncs.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; written back {}",
+                    crate::plural::count(r.syncs.len(), "time", "times")
+                )
+            }
+        );
+        true
+    }
+
+    pub(super) fn record_sync(&mut self, i: usize, s: &SyncResult) {
+        let w = &mut self.mounts[i];
+        match s.result {
+            SyncOutcome::Synced => {
+                w.metrics.syncs_ok += 1;
+                w.metrics.count("sync");
+            }
+            SyncOutcome::Failed => w.metrics.syncs_failed += 1,
+            SyncOutcome::Skipped => return,
+        }
+        w.metrics.last_sync = Some((unix_now(), s.seconds, s.result == SyncOutcome::Synced));
+        match s.result {
+            SyncOutcome::Failed => error!(
+                mount = s.name.as_str(),
+                action = "sync",
+                "{}: write-back failed after {:.3}s: {}",
+                s.name,
+                s.seconds,
+                s.reason.clone().unwrap_or_default()
+            ),
+            _ => info!(
+                mount = s.name.as_str(),
+                action = "sync",
+                "{}: written back in {:.3}s",
+                s.name,
+                s.seconds
+            ),
+        }
+    }
+
+    /// `persist: every <d>`: write back when due.
+    pub(super) fn periodic_syncs(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.mounts.len() {
+            let w = &self.mounts[i];
+            if w.root.is_none() || w.next_sync.is_none_or(|t| t > now) {
+                continue;
+            }
+            let Persist::Every(secs) = w.spec.persist else {
+                continue;
+            };
+            let name = w.spec.name.clone();
+            let _busy = self.alive.busy();
+            let res = match self.state.lock(self.opts.wait) {
+                Ok(_lock) => sync::sync(
+                    &self.spec,
+                    std::slice::from_ref(&name),
+                    &self.host,
+                    &self.state,
+                    "schedule",
+                ),
+                Err(e) => {
+                    warn!("{name}: periodic write-back postponed: {e}");
+                    self.mounts[i].next_sync =
+                        Some(Instant::now() + self.interval.max(Duration::from_secs(5)));
+                    continue;
+                }
+            };
+            match res {
+                Ok(results) => {
+                    for s in &results {
+                        self.record_sync(i, s);
+                    }
+                }
+                Err(e) => error!("{name}: periodic write-back failed: {e:#}"),
+            }
+            self.mounts[i].next_sync = Some(decide::deadline(Instant::now(), secs));
+        }
+    }
+
+    pub(super) fn next_reoffload(&self) -> Option<Instant> {
+        let now = unix_now();
+        self.mounts
+            .iter()
+            .filter(|w| w.root.is_none())
+            .filter_map(|w| w.fallback.as_ref()?.reoffload_at)
+            .map(|at| decide::deadline(Instant::now(), at.saturating_sub(now)))
+            .min()
+    }
+
+    pub(super) fn reoffloads(&mut self) {
+        let now = unix_now();
+        let due: Vec<String> = self
+            .mounts
+            .iter()
+            .filter(|w| w.root.is_none())
+            .filter(|w| {
+                w.fallback
+                    .as_ref()
+                    .and_then(|f| f.reoffload_at)
+                    .is_some_and(|t| t <= now)
+            })
+            .map(|w| w.spec.name.clone())
+            .collect();
+        for name in due {
+            let Some(i) = self.mounts.iter().position(|w| w.spec.name == name) else {
+                continue;
+            };
+            if let Some(why) = &self.pressure {
+                // Not now; look again in one interval.
+                debug!("{name}: re-offload postponed: {why}");
+                if let Some(f) = self.mounts[i].fallback.as_mut() {
+                    f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
+                }
+                continue;
+            }
+            if let Some(why) = self.retry_pending_writeback(i) {
+                warn!(
+                    mount = name.as_str(),
+                    "{name}: not re-offloaded: the write-back of its last tmpfs is still pending ({why}); next try in {}s",
+                    self.interval.as_secs().max(1)
+                );
+                if let Some(f) = self.mounts[i].fallback.as_mut() {
+                    f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
+                }
+                continue;
+            }
+            if let Some(why) = self.too_full_to_reoffload(i) {
+                let w = &mut self.mounts[i];
+                let again = w.spec.watchdog.reoffload_after.unwrap_or(600);
+                warn!(
+                    mount = name.as_str(),
+                    "{name}: not re-offloaded: {why}; it would fall back again at once. Next try in {again}s"
+                );
+                if let Some(f) = w.fallback.as_mut() {
+                    f.reoffload_at = Some(now.saturating_add(again));
+                    let rec = f.clone();
+                    let _ = self.state.set_fallback(&name, &rec);
+                }
+                continue;
+            }
+            info!(
+                mount = name.as_str(),
+                "{name}: re-offloading (reoffload_after elapsed)"
+            );
+            self.apply(std::slice::from_ref(&name), "re-offload");
+            let w = &mut self.mounts[i];
+            if w.root.is_some() {
+                w.metrics.count("reoffload");
+                info!(mount = name.as_str(), action = "reoffload", "{name}: back in RAM");
+            } else if let Some(f) = w.fallback.as_mut() {
+                let again = w.spec.watchdog.reoffload_after.unwrap_or(600);
+                f.reoffload_at = Some(unix_now().saturating_add(again));
+                warn!(
+                    mount = name.as_str(),
+                    "{name}: re-offload did not succeed; next try in {again}s"
+                );
+                let rec = f.clone();
+                let _ = self.state.set_fallback(&name, &rec);
+            }
+        }
+    }
+
+    /// Retries the write-back of a tmpfs the fallback switched away from, if one
+    /// is still held: why it is still pending, or `None` when nothing is.
+    pub(super) fn retry_pending_writeback(&mut self, i: usize) -> Option<String> {
+        let name = self.mounts[i].spec.name.clone();
+        let table = self.host.mounts().ok()?;
+        if !sync::held(&table, &name, &self.state) {
+            return None;
+        }
+        let _lock = match self.state.lock(self.opts.wait) {
+            Ok(l) => l,
+            Err(e) => return Some(e.to_string()),
+        };
+        let spec = self.mounts[i].spec.clone();
+        match sync::finish_writeback(&spec, &self.host, &self.state, None, "retry") {
+            Ok((s, _)) if s.result == SyncOutcome::Synced => {
+                self.record_sync(i, &s);
+                info!(mount = name.as_str(), "{name}: pending write-back done");
+                None
+            }
+            Ok((s, _)) => {
+                self.record_sync(i, &s);
+                Some(s.reason.unwrap_or_default())
+            }
+            Err(e) => Some(format!("{e:#}")),
+        }
+    }
+
+    /// Seeding mount `i` again would put it at or above `high` (its disk
+    /// directory grew while it was on disk): why, or `None` when it fits.
+    pub(super) fn too_full_to_reoffload(&self, i: usize) -> Option<String> {
+        let m = &self.mounts[i].spec;
+        if m.seed != crate::spec::Seed::Copy {
+            return None;
+        }
+        let need = match crate::copy::measure(&m.path) {
+            Ok(n) => n,
+            Err(e) => return Some(format!("cannot measure {}: {e}", m.path.display())),
+        };
+        let room = (m.size as f64 * m.watchdog.bytes.high / 100.0) as u64;
+        let inode_room = m
+            .inodes
+            .map(|n| (n as f64 * m.watchdog.inodes.high / 100.0) as u64);
+        if need.allocated >= room || inode_room.is_some_and(|r| need.inodes >= r) {
+            return Some(format!(
+                "its disk directory holds {} in {}, at or above high ({}% of {})",
+                format_bytes(need.allocated),
+                crate::plural::count(need.inodes, "file", "files"),
+                m.watchdog.bytes.high,
+                format_bytes(m.size)
+            ));
+        }
+        None
+    }
+
+    /// observe → plan → execute for `names` (a subset of the spec), like
+    /// `apply`. Sizes the agent grew (within `max_size`) are kept.
+    pub(super) fn apply(&mut self, names: &[String], why: &str) {
+        if names.is_empty() {
+            self.rescan();
+            return;
+        }
+        let res = (|| -> Result<execute::ApplyReport> {
+            let _busy = self.alive.busy();
+            let _lock = self.state.lock(self.opts.wait)?;
+            let world = observe::observe(&self.spec, &self.host, &self.state)?;
+            let mut spec = self.spec.clone();
+            for (m, o) in spec.mounts.iter_mut().zip(&world.mounts) {
+                keep_growth(m, &o.at_path, self.page_size);
+            }
+            let full = plan::plan(&spec, &world, &self.state);
+            let pick: Vec<usize> = (0..spec.mounts.len())
+                .filter(|&k| names.contains(&spec.mounts[k].name))
+                .collect();
+            let sub_spec = Spec {
+                mounts: pick.iter().map(|&k| spec.mounts[k].clone()).collect(),
+                ..spec.clone()
+            };
+            let sub_plan = Plan {
+                prepare: full.prepare.clone(),
+                mounts: pick.iter().map(|&k| full.mounts[k].clone()).collect(),
+                cleanup: full.cleanup.clone(),
+                orphans: full.orphans.clone(),
+            };
+            execute::apply(
+                &sub_spec,
+                &sub_plan,
+                &self.state,
+                &execute::Options { progress: false },
+            )
+        })();
+        match res {
+            Ok(r) => {
+                for s in &r.host_steps {
+                    info!("{why}: host: {s}");
+                }
+                for m in &r.mounts {
+                    let steps = if m.steps.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", m.steps.join("; "))
+                    };
+                    let reason = m.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+                    match m.result {
+                        execute::Outcome::Unchanged => debug!("{why}: {} unchanged", m.name),
+                        execute::Outcome::Changed => {
+                            info!(mount = m.name.as_str(), "{why}: {} changed{steps}", m.name)
+                        }
+                        other => warn!(
+                            mount = m.name.as_str(),
+                            "{why}: {} {}{reason}",
+                            m.name,
+                            serde_json::to_value(other)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_string))
+                                .unwrap_or_default()
+                        ),
+                    }
+                }
+                for (name, path) in &r.orphans {
+                    warn!("managed tmpfs `{name}` at {} is not in the spec; the agent leaves it alone (`tmpfsctl down SPEC {name}` takes it down)", path.display());
+                }
+            }
+            Err(e) => error!("{why}: apply failed: {e:#}"),
+        }
+        self.rescan();
+    }
+}

@@ -1,0 +1,218 @@
+//! The agent: Which mounts are watched: the mount table rescanned, the spec reloaded.
+
+use super::*;
+
+impl Agent {
+    /// Stops watching mount `i` (before it goes away).
+    pub(super) fn unwatch(&mut self, i: usize) {
+        self.mounts[i].scanned = None;
+        let w = &mut self.mounts[i];
+        if let Some(root) = w.root.take() {
+            if let Some(wake) = &self.wake {
+                wake.remove(root.as_fd());
+            }
+        }
+        w.next_sync = None;
+    }
+
+    /// Re-reads the mount table: starts watching mounts that appeared,
+    /// stops watching those that went, and refreshes each mount's state.
+    pub(super) fn rescan(&mut self) {
+        self.last_rescan = Instant::now();
+        let table = match self.host.mounts() {
+            Ok(t) => t,
+            Err(e) => {
+                warn!("{e:#}");
+                return;
+            }
+        };
+        for i in 0..self.mounts.len() {
+            let source = self.mounts[i].spec.source();
+            let path = self.mounts[i].spec.path.clone();
+            let top = table.top_at(&path).cloned();
+            let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
+            let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
+            let held = self.mounts[i].root.is_some();
+            if held && Some(self.mounts[i].dev) != dev {
+                info!(
+                    mount = self.mounts[i].name(),
+                    "{}: {} is no longer the watched tmpfs; stopped watching it",
+                    self.mounts[i].name(),
+                    path.display()
+                );
+                self.unwatch(i);
+            }
+            if self.mounts[i].root.is_none() {
+                if let Some(dev) = dev {
+                    self.watch(i, dev);
+                }
+            }
+            let w = &mut self.mounts[i];
+            if w.root.is_some() {
+                if w.fallback.take().is_some() {
+                    self.state.clear_fallback(&w.spec.name);
+                }
+                w.state = observe::classify(&Seen {
+                    offloaded: true,
+                    ..Seen::default()
+                });
+                continue;
+            }
+            w.usage = None;
+            w.metrics.level = Level::Ok;
+            w.fallback = self.state.fallback(&w.spec.name);
+            w.state = observe::classify(&Seen {
+                fallback: w.fallback.is_some(),
+                degraded: self.state.degraded(&w.spec.name).is_some(),
+                covered: top.is_some(),
+                ..Seen::default()
+            });
+        }
+    }
+
+    /// Starts watching mount `i`, whose tmpfs (device `dev`) is at its path.
+    pub(super) fn watch(&mut self, i: usize, dev: u64) {
+        let path = self.mounts[i].spec.path.clone();
+        let root = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                warn!("{}: cannot open {}: {e}", self.mounts[i].name(), path.display());
+                return;
+            }
+        };
+        if root.metadata().map(|m| m.dev()).ok() != Some(dev) {
+            return;
+        }
+        if let Some(wake) = &self.wake {
+            if let Err(e) = wake.add(root.as_fd()) {
+                warn!(
+                    "{}: fanotify mark failed ({e}); this mount is polled every {}",
+                    self.mounts[i].name(),
+                    describe_ms(self.interval.as_millis() as u64)
+                );
+            }
+        }
+        let w = &mut self.mounts[i];
+        w.usage = Usage::of_fd(&root).ok();
+        w.root = Some(root);
+        w.dev = dev;
+        w.tracker = Tracker::default();
+        if let Persist::Every(secs) = w.spec.persist {
+            let last = self.state.last_sync(&w.spec.name).map(|r| r.at);
+            let due = decide::sync_due_in(secs, last, unix_now());
+            w.next_sync = Some(decide::deadline(Instant::now(), due));
+        }
+        info!(
+            mount = w.name(),
+            "{}: watching {} ({} of {} used)",
+            w.spec.name,
+            w.spec.path.display(),
+            w.usage.map(|u| pct(u.used, u.size)).unwrap_or_default(),
+            w.usage.map(|u| format_bytes(u.size)).unwrap_or_default()
+        );
+    }
+
+    /// Re-reads the spec. An invalid spec is logged in full and the one in
+    /// force stays; a valid one replaces it and the mounts that changed (or
+    /// are new) are applied.
+    pub(super) fn reload(&mut self, why: &str, force: bool) {
+        if let Err(e) = spec::only_root_can_change(&self.path) {
+            error!("reload ({why}): {e}; the spec in force stays");
+            *self.reloads.entry("refused").or_insert(0) += 1;
+            return;
+        }
+        let text = match spec::read_text(&self.path) {
+            Ok(t) => t,
+            Err(e) => {
+                error!("reload ({why}): {e}; the spec in force stays");
+                *self.reloads.entry("failed").or_insert(0) += 1;
+                return;
+            }
+        };
+        if !force && text == self.spec_text {
+            return;
+        }
+        let mem_total = match self.host.meminfo() {
+            Ok(m) => m.mem_total,
+            Err(e) => {
+                error!("reload ({why}): {e:#}; the spec in force stays");
+                *self.reloads.entry("failed").or_insert(0) += 1;
+                return;
+            }
+        };
+        let new = match spec::parse(&self.path, &text, mem_total) {
+            Ok(s) => s,
+            Err(e) => {
+                error!(
+                    "reload ({why}): {} is invalid; the spec in force stays:\n{e}",
+                    self.path.display()
+                );
+                *self.reloads.entry("invalid").or_insert(0) += 1;
+                self.spec_text = text;
+                return;
+            }
+        };
+        let changed: Vec<String> = new
+            .mounts
+            .iter()
+            .filter(|m| self.spec.mount(&m.name) != Some(*m))
+            .map(|m| m.name.clone())
+            .collect();
+        let mut old: Vec<Watched> = std::mem::take(&mut self.mounts);
+        for w in &old {
+            if new.mount(w.name()).is_none() {
+                warn!(
+                    mount = w.name(),
+                    "{}: removed from the spec; the agent stops watching it and leaves it as it is (`tmpfsctl down` with the old spec takes it down)",
+                    w.name()
+                );
+            }
+        }
+        for w in old.iter_mut().filter(|w| new.mount(w.name()).is_none()) {
+            if let (Some(wake), Some(root)) = (&self.wake, w.root.take()) {
+                wake.remove(root.as_fd());
+            }
+        }
+        for m in &new.mounts {
+            let w = match old.iter().position(|w| w.spec.name == m.name) {
+                Some(k) => {
+                    let mut w = old.swap_remove(k);
+                    if w.spec != *m {
+                        w.tracker = Tracker::default();
+                        if w.fallback.take().is_some() {
+                            self.state.clear_fallback(&m.name);
+                        }
+                        w.metrics.path = m.path.clone();
+                        w.spec = m.clone();
+                    }
+                    w
+                }
+                None => Watched::new(m.clone(), &self.state),
+            };
+            self.mounts.push(w);
+        }
+        self.spec = new;
+        self.spec_text = text;
+        self.settings();
+        *self.reloads.entry("ok").or_insert(0) += 1;
+        info!(
+            "reloaded {} ({why}): {}, {} changed or new{}",
+            self.path.display(),
+            crate::plural::count(self.mounts.len(), "mount", "mounts"),
+            changed.len(),
+            if changed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", changed.join(", "))
+            }
+        );
+        // A mount whose path changed is still mounted at the old path: plan
+        // reports it as blocked (take it down with the old spec first).
+        self.apply(&changed, "reload");
+        self.check(true);
+    }
+}
