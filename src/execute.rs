@@ -265,6 +265,19 @@ fn pin<'a>(pinned: &'a mut Option<PinnedDir>, path: &Path) -> Result<&'a PinnedD
     Ok(pinned.as_ref().expect("set just above"))
 }
 
+/// Runs one step that stands alone (the agent's resize): no seed, nothing
+/// to roll back.
+pub fn run_alone(step: &Step, name: &str) -> Result<()> {
+    run_step(
+        step,
+        name,
+        &Options { progress: false },
+        &mut Vec::new(),
+        &mut None,
+    )
+    .map(|_| ())
+}
+
 fn run_step(
     step: &Step,
     name: &str,

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::backend::{self, Change, Live};
+use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
 use crate::observe::{AtPath, Leftover, Lower, Observed, World};
+use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, Seed, Spec};
 use crate::state::State;
 
@@ -345,6 +347,25 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
         path: m.path.clone(),
     });
     p
+}
+
+/// The agent's grow or shrink of a live mount: one online remount to `size`
+/// bytes and `nr_inodes` inodes, every other option as the spec has it and
+/// the root as it is (`root`), run by the same executor as `apply`.
+pub fn resize(m: &MountSpec, root: RootAttrs, from: Usage, size: u64, nr_inodes: u64) -> Step {
+    let mut changes = vec![Change::new("size", format_bytes(from.size), format_bytes(size))];
+    if nr_inodes != from.inodes {
+        changes.push(Change::new(
+            "nr_inodes",
+            from.inodes.to_string(),
+            nr_inodes.to_string(),
+        ));
+    }
+    Step::Remount {
+        path: m.path.clone(),
+        options: backend::Options::desired(m, root).resized(size, Some(nr_inodes)),
+        changes,
+    }
 }
 
 /// A live tmpfs whose side bind is missing or wrong gets it back: write-back

@@ -142,9 +142,9 @@ impl Agent {
             );
             return false;
         }
-        let options = backend::Options::desired(&w.spec, attrs)
-            .resized(size, nr_inodes.or(w.spec.inodes).or(Some(before.inodes)));
-        match backend::remount(&w.spec.path, &options) {
+        let nr_inodes = nr_inodes.or(w.spec.inodes).unwrap_or(before.inodes);
+        let step = plan::resize(&w.spec, attrs, before, size, nr_inodes);
+        match execute::run_alone(&step, &name) {
             Ok(()) => {
                 w.metrics.count(kind);
                 let after = Usage::of_fd(root).ok();
@@ -155,7 +155,7 @@ impl Agent {
                     "{name}: {kind} {} -> {} ({by}): {}",
                     format_bytes(before.size),
                     format_bytes(size),
-                    options.describe()
+                    step.describe()
                 );
                 true
             }
@@ -163,7 +163,7 @@ impl Agent {
                 error!(
                     mount = name.as_str(),
                     action = kind,
-                    "{name}: {kind} to {} failed: {e}",
+                    "{name}: {kind} to {} failed: {e:#}",
                     format_bytes(size)
                 );
                 false

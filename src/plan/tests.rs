@@ -719,3 +719,29 @@ fn an_unseen_disk_never_resets_a_live_root_to_create_defaults() {
         "no set-root to 0:0 0755"
     );
 }
+
+#[test]
+fn the_agents_resize_is_one_remount_keeping_every_other_option() {
+    let from = live().usage;
+    let s = resize(&mspec(), DISK, from, 1 << 30, 200_000);
+    let Step::Remount {
+        path,
+        options: backend::Options::Tmpfs(o),
+        changes,
+    } = &s
+    else {
+        panic!("{s:?}")
+    };
+    assert_eq!(path, Path::new("/var/cache/nginx"));
+    assert_eq!((o.size, o.nr_inodes), (1 << 30, Some(200_000)));
+    assert_eq!((o.flags, o.huge, o.root), (SECURE, Huge::Never, DISK));
+    assert_eq!(
+        changes.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        ["size 512MiB -> 1GiB", "nr_inodes 100000 -> 200000"]
+    );
+    let same_inodes = resize(&mspec(), DISK, from, 256 << 20, from.inodes);
+    assert_eq!(
+        same_inodes.describe(),
+        "remount /var/cache/nginx online: size 512MiB -> 256MiB"
+    );
+}
