@@ -8,6 +8,9 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+#[path = "../common/ci.rs"]
+pub mod ci;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
