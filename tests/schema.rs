@@ -71,6 +71,10 @@ fn bad_specs() -> Vec<(&'static str, String)> {
             with("    watchdog: { action: [grow, explode] }\n"),
         ),
         ("unknown watchdog field", with("    watchdog: { hihg: 90% }\n")),
+        (
+            "unknown inodes field",
+            with("    watchdog:\n      inodes: { hihg: 90% }\n"),
+        ),
         ("threshold without %", with("    watchdog: { high: 95 }\n")),
         ("priority above 100", with("    watchdog: { priority: 101 }\n")),
         (
@@ -81,6 +85,14 @@ fn bad_specs() -> Vec<(&'static str, String)> {
         (
             "unknown defaults field",
             format!("defaults:\n  size: 1MiB\n{ONE}"),
+        ),
+        (
+            "unknown default watchdog field",
+            format!("defaults:\n  watchdog: {{ hihg: 90% }}\n{ONE}"),
+        ),
+        (
+            "unknown default inodes field",
+            format!("defaults:\n  watchdog:\n    inodes: {{ hihg: 90% }}\n{ONE}"),
         ),
         ("null size", ONE.replace("size: 64MiB", "size:")),
     ]
