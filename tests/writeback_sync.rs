@@ -6,6 +6,7 @@
 //! Needs root. The source is a tmpfs mounted in a private mount namespace; the
 //! destination a directory under /tmp.
 
+mod common;
 mod common_copy;
 
 use std::collections::BTreeSet;

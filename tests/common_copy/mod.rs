@@ -8,8 +8,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
-#[path = "../common/ci.rs"]
-pub mod ci;
+pub use crate::common::ci;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
