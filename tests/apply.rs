@@ -141,11 +141,18 @@ fn plan_shows_steps_and_changes_nothing() {
     assert_eq!(actions, ["bind-lower", "mount-stage", "seed", "move-into-place"]);
 }
 
+/// The grow's remount, read back from mountinfo: a remount that left out a
+/// flag (MS_REMOUNT resets the ones it is not given) or an option shows
+/// there whatever the options builder meant to pass.
 #[test]
 fn grow_is_online_and_keeps_contents_and_flags() {
     let sb = Sandbox::new();
     let cache = seeded_cache(&sb);
-    let spec = spec_for(&sb, &cache, "");
+    let spec = spec_for(
+        &sb,
+        &cache,
+        "    options: [nosuid, nodev, noexec, noatime]\n    inodes: 1000\n    huge: within_size\n",
+    );
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     fs::write(cache.join("written-in-ram"), "keep me").unwrap();
     let dev_before = sb.top(&cache).unwrap().dev;
@@ -162,11 +169,25 @@ fn grow_is_online_and_keeps_contents_and_flags() {
         fs::read_to_string(cache.join("written-in-ram")).unwrap(),
         "keep me"
     );
-    assert_eq!(
-        sb.top(&cache).unwrap().dev,
-        dev_before,
-        "same tmpfs, not a new one"
-    );
+    let top = sb.top(&cache).unwrap();
+    assert_eq!(top.dev, dev_before, "same tmpfs, not a new one");
+    for f in ["nosuid", "nodev", "noexec", "noatime"] {
+        assert!(top.has_mount_option(f), "{f} lost in the remount: {top:?}");
+    }
+    for (key, want) in [
+        ("size", "16384k"),
+        ("nr_inodes", "1000"),
+        ("huge", "within_size"),
+        ("uid", "1234"),
+        ("gid", "2345"),
+        ("mode", "700"),
+    ] {
+        assert_eq!(
+            top.super_option(key),
+            Some(want),
+            "{key} after the remount: {top:?}"
+        );
+    }
     assert_offloaded(&sb, &cache);
 }
 

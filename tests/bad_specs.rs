@@ -152,6 +152,10 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("local-fs.target as consumer", one(&okp, "    before: [local-fs.target]\n"), 6, "mounts[0].before[0]", "cycle"),
         case("metrics over a system file", format!("agent:\n  metrics: /etc/passwd\n{}", one(&okp, "")), 2, "agent.metrics", "not a .prom file"),
         case("agent unknown field", format!("agent:\n  intervall: 1s\n{}", one(&okp, "")), 2, "agent.intervall", "unknown field `intervall`"),
+        case("unknown defaults field", format!("version: 1\ndefaults:\n  sise: 1MiB\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 3, "defaults.sise", "unknown field `sise`"),
+        case("unknown default watchdog field", format!("version: 1\ndefaults:\n  watchdog: {{ hihg: 90% }}\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 3, "defaults.watchdog.hihg", "unknown field `hihg`"),
+        case("unknown inodes field", one(&okp, "    watchdog:\n      inodes: { hihg: 90% }\n"), 7, "mounts[0].watchdog.inodes.hihg", "unknown field `hihg`"),
+        case("unknown default inodes field", format!("version: 1\ndefaults:\n  watchdog:\n    inodes: {{ hihg: 90% }}\nmounts:\n  - name: cache\n    path: {okp}\n    size: 8MiB\n"), 4, "defaults.watchdog.inodes.hihg", "unknown field `hihg`"),
     ];
     assert!(cases.len() >= 20);
 

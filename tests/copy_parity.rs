@@ -1,10 +1,12 @@
 //! `copy_tree` must produce a tree indistinguishable from its source: checked with an
-//! independent metadata walker and, where installed, with `rsync -aHAXn`.
+//! independent metadata walker and, where installed, with `rsync -aHAXn`. So must
+//! `apply` and `down`, run end to end.
 //!
 //! The tests need root (ownership, device nodes, `trusted.*` xattrs, mounts). Every
 //! tmpfs is mounted inside a private mount namespace owned by one thread, so nothing
 //! is ever mounted on the host.
 
+mod common;
 mod common_copy;
 
 use std::ffi::{OsStr, OsString};
@@ -214,4 +216,61 @@ fn progress_reports_running_totals() {
         (last.files, last.dirs, last.bytes),
         (stats.files, stats.dirs, stats.bytes)
     );
+}
+
+/// Removes everything below `dir`, leaving `dir`.
+fn empty(dir: &Path) {
+    for e in fs::read_dir(dir).expect("read_dir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_dir() {
+            fs::remove_dir_all(e.path()).expect("remove a directory");
+        } else {
+            fs::remove_file(e.path()).expect("remove");
+        }
+    }
+}
+
+/// The sparse file stayed sparse in `got` (the fixture's is about 9 KiB of data).
+fn assert_still_sparse(want: &Tree, got: &Tree, rel: &[u8]) {
+    let (want, got) = (want[rel].blocks, got[rel].blocks);
+    assert!(got <= want + 128, "{} blocks, the source {want}", got);
+}
+
+/// The binary, end to end on the fixture: `apply` seeds the tmpfs with all of it;
+/// then in RAM the seeded tree is replaced by a fresh one under another name, so
+/// that `down`'s write-back has to delete and create every kind of entry.
+#[test]
+fn apply_and_down_keep_every_kind_of_entry() {
+    let sb = common::Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    build_fixture(&cache);
+    let on_disk = snapshot(&cache);
+    let spec = sb.one_mount_spec("cache", &cache, "64MiB", "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let top = sb.top(&cache).expect("a mount");
+    assert_eq!(
+        (top.fstype.as_str(), top.source.as_str()),
+        ("tmpfs", "tmpfsctl-cache")
+    );
+    let seeded = snapshot(&cache);
+    assert_same_tree(&on_disk, &seeded);
+    assert_same_contents(&sb.state.join("lower/cache"), &cache, &on_disk);
+    assert_still_sparse(&on_disk, &seeded, b"sparse.img");
+
+    empty(&cache);
+    let ram = cache.join("ram");
+    fs::create_dir(&ram).expect("mkdir");
+    build_fixture(&ram);
+    let in_ram = snapshot(&cache);
+    // The fixture's contents are the same on every build: a second one on disk
+    // stands for the RAM's after the unmount.
+    let reference = sb.path("reference");
+    fs::create_dir(&reference).expect("mkdir");
+    build_fixture(&reference);
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts());
+    let written = snapshot(&cache);
+    assert_same_tree(&in_ram, &written);
+    assert_same_contents(&reference, &ram, &snapshot(&reference));
+    assert_still_sparse(&in_ram, &written, b"ram/sparse.img");
 }

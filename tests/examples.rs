@@ -2,7 +2,8 @@
 //! fake image (a temporary tree with the example's directories and its own
 //! etc/passwd and etc/group), so they pass on a machine without www-data,
 //! proxy or ci users; and `--root` really checks the tree, not the host
-//! (for `validate` and `boot install`).
+//! (for `validate` and `boot install`). And the README's layout names what
+//! the tree holds.
 
 mod common;
 
@@ -182,4 +183,110 @@ fn root_is_checked_instead_of_the_host() {
     .code(2)
     .stderr_has("does not exist in");
     assert!(!other.join("etc").exists(), "boot install wrote into the root");
+}
+
+/// The words of a description in the README's layout that name a file (by
+/// its extension) or a directory (by its trailing slash); prose such as
+/// `install/remove` is neither.
+fn layout_tokens(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+        .map(|t| t.trim_end_matches('.'))
+        .filter(|t| {
+            let ext = [".rs", ".sh", ".py", ".yaml", ".yml", ".json", ".md", ".toml"];
+            !t.starts_with('/') && (t.ends_with('/') || ext.iter().any(|e| t.ends_with(e)))
+        })
+}
+
+/// The README's `## Layout` is true: every path it names exists, and every
+/// top-level module of the crate (`src/X.rs`, or `src/X/` with a mod.rs) is
+/// named. A path in a description may be relative to the repository, to the
+/// entry's directory or the one above it (`copy/sync.rs` under `src/copy/`),
+/// or to the directory named last in the entry (`evict.rs` after `src/agent/`).
+#[test]
+fn readme_layout_names_what_exists_and_every_module() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Layout\n")
+        .nth(1)
+        .expect("a `## Layout` section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("a fenced block in `## Layout`");
+    let shown = |p: &Path| {
+        let rel = p.strip_prefix(repo).unwrap().display().to_string();
+        if p.is_dir() {
+            format!("{rel}/")
+        } else {
+            rel
+        }
+    };
+    let mut named = BTreeSet::new();
+    let mut missing = Vec::new();
+    let (mut entry, mut last_dir) = (repo.to_path_buf(), repo.to_path_buf());
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let mut desc = line;
+        if !line.starts_with(' ') {
+            // The entry's own paths: up to the first space not after a comma.
+            let end = line
+                .char_indices()
+                .find(|&(i, c)| c == ' ' && !line[..i].ends_with(','))
+                .map_or(line.len(), |(i, _)| i);
+            let (head, rest) = line.split_at(end);
+            desc = rest;
+            for (i, p) in head.split(", ").enumerate() {
+                let path = repo.join(p.trim());
+                if !path.exists() {
+                    missing.push(p.trim().to_string());
+                    continue;
+                }
+                if i == 0 {
+                    entry = if path.is_dir() {
+                        path.clone()
+                    } else {
+                        path.parent().unwrap().to_path_buf()
+                    };
+                    last_dir = entry.clone();
+                }
+                named.insert(shown(&path));
+            }
+        }
+        for t in layout_tokens(desc) {
+            let bases = [repo, &entry, entry.parent().unwrap_or(repo), &last_dir];
+            match bases.iter().map(|b| b.join(t)).find(|p| p.exists()) {
+                Some(p) => {
+                    if p.is_dir() {
+                        last_dir = p.clone();
+                    }
+                    named.insert(shown(&p));
+                }
+                None => missing.push(t.to_string()),
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the README's layout names what does not exist: {missing:?}"
+    );
+
+    let mut unnamed = Vec::new();
+    for e in fs::read_dir(repo.join("src")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        let module = if name.ends_with(".rs") {
+            format!("src/{name}")
+        } else if repo.join("src").join(&name).join("mod.rs").exists() {
+            format!("src/{name}/")
+        } else {
+            continue; // the submodules of src/{name}.rs
+        };
+        if !named.contains(&module) {
+            unnamed.push(module);
+        }
+    }
+    unnamed.sort();
+    assert!(
+        unnamed.is_empty(),
+        "modules the README's layout does not name: {unnamed:?}"
+    );
 }

@@ -334,6 +334,7 @@ fn errors_are_reported_counted_and_the_walk_goes_on() {
 
     // Unreadable to an unprivileged user: run the binary as nobody.
     if !nix::unistd::geteuid().is_root() {
+        common::ci::missing("root, to run the binary as nobody", "run the tests as root");
         return;
     }
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -348,7 +349,10 @@ fn errors_are_reported_counted_and_the_walk_goes_on() {
     let mut probe = as_nobody();
     probe.arg("--version");
     if !probe.output().is_ok_and(|o| o.status.success()) {
-        eprintln!("skipping the unprivileged part: user nobody cannot run {BIN}");
+        common::ci::missing(
+            &format!("user nobody (uid 65534) able to run {BIN}"),
+            "a uid 65534 that may execute the build (every directory above it searchable by others)",
+        );
         return;
     }
     let mut c = as_nobody();

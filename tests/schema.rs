@@ -1,9 +1,11 @@
 //! `tmpfsctl schema`: the committed docs/tmpfsctl.schema.json (the examples'
 //! `yaml-language-server` modeline points at it) is what the binary prints
-//! (TMPFSCTL_BLESS=1 rewrites it), and with python's `jsonschema` every
-//! example validates and a set of bad specs does not. Python comes from
+//! (TMPFSCTL_BLESS=1 rewrites it, except under CI), and with python's
+//! `jsonschema` every example validates and a set of bad specs does not. Python comes from
 //! TMPFSCTL_PYTHON (`.ci/run` sets it to its venv, which has jsonschema and
 //! PyYAML), else `python3`.
+
+mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,7 +27,7 @@ fn committed() -> PathBuf {
 #[test]
 fn committed_schema_is_what_tmpfsctl_schema_prints() {
     let now = schema_text();
-    if std::env::var_os("TMPFSCTL_BLESS").is_some() {
+    if common::ci::blessing() {
         std::fs::write(committed(), &now).unwrap();
     }
     let file = std::fs::read_to_string(committed()).unwrap_or_default();
@@ -69,6 +71,10 @@ fn bad_specs() -> Vec<(&'static str, String)> {
             with("    watchdog: { action: [grow, explode] }\n"),
         ),
         ("unknown watchdog field", with("    watchdog: { hihg: 90% }\n")),
+        (
+            "unknown inodes field",
+            with("    watchdog:\n      inodes: { hihg: 90% }\n"),
+        ),
         ("threshold without %", with("    watchdog: { high: 95 }\n")),
         ("priority above 100", with("    watchdog: { priority: 101 }\n")),
         (
@@ -79,6 +85,14 @@ fn bad_specs() -> Vec<(&'static str, String)> {
         (
             "unknown defaults field",
             format!("defaults:\n  size: 1MiB\n{ONE}"),
+        ),
+        (
+            "unknown default watchdog field",
+            format!("defaults:\n  watchdog: {{ hihg: 90% }}\n{ONE}"),
+        ),
+        (
+            "unknown default inodes field",
+            format!("defaults:\n  watchdog:\n    inodes: {{ hihg: 90% }}\n{ONE}"),
         ),
         ("null size", ONE.replace("size: 64MiB", "size:")),
     ]

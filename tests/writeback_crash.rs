@@ -7,6 +7,7 @@
 //! The child is this test binary itself, re-run with `--exact crash_child` and the
 //! paths in environment variables; run normally, `crash_child` does nothing.
 
+mod common;
 mod common_copy;
 
 use std::collections::hash_map::DefaultHasher;

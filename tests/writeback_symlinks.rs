@@ -4,6 +4,7 @@
 //! wrong-typed entry, never followed, and nothing outside the destination may be
 //! created, changed or removed. Needs root.
 
+mod common;
 mod common_copy;
 
 use std::fs;

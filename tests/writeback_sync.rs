@@ -6,6 +6,7 @@
 //! Needs root. The source is a tmpfs mounted in a private mount namespace; the
 //! destination a directory under /tmp.
 
+mod common;
 mod common_copy;
 
 use std::collections::BTreeSet;
@@ -439,7 +440,10 @@ fn an_entry_that_cannot_be_replaced_fails_the_sync_naming_it() {
         .arg(dst.path().join("d"))
         .status();
     if !chattr.is_ok_and(|s| s.success()) {
-        eprintln!("chattr unavailable: skipping");
+        ci::missing(
+            "chattr +i in /tmp (chattr, and a filesystem with immutable files)",
+            "apt-get install e2fsprogs",
+        );
         return;
     }
     let err = mirror(src.path(), dst.path(), None).expect_err("immutable entry");

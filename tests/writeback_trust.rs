@@ -8,6 +8,7 @@
 //! Needs root: the tmpfs is mounted in a private mount namespace; the disk copies are
 //! directories under /tmp.
 
+mod common;
 mod common_copy;
 
 use std::collections::BTreeMap;

@@ -4,6 +4,7 @@
 # tests (`promtool test rules`: each alert fires, a healthy host fires none).
 set -eu
 cd "$(dirname "$0")"
+command -v promtool >/dev/null || { echo "promtool missing (apt-get install prometheus)" >&2; exit 1; }
 promtool check rules tmpfsctl.rules.yml
 missing=
 for m in $(grep -v '^ *#' tmpfsctl.rules.yml | grep -o 'tmpfsctl_[a-z0-9_]*' | sort -u); do

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod ci;
+
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub use crate::common::ci;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
@@ -472,7 +474,7 @@ pub fn copy_root_metadata(src: &Path, dst: &Path) {
 /// (size and mtime), permissions, owner, group, symlink target, device number,
 /// hard-link grouping, ACLs or xattrs differ, and every entry only `dst` has. It does
 /// not compare atimes (only with `--atimes`), which the walker does. `None` when rsync
-/// is not installed.
+/// is not installed (a failure under CI).
 pub fn rsync_differences(src: &Path, dst: &Path) -> Option<String> {
     let out = match Command::new("rsync")
         .args(["-aHAXn", "--itemize-changes", "--delete", "--no-implied-dirs"])
@@ -482,7 +484,7 @@ pub fn rsync_differences(src: &Path, dst: &Path) -> Option<String> {
     {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("rsync is not installed: skipping the rsync comparison");
+            ci::missing("rsync, for the rsync comparison", "apt-get install rsync");
             return None;
         }
         Err(e) => panic!("cannot run rsync: {e}"),
