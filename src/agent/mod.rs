@@ -32,11 +32,12 @@ pub mod metrics;
 mod mounts;
 mod publish;
 mod quiet;
+mod specwatch;
 mod wake;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -394,9 +395,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         alive.spawn_watchdog(p);
     }
 
-    let (reload_rx, reload_tx) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).context("pipe")?;
-    let _watcher = watch_spec_file(spec_path, reload_tx);
+    let spec_watch = specwatch::SpecWatch::new(spec_path);
     let mountinfo = File::open(host.proc_path("self/mountinfo")).ok();
 
     let wake = if opts.fanotify {
@@ -502,7 +501,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<
         ],
     );
     agent.status_last = status;
-    Ok(agent.main_loop(&signals, &reload_rx, mountinfo.as_ref(), watchdog_period))
+    Ok(agent.main_loop(&signals, spec_watch.as_ref(), mountinfo.as_ref(), watchdog_period))
 }
 
 fn describe_ms(ms: u64) -> String {
@@ -525,58 +524,6 @@ fn psi_trigger(host: &Host) -> Option<File> {
         .ok()?;
     f.write_all(PSI_TRIGGER.as_bytes()).ok()?;
     Some(f)
-}
-
-/// Watches the directory of the spec file (and of its target, when it is a
-/// symlink), since editors replace files by renaming; wakes the loop
-/// through `tx` when an entry with the spec's name changes.
-fn watch_spec_file(path: &Path, tx: OwnedFd) -> Option<notify::RecommendedWatcher> {
-    use notify::Watcher;
-    let abs = std::path::absolute(path).ok()?;
-    let mut watch: Vec<(PathBuf, std::ffi::OsString)> = Vec::new();
-    for p in [Some(abs.clone()), std::fs::canonicalize(&abs).ok()]
-        .into_iter()
-        .flatten()
-    {
-        if let (Some(dir), Some(name)) = (p.parent(), p.file_name()) {
-            if !watch.iter().any(|(d, n)| d == dir && n == name) {
-                watch.push((dir.to_path_buf(), name.to_os_string()));
-            }
-        }
-    }
-    let names: Vec<std::ffi::OsString> = watch.iter().map(|(_, n)| n.clone()).collect();
-    let handler = move |res: notify::Result<notify::Event>| {
-        if let Ok(ev) = res {
-            if ev
-                .paths
-                .iter()
-                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|w| w == n)))
-            {
-                let _ = nix::unistd::write(&tx, b"x");
-            }
-        }
-    };
-    let mut w = match notify::recommended_watcher(handler) {
-        Ok(w) => w,
-        Err(e) => {
-            warn!(
-                "cannot watch {} for changes ({e}); reload with SIGHUP",
-                path.display()
-            );
-            return None;
-        }
-    };
-    let mut dirs: Vec<&PathBuf> = watch.iter().map(|(d, _)| d).collect();
-    dirs.dedup();
-    for d in dirs {
-        if let Err(e) = w.watch(d, notify::RecursiveMode::NonRecursive) {
-            warn!(
-                "cannot watch {} for changes ({e}); reload with SIGHUP",
-                d.display()
-            );
-        }
-    }
-    Some(w)
 }
 
 impl Agent {
@@ -608,7 +555,7 @@ impl Agent {
     fn main_loop(
         &mut self,
         signals: &SignalFd,
-        reload_rx: &OwnedFd,
+        spec_watch: Option<&specwatch::SpecWatch>,
         mountinfo: Option<&File>,
         watchdog_period: Option<Duration>,
     ) -> ExitCode {
@@ -641,10 +588,11 @@ impl Agent {
             let timeout = PollTimeout::try_from(timeout.as_millis().min(i32::MAX as u128) as i32)
                 .unwrap_or(PollTimeout::MAX);
 
-            let mut fds = vec![
-                PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-                PollFd::new(reload_rx.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+            let spec_at = spec_watch.map(|w| {
+                fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
             let mi_at = mountinfo.map(|f| {
                 fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
                 fds.len() - 1
@@ -669,7 +617,7 @@ impl Agent {
             }
             let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
             let sig = ready(0);
-            let reload_wake = ready(1);
+            let reload_wake = spec_at.is_some_and(ready);
             let mi = mi_at.is_some_and(ready);
             let woke = wake_at.is_some_and(ready);
             let psi = psi_at.is_some_and(ready);
@@ -684,9 +632,7 @@ impl Agent {
                     }
                 }
             }
-            if reload_wake {
-                let mut buf = [0u8; 64];
-                while matches!(nix::unistd::read(reload_rx, &mut buf), Ok(n) if n > 0) {}
+            if reload_wake && spec_watch.is_some_and(|w| w.changed()) {
                 reload_at = Some(Instant::now() + RELOAD_SETTLE);
             }
             if reload_at.is_some_and(|t| Instant::now() >= t) {
