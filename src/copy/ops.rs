@@ -244,23 +244,10 @@ pub(super) fn seek(file: &File, pos: u64, whence: Whence) -> nix::Result<u64> {
     Ok(u64::try_from(found).expect("lseek succeeded, so the offset is not negative"))
 }
 
-/// nix only offers `copy_file_range` behind a feature this crate does not enable.
 fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
     let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
     let mut off_out = off_in;
-    // SAFETY: both descriptors are open for the duration of the call and the offset
-    // pointers refer to live locals.
-    let copied = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut off_in,
-            dst.as_raw_fd(),
-            &mut off_out,
-            len,
-            0,
-        )
-    };
-    Errno::result(copied).map(|n| usize::try_from(n).expect("checked for -1 above"))
+    fcntl::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len)
 }
 
 /// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -1906,17 +1907,9 @@ struct TempNames {
 
 impl TempNames {
     fn new() -> Self {
-        let mut seed = [0u8; 8];
-        // SAFETY: the buffer is valid for 8 bytes.
-        let got = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), libc::GRND_NONBLOCK) };
-        let seed = if got == 8 {
-            u64::from_ne_bytes(seed)
-        } else {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            now ^ u64::from(std::process::id()).rotate_left(32)
-        };
+        // std seeds every `RandomState` from the kernel's random source once per
+        // thread and makes each one differ after that: what the seed needs.
+        let seed = RandomState::new().build_hasher().finish();
         TempNames { seed, counter: 0 }
     }
 
@@ -1944,8 +1937,10 @@ mod tests {
     }
 
     fn stat_of(kind: libc::mode_t, perm: libc::mode_t) -> FileStat {
-        // SAFETY: `stat` is plain old data; all-zero is a valid value.
-        let mut st: FileStat = unsafe { std::mem::zeroed() };
+        // A real stat with every field the comparisons read set here.
+        let mut st = stat::stat("/").expect("stat /");
+        (st.st_uid, st.st_gid, st.st_rdev) = (0, 0, 0);
+        (st.st_atime, st.st_atime_nsec) = (0, 0);
         st.st_mode = kind | perm;
         st.st_nlink = 1;
         st.st_size = 10;
