@@ -24,7 +24,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::baseline::{now_coarse, Mark, Sig};
 use super::journal::Journal;
 use super::ops::dst_err;
-use super::sync::{deleted, put_in_place, DiskDeletions, Place, Placed};
+use super::writeback::{deleted, put_in_place, DiskDeletions, Place, Placed};
 use super::CopyError;
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.

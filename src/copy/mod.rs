@@ -20,7 +20,7 @@
 //! rule are the two places that would then need coordination.
 //!
 //! The primitives both walks share (opens, data copies, metadata, hard-link lookups,
-//! progress) live in `ops`, extended attributes in `xattrs`. The write-back (`sync`)
+//! progress) live in `ops`, extended attributes in `xattrs`. The write-back (`writeback`)
 //! reads its source ahead on a second thread (`scan`) and leaves `fsync` and rename to
 //! workers (`durable`).
 
@@ -31,7 +31,7 @@ mod marks;
 mod ops;
 mod scan;
 mod settle;
-mod sync;
+mod writeback;
 mod xattrs;
 
 use std::collections::{HashMap, HashSet};
@@ -54,7 +54,7 @@ use ops::{
     dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
     Failed, Listing, RelPath, Reporter, Transfer,
 };
-pub use sync::{sync_tree, DiskDeletions, Merge, SyncStats, Synced, TEMP_PREFIX};
+pub use writeback::{sync_tree, DiskDeletions, Merge, SyncStats, Synced, TEMP_PREFIX};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///
