@@ -22,10 +22,9 @@ use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{now_coarse, Mark, Sig};
+use super::error::{dst_err, CopyError};
 use super::journal::Journal;
-use super::ops::dst_err;
 use super::writeback::{deleted, put_in_place, DiskDeletions, Place, Placed};
-use super::CopyError;
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;

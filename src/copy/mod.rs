@@ -26,6 +26,7 @@
 
 pub mod baseline;
 mod durable;
+mod error;
 pub mod journal;
 mod marks;
 mod ops;
@@ -37,9 +38,8 @@ mod xattrs;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::fs::File;
-use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::dir::Type;
 use nix::errno::Errno;
@@ -49,10 +49,12 @@ use nix::unistd;
 
 pub use baseline::Baseline;
 use baseline::{Mark, Sig};
+pub use error::CopyError;
+use error::{dst_err, src_err, Failed};
 pub use journal::Journal;
 use ops::{
-    dst_err, failed, file_type, link_to_first_copy, open_dst_dir, open_root, open_src, src_err, stat_entry,
-    Failed, Listing, RelPath, Reporter, Transfer,
+    file_type, link_to_first_copy, open_dst_dir, open_root_dir, open_src, stat_entry, Listing, RelPath,
+    Reporter, Transfer,
 };
 pub use writeback::{sync_tree, DiskDeletions, Merge, SyncStats, Synced, TEMP_PREFIX};
 
@@ -81,50 +83,6 @@ pub struct CopyStats {
     /// Source entries that vanished, were replaced or changed while they were being
     /// copied: left out of the copy (they stay on disk and the write-back keeps them).
     pub skipped: u64,
-}
-
-/// A failed copy or measurement. The path is relative to the root being walked
-/// (`.` is the root itself), so the same message fits the on-disk directory and the
-/// tmpfs. The cause is kept as the error's `source()`.
-#[derive(Debug, thiserror::Error)]
-pub enum CopyError {
-    /// Reading the on-disk tree failed.
-    #[error("cannot {op} `{}` in the source tree", .path.display())]
-    Source {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// Creating or updating the copy failed.
-    #[error("cannot {op} `{}` in the copy", .path.display())]
-    Destination {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-impl CopyError {
-    /// The tmpfs (or a quota) is too small for the tree: the caller can report a
-    /// sizing problem instead of a generic I/O failure.
-    pub fn is_no_space(&self) -> bool {
-        let (CopyError::Source { source, .. } | CopyError::Destination { source, .. }) = self;
-        matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
-    }
-}
-
-/// Opens one of the two roots and stats it; errors name the root as `.`.
-fn open_root_dir(path: &Path, on_source: bool) -> Result<(OwnedFd, FileStat), CopyError> {
-    let at_root = |f: Failed| f.at(PathBuf::from("."));
-    let fd = open_root(path)
-        .map_err(failed(on_source, "open directory"))
-        .map_err(at_root)?;
-    let st = stat::fstat(&fd)
-        .map_err(failed(on_source, "stat"))
-        .map_err(at_root)?;
-    Ok((fd, st))
 }
 
 /// Measures `dir` without following symlinks or entering other filesystems, so the
@@ -489,10 +447,12 @@ mod tests {
     use nix::unistd::Whence;
     use std::ffi::OsString;
     use std::fs;
+    use std::io;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::ffi::OsStringExt;
     use std::os::unix::fs::FileExt;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::PathBuf;
 
     fn cstr(s: &str) -> std::ffi::CString {
         std::ffi::CString::new(s).expect("test names have no NUL")

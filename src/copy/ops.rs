@@ -1,10 +1,10 @@
-//! Primitives shared by the seeding copier and the write-back: errors that get their
-//! path from the walk, the walk's relative path, symlink-safe opens, sparse-aware data
-//! copies, metadata application, hard-link resolution and progress reporting.
+//! Primitives shared by the seeding copier and the write-back: the walk's relative
+//! path, symlink-safe opens, sparse-aware data copies, metadata application, hard-link
+//! resolution and progress reporting.
 
 use std::ffi::{CStr, OsString};
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileExt;
@@ -18,8 +18,8 @@ use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{self, Gid, Uid, Whence};
 
+use super::error::{dst_err, failed, src_err, CopyError, Failed};
 use super::xattrs::{self, XattrBufs, XattrTarget};
-use super::CopyError;
 
 /// Read/write fallback buffer: large enough to amortise syscalls on big files, small
 /// enough to stay in cache.
@@ -28,49 +28,6 @@ pub(super) const COPY_BUF: usize = 256 * 1024;
 const COPY_CHUNK: usize = 8 * 1024 * 1024;
 const REPORT_EVERY_ENTRIES: u32 = 1000;
 const REPORT_EVERY: Duration = Duration::from_millis(100);
-
-/// An error whose path is attached by the walk, which is the part that knows it.
-#[derive(Debug)]
-pub(super) struct Failed {
-    on_source: bool,
-    op: &'static str,
-    pub(super) err: io::Error,
-}
-
-impl Failed {
-    pub(super) fn at(self, path: PathBuf) -> CopyError {
-        let (op, source) = (self.op, self.err);
-        if self.on_source {
-            CopyError::Source { op, path, source }
-        } else {
-            CopyError::Destination { op, path, source }
-        }
-    }
-
-    pub(super) fn errno(&self) -> Option<i32> {
-        self.err.raw_os_error()
-    }
-
-    pub(super) fn on_source(&self) -> bool {
-        self.on_source
-    }
-}
-
-pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {
-    move |err| Failed {
-        on_source,
-        op,
-        err: err.into(),
-    }
-}
-
-pub(super) fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    failed(true, op)
-}
-
-pub(super) fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    failed(false, op)
-}
 
 /// The walk's position relative to the roots, as raw bytes: names need not be UTF-8,
 /// and a `PathBuf` is only built for an error.
@@ -153,6 +110,18 @@ pub(super) fn open_root(path: &Path) -> nix::Result<OwnedFd> {
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
+}
+
+/// Opens one of the two roots and stats it; errors name the root as `.`.
+pub(super) fn open_root_dir(path: &Path, on_source: bool) -> Result<(OwnedFd, FileStat), CopyError> {
+    let at_root = |f: Failed| f.at(PathBuf::from("."));
+    let fd = open_root(path)
+        .map_err(failed(on_source, "open directory"))
+        .map_err(at_root)?;
+    let st = stat::fstat(&fd)
+        .map_err(failed(on_source, "stat"))
+        .map_err(at_root)?;
+    Ok((fd, st))
 }
 
 /// Opens a source entry without following a symlink in its place. O_NONBLOCK keeps a
@@ -298,15 +267,6 @@ pub(super) fn link_to_first_copy<'a>(
     }
     let old_dir = opened.as_ref().map_or(walked(shared), AsFd::as_fd);
     unistd::linkat(old_dir, leaf, new_dir, new_name, AtFlags::empty()).map_err(dst_err("create hard link"))
-}
-
-/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
-/// on and then only looks up `name`, which the l*xattr calls do not follow.
-pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
-    buf.clear();
-    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
-    buf.extend_from_slice(name.to_bytes_with_nul());
-    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
 }
 
 fn apply_xattrs(

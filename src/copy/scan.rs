@@ -18,7 +18,8 @@ use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat};
 
-use super::ops::{file_type, open_src, src_err, Failed, RelPath};
+use super::error::{src_err, Failed};
+use super::ops::{file_type, open_src, RelPath};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// Events queued at most: each holds a directory descriptor and its listing.

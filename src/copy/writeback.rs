@@ -20,15 +20,15 @@ use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{self, Baseline, Disk, Mark, Ram, Sig, Time, Verdict};
 use super::durable::{DstDir, Durable, Job};
+use super::error::{dst_err, src_err, CopyError, Failed};
 use super::journal::Journal;
 use super::ops::{
-    dst_err, file_type, link_to_first_copy, open_dst_dir, open_src, open_src_typed, permissions, src_err,
-    Failed, RelPath, Reporter, Transfer,
+    file_type, link_to_first_copy, open_dst_dir, open_root_dir, open_src, open_src_typed, permissions,
+    RelPath, Reporter, Transfer,
 };
 use super::scan::{self, is_temp, read_names, Event, Name, SrcEntry};
 use super::settle::{self, UNTRUSTED};
 use super::xattrs::{self, XattrTarget};
-use super::{open_root_dir, CopyError};
 
 /// Names starting with this are the write-back's temporaries: skipped in the source,
 /// removed from the destination.

@@ -2,11 +2,20 @@
 //! comparing two entries' and making one entry's equal to another's.
 
 use std::ffi::CStr;
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::ops::{dst_err, proc_path, src_err, Failed};
+use super::error::{dst_err, src_err, Failed};
+
+/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
+/// on and then only looks up `name`, which the l*xattr calls do not follow.
+pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
+    buf.clear();
+    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
+    buf.extend_from_slice(name.to_bytes_with_nul());
+    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
+}
 
 /// Where extended attributes are read or written: an open file, or an entry by name in
 /// an open directory, never following a symlink there. Symlinks and nodes cannot be
