@@ -24,7 +24,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::baseline::{now_coarse, Mark, Sig};
 use super::error::{dst_err, CopyError};
 use super::journal::Journal;
-use super::writeback::{deleted, put_in_place, DiskDeletions, Place, Placed};
+use super::place::{deleted, put_in_place, DiskDeletions, Place, Placed};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;

@@ -30,8 +30,10 @@ mod error;
 pub mod journal;
 mod marks;
 mod ops;
+mod place;
 mod scan;
 mod settle;
+mod temp;
 mod writeback;
 mod xattrs;
 
@@ -56,7 +58,9 @@ use ops::{
     file_type, link_to_first_copy, open_dst_dir, open_root_dir, open_src, stat_entry, Listing, RelPath,
     Reporter, Transfer,
 };
-pub use writeback::{sync_tree, DiskDeletions, Merge, SyncStats, Synced, TEMP_PREFIX};
+pub use place::DiskDeletions;
+pub use temp::TEMP_PREFIX;
+pub use writeback::{sync_tree, Merge, SyncStats, Synced};
 
 /// Size of a tree as a tmpfs would have to hold it.
 ///

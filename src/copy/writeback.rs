@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::hash::{BuildHasher, Hasher, RandomState};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -14,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use nix::dir::Type;
 use nix::errno::Errno;
-use nix::fcntl::{self, AtFlags, OFlag, RenameFlags};
+use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
@@ -26,13 +25,11 @@ use super::ops::{
     file_type, link_to_first_copy, open_dst_dir, open_root_dir, open_src, open_src_typed, permissions,
     RelPath, Reporter, Transfer,
 };
-use super::scan::{self, is_temp, read_names, Event, Name, SrcEntry};
+use super::place::{deleted, put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
+use super::scan::{self, read_names, Event, Name, SrcEntry};
 use super::settle::{self, UNTRUSTED};
+use super::temp::{create_temp, is_temp, Temp, TempNames};
 use super::xattrs::{self, XattrTarget};
-
-/// Names starting with this are the write-back's temporaries: skipped in the source,
-/// removed from the destination.
-pub const TEMP_PREFIX: &str = ".tmpfsctl-wb.";
 
 /// What a [`sync_tree`] did. Every source entry below the root counts once, in
 /// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
@@ -147,7 +144,7 @@ pub struct Synced {
 /// # Crash safety
 ///
 /// Data is never written into an existing destination inode. A file, symlink or node
-/// is created under a temporary name ([`TEMP_PREFIX`] and random hex) in its final
+/// is created under a temporary name ([`TEMP_PREFIX`](super::TEMP_PREFIX) and random hex) in its final
 /// directory with `O_CREAT|O_EXCL|O_NOFOLLOW`, filled, given owner, attributes, mode
 /// and times, `fsync`ed, and only then `renameat`ed over the final name, which
 /// atomically replaces the old entry. Whatever kills the process (or the machine), a
@@ -172,7 +169,7 @@ pub struct Synced {
 ///
 /// # Reserved names
 ///
-/// Names starting with [`TEMP_PREFIX`] are reserved for the write-back's temporaries:
+/// Names starting with [`TEMP_PREFIX`](super::TEMP_PREFIX) are reserved for the write-back's temporaries:
 /// they are skipped in the source and removed from the destination.
 ///
 /// `dst` must not lie inside `src` or the other way round.
@@ -259,26 +256,6 @@ pub struct Merge<'a> {
     pub journal: Option<&'a Journal>,
     /// Deletions on the disk side since the RAM side last changed.
     pub deletions: Option<&'a Mutex<dyn DiskDeletions + Send>>,
-}
-
-/// When `name` in the disk directory `dir` was deleted, as far as `deletions` saw.
-pub(super) fn deleted(
-    deletions: &Mutex<dyn DiskDeletions + Send>,
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-) -> Option<Time> {
-    deletions
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .deleted(dir, name)
-}
-
-/// Deletions on the disk side that the directory itself does not show: while the
-/// application works in the disk directory during the merge (after a switch), a name
-/// the RAM created may be created there again and deleted.
-pub trait DiskDeletions {
-    /// When `name` was deleted from the disk directory open at `dir`, if it was.
-    fn deleted(&mut self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Time>;
 }
 
 /// What the walk does with one name of a directory pair.
@@ -1627,161 +1604,6 @@ fn plain_remove(dir: BorrowedFd<'_>, name: &CStr, dtype: Option<Type>, dev: u64)
     remove_tree(dir, name, dev)
 }
 
-/// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A
-/// filesystem without `RENAME_NOREPLACE` gets a plain rename after a check, which
-/// leaves a window.
-pub(super) fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> nix::Result<bool> {
-    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE) {
-        Ok(()) => Ok(true),
-        Err(Errno::EEXIST) => Ok(false),
-        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-            match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(_) => Ok(false),
-                Err(Errno::ENOENT) => fcntl::renameat(dir, temp, dir, name).map(|()| true),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// A disk entry as the walk compared it. The application works in the disk directory
-/// while a held tmpfs is merged, so by the time the walk replaces or removes the
-/// entry, it may have replaced or changed it: then its entry stays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Seen {
-    ino: u64,
-    mode: u32,
-    size: i64,
-    /// Not the ctime: the walk's own rename changes it.
-    mtime: Time,
-}
-
-impl Seen {
-    pub(super) fn of(st: &FileStat) -> Seen {
-        let sig = Sig::of(st);
-        Seen {
-            ino: sig.ino,
-            mode: sig.mode,
-            size: sig.size,
-            mtime: sig.mtime,
-        }
-    }
-}
-
-/// How a finished temporary goes in place of its name.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Place {
-    /// Only if the name is still free.
-    Free,
-    /// Only over the entry the walk compared.
-    Over(Seen),
-}
-
-/// What became of a temporary to put in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Placed {
-    Yes,
-    /// The application took the name, or replaced or changed the entry, since the
-    /// walk compared it: the application's entry stays; the temporary is the caller's
-    /// to drop.
-    Taken,
-    /// The application deleted the entry since the walk compared it: that deletion is
-    /// the newer change, and stays.
-    Deleted,
-}
-
-/// Puts `temp` in place of `name` in `dir` as `place` says.
-///
-/// Over an entry, the two are exchanged atomically (`RENAME_EXCHANGE`) and what came
-/// out is checked to be the entry compared: if it is, it is unlinked; if not, the
-/// exchange is undone. A filesystem without exchange gets a plain rename after a
-/// check, which leaves a window.
-pub(super) fn put_in_place(
-    dir: BorrowedFd<'_>,
-    temp: &CStr,
-    name: &CStr,
-    place: Place,
-) -> nix::Result<Placed> {
-    let seen = match place {
-        Place::Free => {
-            return rename_no_replace(dir, temp, name).map(|ok| if ok { Placed::Yes } else { Placed::Taken })
-        }
-        Place::Over(seen) => seen,
-    };
-    let still = |at: &CStr| match stat::fstatat(dir, at, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(Some(Seen::of(&st) == seen)),
-        Err(Errno::ENOENT) => Ok(None),
-        Err(e) => Err(e),
-    };
-    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
-        Ok(()) => match still(temp)? {
-            Some(true) | None => {
-                match unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir) {
-                    Ok(()) | Err(Errno::ENOENT) => {}
-                    Err(e) => return Err(e),
-                }
-                Ok(Placed::Yes)
-            }
-            Some(false) => {
-                fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE)?;
-                Ok(Placed::Taken)
-            }
-        },
-        // Which side is missing: the name (the application deleted it: its deletion
-        // stays), or the temporary (someone removed it: an error, never a deletion).
-        Err(Errno::ENOENT) => match still(temp)? {
-            Some(_) => Ok(Placed::Deleted),
-            None => Err(Errno::ENOENT),
-        },
-        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => match still(name)? {
-            Some(true) => fcntl::renameat(dir, temp, dir, name).map(|()| Placed::Yes),
-            Some(false) => Ok(Placed::Taken),
-            None => Ok(Placed::Deleted),
-        },
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes the non-directory `name` from `dir` if it is still the entry the walk
-/// compared (`seen`): it is renamed away to `temp` first (atomically), checked, then
-/// unlinked, or put back. Returns whether it went; false too when it was gone.
-fn remove_seen(dir: BorrowedFd<'_>, name: &CStr, seen: Seen, temp: &CStr) -> nix::Result<bool> {
-    match fcntl::renameat2(dir, name, dir, temp, RenameFlags::RENAME_NOREPLACE) {
-        Ok(()) => {}
-        Err(Errno::ENOENT) => return Ok(false),
-        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-            return match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) if Seen::of(&st) == seen => {
-                    match unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
-                        Ok(()) => Ok(true),
-                        Err(Errno::ENOENT) => Ok(false),
-                        Err(e) => Err(e),
-                    }
-                }
-                Ok(_) | Err(Errno::ENOENT) => Ok(false),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => return Err(e),
-    }
-    let same = match stat::fstatat(dir, temp, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => Seen::of(&st) == seen,
-        Err(Errno::ENOENT) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if same {
-        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
-        return Ok(true);
-    }
-    // Changed since it was compared: the application's; back under its name, unless
-    // the application made a newer one there meanwhile.
-    if !rename_no_replace(dir, temp, name)? {
-        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
-    }
-    Ok(false)
-}
-
 /// Why a step stopped the walk: a failure at the step's path, or an error that
 /// already has its path (from the scan).
 enum Stop {
@@ -1854,77 +1676,6 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Fai
     Ok(removed)
 }
 
-/// Creates an entry under a fresh temporary name, trying another name if one is taken
-/// (by a planted entry, say).
-fn create_temp<'d, T>(
-    temps: &mut TempNames,
-    dir: BorrowedFd<'d>,
-    mut create: impl FnMut(BorrowedFd<'d>, &CStr) -> Result<T, Failed>,
-) -> Result<(Temp<'d>, T), Failed> {
-    let mut attempts = 0;
-    loop {
-        let name = temps.next();
-        match create(dir, &name) {
-            Ok(made) => {
-                return Ok((
-                    Temp {
-                        dir,
-                        name,
-                        live: true,
-                    },
-                    made,
-                ))
-            }
-            Err(f) if f.errno() == Some(libc::EEXIST) && attempts < 8 => attempts += 1,
-            Err(f) => return Err(f),
-        }
-    }
-}
-
-/// A temporary entry in a destination directory, unlinked on drop unless it was put
-/// in place.
-struct Temp<'d> {
-    dir: BorrowedFd<'d>,
-    name: CString,
-    live: bool,
-}
-
-impl Drop for Temp<'_> {
-    fn drop(&mut self) {
-        if self.live {
-            // Best effort: the next sync removes what is left.
-            let _ = unistd::unlinkat(self.dir, self.name.as_c_str(), UnlinkatFlags::NoRemoveDir);
-        }
-    }
-}
-
-/// `TEMP_PREFIX` + 16 hex digits, from a random seed and a counter through a bijective
-/// mixer, so names neither repeat within a run nor are predictable across runs.
-struct TempNames {
-    seed: u64,
-    counter: u64,
-}
-
-impl TempNames {
-    fn new() -> Self {
-        // std seeds every `RandomState` from the kernel's random source once per
-        // thread and makes each one differ after that: what the seed needs.
-        let seed = RandomState::new().build_hasher().finish();
-        TempNames { seed, counter: 0 }
-    }
-
-    fn next(&mut self) -> CString {
-        self.counter += 1;
-        let mut z = self
-            .seed
-            .wrapping_add(self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        CString::new(format!("{TEMP_PREFIX}{z:016x}")).expect("no NUL in a hex name")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1993,14 +1744,6 @@ mod tests {
             ]
         );
         assert!(pair_listings(Vec::new(), Vec::new()).is_empty());
-    }
-
-    #[test]
-    fn reserved_names_are_recognised_by_prefix_only() {
-        assert!(is_temp(c".tmpfsctl-wb.x"));
-        assert!(is_temp(c".tmpfsctl-wb."));
-        assert!(!is_temp(c".tmpfsctl-wb"));
-        assert!(!is_temp(c"x.tmpfsctl-wb.y"));
     }
 
     #[test]
@@ -2078,87 +1821,5 @@ mod tests {
         assert_eq!(decide(lnk, Diff::Meta, Reuse::InPlace), Rewrite);
         assert_eq!(decide(lnk, Diff::Same, Reuse::InPlace), Keep);
         assert_eq!(decide(libc::S_IFIFO, Diff::Meta, Reuse::InPlace), Rewrite);
-    }
-
-    /// The application replaces, changes or deletes an entry after the walk compared it:
-    /// its version stays.
-    #[test]
-    fn entries_are_replaced_or_removed_only_as_compared() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = File::open(tmp.path()).unwrap();
-        let at = dir.as_fd();
-        let p = |n: &str| tmp.path().join(n);
-        let seen = |n: &str| Seen::of(&stat::stat(&p(n)).unwrap());
-        std::fs::write(p("a"), "disk").unwrap();
-        let compared = seen("a");
-        std::fs::write(p("t"), "ram").unwrap();
-        assert_eq!(
-            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
-            Placed::Yes
-        );
-        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "ram");
-        assert!(!p("t").exists());
-        // Replaced by the application after the comparison.
-        let compared = seen("a");
-        std::fs::write(p("new"), "app").unwrap();
-        std::fs::rename(p("new"), p("a")).unwrap();
-        std::fs::write(p("t"), "ram2").unwrap();
-        assert_eq!(
-            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
-            Placed::Taken
-        );
-        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app");
-        assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "ram2");
-        // Deleted by the application.
-        let compared = seen("a");
-        std::fs::remove_file(p("a")).unwrap();
-        assert_eq!(
-            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
-            Placed::Deleted
-        );
-        assert!(!p("a").exists());
-        // Removal: only the compared entry goes.
-        std::fs::write(p("b"), "v1").unwrap();
-        let compared = seen("b");
-        assert!(remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
-        assert!(!p("b").exists());
-        std::fs::write(p("b"), "v1").unwrap();
-        let compared = seen("b");
-        std::fs::write(p("b"), "longer v2").unwrap();
-        assert!(!remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
-        assert_eq!(std::fs::read_to_string(p("b")).unwrap(), "longer v2");
-        assert!(!p(".tmpfsctl-x").exists());
-        assert!(!remove_seen(at, c"gone", compared, c".tmpfsctl-x").unwrap());
-    }
-
-    #[test]
-    fn a_no_replace_rename_leaves_a_name_taken_meanwhile_alone() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("temp"), "ours").unwrap();
-        std::fs::write(dir.path().join("taken"), "theirs").unwrap();
-        let fd = super::super::ops::open_root(dir.path()).expect("open");
-        assert!(!rename_no_replace(fd.as_fd(), c"temp", c"taken").unwrap());
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("taken")).unwrap(),
-            "theirs"
-        );
-        assert!(rename_no_replace(fd.as_fd(), c"temp", c"free").unwrap());
-        assert_eq!(std::fs::read_to_string(dir.path().join("free")).unwrap(), "ours");
-    }
-
-    #[test]
-    fn temporary_names_are_reserved_unique_and_unpredictable() {
-        let mut names = TempNames::new();
-        let mut seen = HashSet::new();
-        for _ in 0..10_000 {
-            let n = names.next();
-            let bytes = n.to_bytes();
-            assert!(is_temp(&n));
-            let hex = &bytes[TEMP_PREFIX.len()..];
-            assert_eq!(hex.len(), 16);
-            assert!(hex.iter().all(u8::is_ascii_hexdigit));
-            assert!(seen.insert(n));
-        }
-        assert_ne!(TempNames::new().next(), TempNames::new().next());
     }
 }
