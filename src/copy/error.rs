@@ -78,3 +78,20 @@ pub(super) fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) ->
 pub(super) fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
     failed(false, op)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_no_space_covers_enospc_and_edquot_only() {
+        let err = |errno| CopyError::Destination {
+            op: "write",
+            path: PathBuf::from("f"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert!(err(libc::ENOSPC).is_no_space());
+        assert!(err(libc::EDQUOT).is_no_space());
+        assert!(!err(libc::EIO).is_no_space());
+    }
+}

@@ -103,6 +103,10 @@ impl Listing {
     }
 }
 
+pub(super) fn src_listing(fd: OwnedFd) -> Result<Listing, Failed> {
+    Listing::new(fd).map_err(src_err("read directory"))
+}
+
 /// The caller chose these paths, so a symlink at the root itself is honoured.
 pub(super) fn open_root(path: &Path) -> nix::Result<OwnedFd> {
     fcntl::open(
@@ -498,5 +502,21 @@ impl Transfer {
         dst: BorrowedFd<'_>,
     ) -> Result<bool, Failed> {
         xattrs::same_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_components_counts_whole_components() {
+        assert_eq!(shared_components(b"", b"a/b"), 0);
+        assert_eq!(shared_components(b"a/b", b""), 0);
+        assert_eq!(shared_components(b"a/b/c", b"a/b"), 2);
+        assert_eq!(shared_components(b"a/bc", b"a/b"), 1);
+        assert_eq!(shared_components(b"x", b"a"), 0);
+        assert_eq!(split_parent(b"a/b/leaf"), (&b"a/b"[..], &b"leaf"[..]));
+        assert_eq!(split_parent(b"leaf"), (&b""[..], &b"leaf"[..]));
     }
 }
