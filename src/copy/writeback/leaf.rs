@@ -12,7 +12,7 @@ use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd;
 
 use crate::copy::baseline::{self, Mark, Sig};
-use crate::copy::durable::{DstDir, Job};
+use crate::copy::durable::{DstDir, Job, Rename};
 use crate::copy::error::{dst_err, src_err, Failed};
 use crate::copy::ops::{file_type, link_to_first_copy, open_src, open_src_typed};
 use crate::copy::place::{deleted, put_in_place, Place, Placed, Seen};
@@ -56,29 +56,8 @@ impl Syncer<'_, '_> {
             d = None;
         }
         let key = (s.st_dev, s.st_ino);
-        if s.st_nlink > 1 {
-            if let Some(group) = self.links.get_mut(&key) {
-                group.remaining -= 1;
-                let (first, ino) = (group.path.clone(), group.ino);
-                if group.remaining == 0 {
-                    self.links.remove(&key);
-                }
-                if let Some(d) = d.filter(|d| d.st_ino == ino) {
-                    self.reporter.stats.unchanged += 1;
-                    self.record(path, &d);
-                    return Ok(outcome);
-                }
-                if let Some(d) = &d {
-                    self.touch(d);
-                }
-                if !self.write_hard_link(stack, name, &first, d.as_ref())? {
-                    self.reporter.stats.kept_disk += 1;
-                    return Ok(outcome);
-                }
-                self.reporter.stats.links_written += 1;
-                self.record_placed(dst_dir, name, path)?;
-                return Ok(Outcome::changed());
-            }
+        if s.st_nlink > 1 && self.links.contains_key(&key) {
+            return self.sync_later_link(stack, name, path, key, d, outcome);
         }
         let kind = file_type(s);
         let (mut diff, reuse) = match &d {
@@ -143,6 +122,41 @@ impl Syncer<'_, '_> {
             );
         }
         Ok(outcome)
+    }
+
+    /// A later name of a multiply-linked source inode whose group has its destination
+    /// inode already: linked to it, unless the disk's name is that inode already.
+    fn sync_later_link(
+        &mut self,
+        stack: &[Frame],
+        name: &CStr,
+        path: Vec<u8>,
+        key: (u64, u64),
+        d: Option<FileStat>,
+        outcome: Outcome,
+    ) -> Result<Outcome, Failed> {
+        let group = self.links.get_mut(&key).expect("the caller found the group");
+        group.remaining -= 1;
+        let (first, ino) = (group.path.clone(), group.ino);
+        if group.remaining == 0 {
+            self.links.remove(&key);
+        }
+        if let Some(d) = d.filter(|d| d.st_ino == ino) {
+            self.reporter.stats.unchanged += 1;
+            self.record(path, &d);
+            return Ok(outcome);
+        }
+        if let Some(d) = &d {
+            self.touch(d);
+        }
+        if !self.write_hard_link(stack, name, &first, d.as_ref())? {
+            self.reporter.stats.kept_disk += 1;
+            return Ok(outcome);
+        }
+        self.reporter.stats.links_written += 1;
+        let dst_dir = stack.last().expect("the root frame stays").dst.fd.as_fd();
+        self.record_placed(dst_dir, name, path)?;
+        Ok(Outcome::changed())
     }
 
     /// [`Self::rewrite`] of a name whose old inode goes: noted in `touched` first.
@@ -255,14 +269,14 @@ impl Syncer<'_, '_> {
                 self.reporter.stats.files_written += 1;
                 if !grouped {
                     temp.live = false;
-                    self.durable.submit(Job::Rename {
+                    self.durable.submit(Job::Rename(Rename {
                         dir: Arc::clone(dst),
                         file,
                         temp: std::mem::take(&mut temp.name),
                         name: name.to_owned(),
                         place: d.map_or(Place::Free, |d| Place::Over(Seen::of(d))),
                         rel: self.rel.path(Some(name)),
-                    });
+                    }));
                     return Ok(Some(None));
                 }
                 unistd::fsync(&file).map_err(dst_err("fsync"))?;
