@@ -288,7 +288,7 @@ struct Frame {
     /// (at this time): removed again from its parent, under its name, if that was
     /// nothing, and remembered as deleted.
     tentative: Option<(Time, Arc<DstDir>, CString)>,
-    /// The RAM side's metadata wins (see [`Verdict`]).
+    /// The RAM side's metadata wins (see [`Verdict`](baseline::Verdict)).
     ram_meta: bool,
     /// The disk directory kept its names since the baseline, whose records stand for
     /// its listing ([`Baseline::unchanged_dir`]).
