@@ -28,12 +28,12 @@
 use std::fs::{self, File};
 use std::io::{self, IsTerminal, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::sys::statfs::{statfs, TMPFS_MAGIC};
 use nix::sys::statvfs::statvfs;
@@ -487,20 +487,15 @@ fn read_file(dir: &Path, size: u64, cap: Duration) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn fadvise(f: &File, advice: libc::c_int) -> io::Result<()> {
-    // SAFETY: plain syscall on an open descriptor.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, advice) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
+fn fadvise(f: &File, advice: PosixFadviseAdvice) -> io::Result<()> {
+    Ok(posix_fadvise(f, 0, 0, advice)?)
 }
 
 /// Drops this one file's clean pages (fdatasync first, so all are clean) and
 /// returns how much is still cached. Never the global drop_caches.
 fn make_cold(path: &Path, f: &File) -> Result<f64> {
     f.sync_data()?;
-    fadvise(f, libc::POSIX_FADV_DONTNEED)?;
+    fadvise(f, PosixFadviseAdvice::POSIX_FADV_DONTNEED)?;
     Ok(crate::residency::file_residency(path)?.percent())
 }
 
@@ -523,7 +518,7 @@ fn random_reads(path: &Path, cold: bool, cap: Duration) -> Result<Side> {
     } else {
         make_warm(path, &f)?
     };
-    fadvise(&f, libc::POSIX_FADV_RANDOM)?;
+    fadvise(&f, PosixFadviseAdvice::POSIX_FADV_RANDOM)?;
     // Warm reads are cheap: go round the file until 200k reads or the cap.
     let count = if cold { pages } else { pages.max(200_000) };
     let mut buf = [0u8; PAGE as usize];

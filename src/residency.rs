@@ -134,12 +134,9 @@ fn round2(v: f64) -> f64 {
 
 /// The system page size (what mincore reports in).
 pub fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(p)) if p > 0 => p as u64,
+        _ => 4096,
     }
 }
 

@@ -22,10 +22,9 @@ use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{now_coarse, Mark, Sig};
+use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
-use super::ops::dst_err;
-use super::sync::{deleted, put_in_place, DiskDeletions, Place, Placed};
-use super::CopyError;
+use super::place::{deleted, put_in_place, DiskDeletions, Place, Placed};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
@@ -68,22 +67,30 @@ impl DstDir {
 }
 
 pub(super) enum Job {
-    /// `fsync` the finished temporary `file`, then rename `temp` over `name` in `dir`.
-    Rename {
+    Rename(Rename),
+    /// `fsync` a directory whose names or metadata changed.
+    FsyncDir {
         dir: Arc<DstDir>,
-        file: File,
-        temp: CString,
-        name: CString,
-        /// Only if `name` is still free, or still the entry the walk compared; if not,
-        /// the temporary is dropped and counted by [`Durable::finish`].
-        place: Place,
-        /// Relative path of `name`, for an error.
         rel: PathBuf,
     },
-    /// `fsync` a directory whose names or metadata changed.
-    FsyncDir { dir: Arc<DstDir>, rel: PathBuf },
     /// `fsync` a file whose metadata was updated in place.
-    FsyncFile { file: File, rel: PathBuf },
+    FsyncFile {
+        file: File,
+        rel: PathBuf,
+    },
+}
+
+/// `fsync` the finished temporary `file`, then rename `temp` over `name` in `dir`.
+pub(super) struct Rename {
+    pub(super) dir: Arc<DstDir>,
+    pub(super) file: File,
+    pub(super) temp: CString,
+    pub(super) name: CString,
+    /// Only if `name` is still free, or still the entry the walk compared; if not, the
+    /// temporary is dropped and counted by [`Durable::finish`].
+    pub(super) place: Place,
+    /// Relative path of `name`, for an error.
+    pub(super) rel: PathBuf,
 }
 
 /// What the walk and the workers share.
@@ -144,7 +151,7 @@ impl Durable {
     }
 
     pub(super) fn submit(&self, job: Job) {
-        if let Job::Rename { dir, .. } = &job {
+        if let Job::Rename(Rename { dir, .. }) = &job {
             dir.renames.lock().expect("no worker panics holding it").pending += 1;
         }
         self.jobs
@@ -210,84 +217,26 @@ fn work(
         let Ok(job) = job else { return };
         let failed_before = shared.aborted.load(Ordering::Relaxed);
         let failure = match job {
-            Job::Rename {
-                dir,
-                file,
-                temp,
-                name,
-                place,
-                rel,
-            } => {
+            Job::Rename(r) => {
                 let result = if failed_before {
                     Ok(Placed::Taken)
                 } else {
-                    unistd::fsync(&file).map_err(dst_err("fsync")).and_then(|()| {
-                        // Noted before the rename: a crash right after it leaves a name
-                        // the next pass must know was ours.
-                        if let Some(j) = journal {
-                            let st = stat::fstat(&file).map_err(dst_err("stat"))?;
-                            let key = rel.as_os_str().as_bytes();
-                            j.note(key, &Mark::Placing(Sig::of(&st)))
-                                .map_err(dst_err("record in the write-back journal"))?;
-                        }
-                        let (at, temp, name) = (dir.fd.as_fd(), temp.as_c_str(), name.as_c_str());
-                        // A free name the application created and deleted again since the
-                        // walk looked: its deletion is the newer change.
-                        if matches!(place, Place::Free)
-                            && deletions.is_some_and(|dl| deleted(dl, at, name).is_some())
-                        {
-                            return Ok(Placed::Deleted);
-                        }
-                        put_in_place(at, temp, name, place).map_err(dst_err("rename into place"))
-                    })
+                    fsync_and_place(&r, journal, deletions)
                 };
                 let result = match result {
                     Ok(placed @ (Placed::Taken | Placed::Deleted)) if !failed_before => {
-                        shared.not_placed.fetch_add(1, Ordering::Relaxed);
-                        // The application's newer entry (or deletion) wins, and is
-                        // remembered so the RAM's version does not come back later.
-                        let mark = match placed {
-                            Placed::Deleted => Some(Mark::Deleted(now_coarse())),
-                            _ => stat::fstatat(dir.fd.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                                .ok()
-                                .filter(|st| st.st_mode & libc::S_IFMT != libc::S_IFDIR)
-                                .map(|st| Mark::DiskWon(Sig::of(&st))),
-                        };
-                        let key = rel.as_os_str().as_bytes();
-                        let noted = match (&mark, journal) {
-                            (Some(m), Some(j)) => j
-                                .note(key, m)
-                                .map_err(dst_err("record in the write-back journal")),
-                            _ => Ok(()),
-                        };
-                        if let Some(m) = mark {
-                            shared
-                                .kept
-                                .lock()
-                                .expect("no worker panics holding it")
-                                .push((key.into(), m));
-                        }
-                        noted.map(|()| placed)
+                        keep_theirs(&r, placed, shared, journal)
                     }
                     other => other,
                 };
                 let result = match result {
-                    Ok(Placed::Yes) => stat::fstat(&file).map_err(dst_err("stat")).and_then(|st| {
-                        let (key, sig) = (rel.as_os_str().as_bytes(), Sig::of(&st));
-                        if let Some(j) = journal {
-                            j.note(key, &Mark::Entry(sig))
-                                .map_err(dst_err("record in the write-back journal"))?;
-                        }
-                        shared
-                            .placed
-                            .lock()
-                            .expect("no worker panics holding it")
-                            .push((key.into(), sig));
-                        Ok(true)
-                    }),
+                    Ok(Placed::Yes) => note_placed(&r, shared, journal),
                     Ok(_) => Ok(false),
                     Err(f) => Err(f),
                 };
+                let Rename {
+                    dir, file, temp, rel, ..
+                } = r;
                 if failed_before || !matches!(result, Ok(true)) {
                     // Best effort: the next sync removes what is left.
                     let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
@@ -315,4 +264,77 @@ fn work(
             shared.fail(failure);
         }
     }
+}
+
+/// `fsync`s the temporary and puts it in place as the walk asked.
+fn fsync_and_place(
+    r: &Rename,
+    journal: Option<&Journal>,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+) -> Result<Placed, Failed> {
+    unistd::fsync(&r.file).map_err(dst_err("fsync"))?;
+    // Noted before the rename: a crash right after it leaves a name the next pass
+    // must know was ours.
+    if let Some(j) = journal {
+        let st = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+        let key = r.rel.as_os_str().as_bytes();
+        j.note(key, &Mark::Placing(Sig::of(&st)))
+            .map_err(dst_err("record in the write-back journal"))?;
+    }
+    let (at, temp, name) = (r.dir.fd.as_fd(), r.temp.as_c_str(), r.name.as_c_str());
+    // A free name the application created and deleted again since the walk looked:
+    // its deletion is the newer change.
+    if matches!(r.place, Place::Free) && deletions.is_some_and(|dl| deleted(dl, at, name).is_some()) {
+        return Ok(Placed::Deleted);
+    }
+    put_in_place(at, temp, name, r.place).map_err(dst_err("rename into place"))
+}
+
+/// The application's newer entry (or deletion) won over the temporary: remembered, so
+/// the RAM's version does not come back later.
+fn keep_theirs(
+    r: &Rename,
+    placed: Placed,
+    shared: &Shared,
+    journal: Option<&Journal>,
+) -> Result<Placed, Failed> {
+    shared.not_placed.fetch_add(1, Ordering::Relaxed);
+    let mark = match placed {
+        Placed::Deleted => Some(Mark::Deleted(now_coarse())),
+        _ => stat::fstatat(r.dir.fd.as_fd(), r.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .filter(|st| st.st_mode & libc::S_IFMT != libc::S_IFDIR)
+            .map(|st| Mark::DiskWon(Sig::of(&st))),
+    };
+    let key = r.rel.as_os_str().as_bytes();
+    let noted = match (&mark, journal) {
+        (Some(m), Some(j)) => j
+            .note(key, m)
+            .map_err(dst_err("record in the write-back journal")),
+        _ => Ok(()),
+    };
+    if let Some(m) = mark {
+        shared
+            .kept
+            .lock()
+            .expect("no worker panics holding it")
+            .push((key.into(), m));
+    }
+    noted.map(|()| placed)
+}
+
+/// Records a temporary put in place, as it is there (the rename changed its ctime).
+fn note_placed(r: &Rename, shared: &Shared, journal: Option<&Journal>) -> Result<bool, Failed> {
+    let st = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+    let (key, sig) = (r.rel.as_os_str().as_bytes(), Sig::of(&st));
+    if let Some(j) = journal {
+        j.note(key, &Mark::Entry(sig))
+            .map_err(dst_err("record in the write-back journal"))?;
+    }
+    shared
+        .placed
+        .lock()
+        .expect("no worker panics holding it")
+        .push((key.into(), sig));
+    Ok(true)
 }

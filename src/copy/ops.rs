@@ -1,10 +1,10 @@
-//! Primitives shared by the seeding copier and the write-back: errors that get their
-//! path from the walk, the walk's relative path, symlink-safe opens, sparse-aware data
-//! copies, metadata application, hard-link resolution and progress reporting.
+//! Primitives shared by the seeding copier and the write-back: the walk's relative
+//! path, symlink-safe opens, sparse-aware data copies, metadata application, hard-link
+//! resolution and progress reporting.
 
 use std::ffi::{CStr, OsString};
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileExt;
@@ -18,8 +18,8 @@ use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{self, Gid, Uid, Whence};
 
+use super::error::{dst_err, failed, src_err, CopyError, Failed};
 use super::xattrs::{self, XattrBufs, XattrTarget};
-use super::CopyError;
 
 /// Read/write fallback buffer: large enough to amortise syscalls on big files, small
 /// enough to stay in cache.
@@ -28,49 +28,6 @@ pub(super) const COPY_BUF: usize = 256 * 1024;
 const COPY_CHUNK: usize = 8 * 1024 * 1024;
 const REPORT_EVERY_ENTRIES: u32 = 1000;
 const REPORT_EVERY: Duration = Duration::from_millis(100);
-
-/// An error whose path is attached by the walk, which is the part that knows it.
-#[derive(Debug)]
-pub(super) struct Failed {
-    on_source: bool,
-    op: &'static str,
-    pub(super) err: io::Error,
-}
-
-impl Failed {
-    pub(super) fn at(self, path: PathBuf) -> CopyError {
-        let (op, source) = (self.op, self.err);
-        if self.on_source {
-            CopyError::Source { op, path, source }
-        } else {
-            CopyError::Destination { op, path, source }
-        }
-    }
-
-    pub(super) fn errno(&self) -> Option<i32> {
-        self.err.raw_os_error()
-    }
-
-    pub(super) fn on_source(&self) -> bool {
-        self.on_source
-    }
-}
-
-pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {
-    move |err| Failed {
-        on_source,
-        op,
-        err: err.into(),
-    }
-}
-
-pub(super) fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    failed(true, op)
-}
-
-pub(super) fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
-    failed(false, op)
-}
 
 /// The walk's position relative to the roots, as raw bytes: names need not be UTF-8,
 /// and a `PathBuf` is only built for an error.
@@ -146,6 +103,10 @@ impl Listing {
     }
 }
 
+pub(super) fn src_listing(fd: OwnedFd) -> Result<Listing, Failed> {
+    Listing::new(fd).map_err(src_err("read directory"))
+}
+
 /// The caller chose these paths, so a symlink at the root itself is honoured.
 pub(super) fn open_root(path: &Path) -> nix::Result<OwnedFd> {
     fcntl::open(
@@ -153,6 +114,18 @@ pub(super) fn open_root(path: &Path) -> nix::Result<OwnedFd> {
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
+}
+
+/// Opens one of the two roots and stats it; errors name the root as `.`.
+pub(super) fn open_root_dir(path: &Path, on_source: bool) -> Result<(OwnedFd, FileStat), CopyError> {
+    let at_root = |f: Failed| f.at(PathBuf::from("."));
+    let fd = open_root(path)
+        .map_err(failed(on_source, "open directory"))
+        .map_err(at_root)?;
+    let st = stat::fstat(&fd)
+        .map_err(failed(on_source, "stat"))
+        .map_err(at_root)?;
+    Ok((fd, st))
 }
 
 /// Opens a source entry without following a symlink in its place. O_NONBLOCK keeps a
@@ -244,23 +217,10 @@ pub(super) fn seek(file: &File, pos: u64, whence: Whence) -> nix::Result<u64> {
     Ok(u64::try_from(found).expect("lseek succeeded, so the offset is not negative"))
 }
 
-/// nix only offers `copy_file_range` behind a feature this crate does not enable.
 fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
     let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
     let mut off_out = off_in;
-    // SAFETY: both descriptors are open for the duration of the call and the offset
-    // pointers refer to live locals.
-    let copied = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut off_in,
-            dst.as_raw_fd(),
-            &mut off_out,
-            len,
-            0,
-        )
-    };
-    Errno::result(copied).map(|n| usize::try_from(n).expect("checked for -1 above"))
+    fcntl::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len)
 }
 
 /// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
@@ -311,15 +271,6 @@ pub(super) fn link_to_first_copy<'a>(
     }
     let old_dir = opened.as_ref().map_or(walked(shared), AsFd::as_fd);
     unistd::linkat(old_dir, leaf, new_dir, new_name, AtFlags::empty()).map_err(dst_err("create hard link"))
-}
-
-/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
-/// on and then only looks up `name`, which the l*xattr calls do not follow.
-pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
-    buf.clear();
-    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
-    buf.extend_from_slice(name.to_bytes_with_nul());
-    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
 }
 
 fn apply_xattrs(
@@ -551,5 +502,21 @@ impl Transfer {
         dst: BorrowedFd<'_>,
     ) -> Result<bool, Failed> {
         xattrs::same_xattrs(XattrTarget::Fd(src), XattrTarget::Fd(dst), &mut self.xattr_bufs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_components_counts_whole_components() {
+        assert_eq!(shared_components(b"", b"a/b"), 0);
+        assert_eq!(shared_components(b"a/b", b""), 0);
+        assert_eq!(shared_components(b"a/b/c", b"a/b"), 2);
+        assert_eq!(shared_components(b"a/bc", b"a/b"), 1);
+        assert_eq!(shared_components(b"x", b"a"), 0);
+        assert_eq!(split_parent(b"a/b/leaf"), (&b"a/b"[..], &b"leaf"[..]));
+        assert_eq!(split_parent(b"leaf"), (&b""[..], &b"leaf"[..]));
     }
 }

@@ -8,7 +8,7 @@
 //! entered) and streams one [`Event`] per directory entered and left, through a
 //! bounded queue that also bounds the descriptors in flight.
 
-use std::ffi::{CStr, CString, OsString};
+use std::ffi::{CString, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -18,16 +18,13 @@ use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat};
 
-use super::ops::{file_type, open_src, src_err, Failed, RelPath};
+use super::error::{src_err, Failed};
+use super::ops::{file_type, open_src, RelPath};
+use super::temp::is_temp;
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// Events queued at most: each holds a directory descriptor and its listing.
 const QUEUE: usize = 64;
-
-/// Names starting with this are the write-back's temporaries.
-pub(super) fn is_temp(name: &CStr) -> bool {
-    name.to_bytes().starts_with(super::TEMP_PREFIX.as_bytes())
-}
 
 /// One name of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,11 +2,20 @@
 //! comparing two entries' and making one entry's equal to another's.
 
 use std::ffi::CStr;
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::ops::{dst_err, proc_path, src_err, Failed};
+use super::error::{dst_err, src_err, Failed};
+
+/// `/proc/self/fd/<dir>/<name>`: resolving it enters exactly the directory `dir` is open
+/// on and then only looks up `name`, which the l*xattr calls do not follow.
+pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CStr) -> &'b CStr {
+    buf.clear();
+    write!(buf, "/proc/self/fd/{}/", dir.as_raw_fd()).expect("writing to a Vec cannot fail");
+    buf.extend_from_slice(name.to_bytes_with_nul());
+    CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
+}
 
 /// Where extended attributes are read or written: an open file, or an entry by name in
 /// an open directory, never following a symlink there. Symlinks and nodes cannot be
@@ -305,4 +314,82 @@ pub(super) fn same_xattrs(
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::fs::{self, File};
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStringExt;
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::copy::ops::open_root;
+
+    fn create_file(path: &Path) -> File {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .expect("create test file")
+    }
+
+    #[test]
+    fn xattr_policy_by_namespace() {
+        assert_eq!(tolerated_errors(b"user.mime_type"), Some(&[][..]));
+        assert!(tolerated_errors(b"trusted.overlay.opaque").is_some_and(|t| t.contains(&libc::EPERM)));
+        assert!(tolerated_errors(b"security.capability").is_some_and(|t| t.contains(&libc::EOPNOTSUPP)));
+        assert_eq!(
+            tolerated_errors(b"system.posix_acl_default"),
+            Some(&[libc::EOPNOTSUPP][..])
+        );
+        assert_eq!(tolerated_errors(b"system.nfs4_acl"), None);
+        assert_eq!(tolerated_errors(b"btrfs.compression"), None);
+    }
+
+    #[test]
+    fn xattr_values_larger_than_the_buffer_are_copied() {
+        // ext4 keeps all attributes of an inode in one block; tmpfs has room for
+        // both a name list and a value over the 4 KiB first guess.
+        let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir on tmpfs");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let (fa, fb) = (create_file(&a), create_file(&b));
+        let big: Vec<u8> = (0..3000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let names: Vec<String> = (0..300)
+            .map(|i| format!("user.attribute-number-{i:04}"))
+            .collect();
+        for name in &names {
+            xattr::FileExt::set_xattr(&fa, name, &big[..100]).expect("set small xattr");
+        }
+        xattr::FileExt::set_xattr(&fa, "user.big", &big).expect("set big xattr");
+        let mut bufs = XattrBufs::default();
+        copy_xattrs(
+            XattrTarget::Fd(fa.as_fd()),
+            XattrTarget::Fd(fb.as_fd()),
+            &mut bufs,
+        )
+        .map_err(|f| f.at(PathBuf::from("a")))
+        .expect("copy xattrs");
+        assert_eq!(
+            xattr::FileExt::get_xattr(&fb, "user.big").expect("get"),
+            Some(big.clone())
+        );
+        assert_eq!(
+            xattr::FileExt::list_xattr(&fb).expect("list").count(),
+            names.len() + 1
+        );
+    }
+
+    #[test]
+    fn proc_path_reaches_the_entry_without_following_it() {
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        std::os::unix::fs::symlink("/nonexistent", dir.path().join("l")).expect("symlink");
+        let fd = open_root(dir.path()).expect("open");
+        let mut buf = Vec::new();
+        let path = proc_path(&mut buf, fd.as_fd(), c"l");
+        let meta =
+            fs::symlink_metadata(OsString::from_vec(path.to_bytes().to_vec())).expect("lstat via proc");
+        assert!(meta.file_type().is_symlink());
+    }
 }

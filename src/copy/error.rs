@@ -1,0 +1,97 @@
+//! Errors of the copies: [`CopyError`] for the callers, and [`Failed`], the failure of
+//! one operation, which the walk (the part that knows where it is) turns into one.
+
+use std::io;
+use std::path::PathBuf;
+
+/// A failed copy or measurement. The path is relative to the root being walked
+/// (`.` is the root itself), so the same message fits the on-disk directory and the
+/// tmpfs. The cause is kept as the error's `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// Reading the on-disk tree failed.
+    #[error("cannot {op} `{}` in the source tree", .path.display())]
+    Source {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Creating or updating the copy failed.
+    #[error("cannot {op} `{}` in the copy", .path.display())]
+    Destination {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl CopyError {
+    /// The tmpfs (or a quota) is too small for the tree: the caller can report a
+    /// sizing problem instead of a generic I/O failure.
+    pub fn is_no_space(&self) -> bool {
+        let (CopyError::Source { source, .. } | CopyError::Destination { source, .. }) = self;
+        matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
+}
+
+/// An error whose path is attached by the walk, which is the part that knows it.
+#[derive(Debug)]
+pub(super) struct Failed {
+    on_source: bool,
+    op: &'static str,
+    pub(super) err: io::Error,
+}
+
+impl Failed {
+    pub(super) fn at(self, path: PathBuf) -> CopyError {
+        let (op, source) = (self.op, self.err);
+        if self.on_source {
+            CopyError::Source { op, path, source }
+        } else {
+            CopyError::Destination { op, path, source }
+        }
+    }
+
+    pub(super) fn errno(&self) -> Option<i32> {
+        self.err.raw_os_error()
+    }
+
+    pub(super) fn on_source(&self) -> bool {
+        self.on_source
+    }
+}
+
+pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {
+    move |err| Failed {
+        on_source,
+        op,
+        err: err.into(),
+    }
+}
+
+pub(super) fn src_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    failed(true, op)
+}
+
+pub(super) fn dst_err<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Failed {
+    failed(false, op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_no_space_covers_enospc_and_edquot_only() {
+        let err = |errno| CopyError::Destination {
+            op: "write",
+            path: PathBuf::from("f"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert!(err(libc::ENOSPC).is_no_space());
+        assert!(err(libc::EDQUOT).is_no_space());
+        assert!(!err(libc::EIO).is_no_space());
+    }
+}

@@ -1,0 +1,263 @@
+//! Putting a finished entry in place of a disk name, and removing a disk name, only
+//! as the walk compared it: the application works in the disk directory while a held
+//! tmpfs is merged. Shared by the walk and the workers that put files in place.
+
+use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags, RenameFlags};
+use nix::sys::stat::{self, FileStat};
+use nix::unistd::{self, UnlinkatFlags};
+
+use super::baseline::{Sig, Time};
+
+/// When `name` in the disk directory `dir` was deleted, as far as `deletions` saw.
+pub(super) fn deleted(
+    deletions: &Mutex<dyn DiskDeletions + Send>,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+) -> Option<Time> {
+    deletions
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .deleted(dir, name)
+}
+
+/// Deletions on the disk side that the directory itself does not show: while the
+/// application works in the disk directory during the merge (after a switch), a name
+/// the RAM created may be created there again and deleted.
+pub trait DiskDeletions {
+    /// When `name` was deleted from the disk directory open at `dir`, if it was.
+    fn deleted(&mut self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Time>;
+}
+
+/// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A
+/// filesystem without `RENAME_NOREPLACE` gets a plain rename after a check, which
+/// leaves a window.
+fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> nix::Result<bool> {
+    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(true),
+        Err(Errno::EEXIST) => Ok(false),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(_) => Ok(false),
+                Err(Errno::ENOENT) => fcntl::renameat(dir, temp, dir, name).map(|()| true),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A disk entry as the walk compared it. The application works in the disk directory
+/// while a held tmpfs is merged, so by the time the walk replaces or removes the
+/// entry, it may have replaced or changed it: then its entry stays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Seen {
+    ino: u64,
+    mode: u32,
+    size: i64,
+    /// Not the ctime: the walk's own rename changes it.
+    mtime: Time,
+}
+
+impl Seen {
+    pub(super) fn of(st: &FileStat) -> Seen {
+        let sig = Sig::of(st);
+        Seen {
+            ino: sig.ino,
+            mode: sig.mode,
+            size: sig.size,
+            mtime: sig.mtime,
+        }
+    }
+}
+
+/// How a finished temporary goes in place of its name.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Place {
+    /// Only if the name is still free.
+    Free,
+    /// Only over the entry the walk compared.
+    Over(Seen),
+}
+
+/// What became of a temporary to put in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Placed {
+    Yes,
+    /// The application took the name, or replaced or changed the entry, since the
+    /// walk compared it: the application's entry stays; the temporary is the caller's
+    /// to drop.
+    Taken,
+    /// The application deleted the entry since the walk compared it: that deletion is
+    /// the newer change, and stays.
+    Deleted,
+}
+
+/// Puts `temp` in place of `name` in `dir` as `place` says.
+///
+/// Over an entry, the two are exchanged atomically (`RENAME_EXCHANGE`) and what came
+/// out is checked to be the entry compared: if it is, it is unlinked; if not, the
+/// exchange is undone. A filesystem without exchange gets a plain rename after a
+/// check, which leaves a window.
+pub(super) fn put_in_place(
+    dir: BorrowedFd<'_>,
+    temp: &CStr,
+    name: &CStr,
+    place: Place,
+) -> nix::Result<Placed> {
+    let seen = match place {
+        Place::Free => {
+            return rename_no_replace(dir, temp, name).map(|ok| if ok { Placed::Yes } else { Placed::Taken })
+        }
+        Place::Over(seen) => seen,
+    };
+    let still = |at: &CStr| match stat::fstatat(dir, at, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(Seen::of(&st) == seen)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => match still(temp)? {
+            Some(true) | None => {
+                match unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => {}
+                    Err(e) => return Err(e),
+                }
+                Ok(Placed::Yes)
+            }
+            Some(false) => {
+                fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE)?;
+                Ok(Placed::Taken)
+            }
+        },
+        // Which side is missing: the name (the application deleted it: its deletion
+        // stays), or the temporary (someone removed it: an error, never a deletion).
+        Err(Errno::ENOENT) => match still(temp)? {
+            Some(_) => Ok(Placed::Deleted),
+            None => Err(Errno::ENOENT),
+        },
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => match still(name)? {
+            Some(true) => fcntl::renameat(dir, temp, dir, name).map(|()| Placed::Yes),
+            Some(false) => Ok(Placed::Taken),
+            None => Ok(Placed::Deleted),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the non-directory `name` from `dir` if it is still the entry the walk
+/// compared (`seen`): it is renamed away to `temp` first (atomically), checked, then
+/// unlinked, or put back. Returns whether it went; false too when it was gone.
+pub(super) fn remove_seen(dir: BorrowedFd<'_>, name: &CStr, seen: Seen, temp: &CStr) -> nix::Result<bool> {
+    match fcntl::renameat2(dir, name, dir, temp, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => {}
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            return match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if Seen::of(&st) == seen => {
+                    match unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+                        Ok(()) => Ok(true),
+                        Err(Errno::ENOENT) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(_) | Err(Errno::ENOENT) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let same = match stat::fstatat(dir, temp, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Seen::of(&st) == seen,
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if same {
+        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
+        return Ok(true);
+    }
+    // Changed since it was compared: the application's; back under its name, unless
+    // the application made a newer one there meanwhile.
+    if !rename_no_replace(dir, temp, name)? {
+        unistd::unlinkat(dir, temp, UnlinkatFlags::NoRemoveDir)?;
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// The application replaces, changes or deletes an entry after the walk compared it:
+    /// its version stays.
+    #[test]
+    fn entries_are_replaced_or_removed_only_as_compared() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = File::open(tmp.path()).unwrap();
+        let at = dir.as_fd();
+        let p = |n: &str| tmp.path().join(n);
+        let seen = |n: &str| Seen::of(&stat::stat(&p(n)).unwrap());
+        std::fs::write(p("a"), "disk").unwrap();
+        let compared = seen("a");
+        std::fs::write(p("t"), "ram").unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Yes
+        );
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "ram");
+        assert!(!p("t").exists());
+        // Replaced by the application after the comparison.
+        let compared = seen("a");
+        std::fs::write(p("new"), "app").unwrap();
+        std::fs::rename(p("new"), p("a")).unwrap();
+        std::fs::write(p("t"), "ram2").unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Taken
+        );
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app");
+        assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "ram2");
+        // Deleted by the application.
+        let compared = seen("a");
+        std::fs::remove_file(p("a")).unwrap();
+        assert_eq!(
+            put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap(),
+            Placed::Deleted
+        );
+        assert!(!p("a").exists());
+        // Removal: only the compared entry goes.
+        std::fs::write(p("b"), "v1").unwrap();
+        let compared = seen("b");
+        assert!(remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
+        assert!(!p("b").exists());
+        std::fs::write(p("b"), "v1").unwrap();
+        let compared = seen("b");
+        std::fs::write(p("b"), "longer v2").unwrap();
+        assert!(!remove_seen(at, c"b", compared, c".tmpfsctl-x").unwrap());
+        assert_eq!(std::fs::read_to_string(p("b")).unwrap(), "longer v2");
+        assert!(!p(".tmpfsctl-x").exists());
+        assert!(!remove_seen(at, c"gone", compared, c".tmpfsctl-x").unwrap());
+    }
+
+    #[test]
+    fn a_no_replace_rename_leaves_a_name_taken_meanwhile_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("temp"), "ours").unwrap();
+        std::fs::write(dir.path().join("taken"), "theirs").unwrap();
+        let fd = super::super::ops::open_root(dir.path()).expect("open");
+        assert!(!rename_no_replace(fd.as_fd(), c"temp", c"taken").unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("taken")).unwrap(),
+            "theirs"
+        );
+        assert!(rename_no_replace(fd.as_fd(), c"temp", c"free").unwrap());
+        assert_eq!(std::fs::read_to_string(dir.path().join("free")).unwrap(), "ours");
+    }
+}

@@ -1,0 +1,351 @@
+//! The seed: copies the on-disk directory into the fresh tmpfs that is about to hide
+//! it, recording every entry as the write-back's first baseline.
+//!
+//! The walk is sequential and depth-first with an explicit stack (deep trees cannot
+//! overflow the thread's stack). It keeps two descriptors open per level being walked
+//! and nothing per finished directory. Per-entry work (`Copier::copy_entry`) only needs
+//! the parent's two descriptors, so directories could later be handed to worker
+//! threads; the hard-link table and the "directory metadata after its contents" rule
+//! are the two places that would then need coordination.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use nix::dir::Type;
+use nix::errno::Errno;
+use nix::fcntl::{self, OFlag};
+use nix::sys::stat::{self, FileStat, Mode, SFlag};
+use nix::unistd;
+
+use super::baseline::{self, Baseline, Mark, Sig};
+use super::error::{dst_err, src_err, CopyError, Failed};
+use super::ops::{
+    file_type, link_to_first_copy, open_dst_dir, open_root_dir, src_listing, stat_entry, Listing, RelPath,
+    Reporter, Transfer,
+};
+
+/// Running totals of a copy. A hard link is counted in `hardlinks` only, not as a
+/// second file; `bytes` counts data actually copied, so holes are not included.
+#[derive(Debug, Default, Clone)]
+pub struct CopyStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub specials: u64,
+    pub hardlinks: u64,
+    pub bytes: u64,
+    /// Source entries that vanished, were replaced or changed while they were being
+    /// copied: left out of the copy (they stay on disk and the write-back keeps them).
+    pub skipped: u64,
+}
+
+/// Copies the contents of `src` into the existing, empty directory `dst`, leaving the
+/// metadata of `dst` itself to the caller.
+///
+/// Any error aborts the copy and leaves a partial tree behind; the caller discards it
+/// with the tmpfs. `dst` must not lie inside `src` on the same filesystem. Owners can
+/// only be preserved with `CAP_CHOWN`, i.e. as root.
+///
+/// `progress` gets the running totals every 1000 entries or 100 ms, whichever comes
+/// first (also during a long file), and once more at the end.
+pub fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    progress: Option<&mut dyn FnMut(&CopyStats)>,
+) -> Result<CopyStats, CopyError> {
+    seed_tree(src, dst, progress).map(|(stats, _)| stats)
+}
+
+/// [`copy_tree`] for a seed: also returns the write-back's baseline, the record of
+/// every source entry as it was when copied (its `taken` is left to the caller,
+/// who knows when the copy becomes visible). An entry that vanishes, is replaced or
+/// changes while it is copied is left out (counted in [`CopyStats::skipped`]): the
+/// application is still writing the source, and it stays there.
+pub fn seed_tree(
+    src: &Path,
+    dst: &Path,
+    progress: Option<&mut dyn FnMut(&CopyStats)>,
+) -> Result<(CopyStats, Baseline), CopyError> {
+    let (src_fd, src_st) = open_root_dir(src, true)?;
+    let (dst_fd, _) = open_root_dir(dst, false)?;
+    let mut copier = Copier::new(src_st.st_dev, progress);
+    copier.run(src_fd, dst_fd)?;
+    copier.reporter.report();
+    let baseline = Baseline {
+        marks: std::mem::take(&mut copier.marks),
+        ..Baseline::none()
+    };
+    Ok((copier.reporter.stats, baseline))
+}
+
+/// A source entry gone or changed under the copy: `ENOENT` (vanished), `ELOOP` and
+/// `ENOTDIR` (replaced by a symlink or another type since it was listed), `EINVAL`
+/// (a symlink replaced before its target was read).
+fn changed_under_us(f: &Failed) -> bool {
+    f.on_source()
+        && matches!(
+            f.errno(),
+            Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EINVAL)
+        )
+}
+
+/// The copy of the first name seen for a multiply-linked inode, for later names to
+/// link to.
+struct FirstCopy {
+    /// Relative path of that copy, `/`-separated.
+    path: Box<[u8]>,
+    /// Names still expected; the record is dropped at zero to bound memory.
+    remaining: libc::nlink_t,
+}
+
+/// One directory being copied: the source listing and the copy being filled.
+struct Frame {
+    src: Listing,
+    dst: OwnedFd,
+    /// Applied to `dst` once its contents are in place, so that creating them cannot
+    /// bump the copied mtime and a read-only mode cannot get in the way. `None` for
+    /// the root, whose metadata belongs to the caller.
+    meta: Option<FileStat>,
+    /// Length of the walk's relative path while this directory is current.
+    rel_len: usize,
+}
+
+struct Copier<'p> {
+    reporter: Reporter<'p, CopyStats>,
+    /// Directories with another `st_dev` are mount points and are left empty.
+    root_dev: u64,
+    rel: RelPath,
+    links: HashMap<(u64, u64), FirstCopy>,
+    transfer: Transfer,
+    /// Every entry copied, as its source was: the seed's baseline.
+    marks: baseline::Marks,
+}
+
+impl<'p> Copier<'p> {
+    fn new(root_dev: u64, progress: Option<&'p mut dyn FnMut(&CopyStats)>) -> Self {
+        Copier {
+            reporter: Reporter::new(progress),
+            root_dev,
+            rel: RelPath::default(),
+            links: HashMap::new(),
+            transfer: Transfer::default(),
+            marks: baseline::Marks::default(),
+        }
+    }
+
+    fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
+        let root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
+        let mut stack = vec![Frame {
+            src: root,
+            dst,
+            meta: None,
+            rel_len: 0,
+        }];
+        while let Some(top) = stack.last_mut() {
+            let Some(next) = top.src.next() else {
+                let done = stack.pop().expect("the loop runs only while a frame is stacked");
+                if let Some(st) = &done.meta {
+                    self.transfer
+                        .set_metadata(done.src.fd(), done.dst.as_fd(), st, false)
+                        .map_err(|f| f.at(self.rel.path(None)))?;
+                }
+                if let Some(parent) = stack.last() {
+                    self.rel.truncate(parent.rel_len);
+                }
+                continue;
+            };
+            let entry = next
+                .map_err(src_err("read directory"))
+                .map_err(|f| f.at(self.rel.path(None)))?;
+            let name = entry.file_name();
+            match self.copy_entry(&stack, name, entry.file_type()) {
+                Ok(Some(child)) => stack.push(child),
+                Ok(None) => {}
+                Err(f) if changed_under_us(&f) => {
+                    // Whatever was made of it in the copy goes too: a copy nobody
+                    // recorded must not be written back as the application's.
+                    let top = stack.last().expect("the root frame stays until the walk ends");
+                    let _ = unistd::unlinkat(top.dst.as_fd(), name, unistd::UnlinkatFlags::NoRemoveDir);
+                    self.reporter.stats.skipped += 1;
+                    tracing::debug!(
+                        "seed: {} vanished or changed while it was copied; it stays on disk",
+                        self.rel.path(Some(name)).display()
+                    );
+                }
+                Err(f) => return Err(f.at(self.rel.path(Some(name)))),
+            }
+            self.reporter.entry_done();
+        }
+        Ok(())
+    }
+
+    /// Copies one entry of the directory on top of `stack`; returns the frame to walk
+    /// next when the entry is a directory to descend into.
+    fn copy_entry(
+        &mut self,
+        stack: &[Frame],
+        name: &CStr,
+        dtype: Option<Type>,
+    ) -> Result<Option<Frame>, Failed> {
+        let parent = stack.last().expect("the root frame stays until the walk ends");
+        let (src_dir, dst_dir) = (parent.src.fd(), parent.dst.as_fd());
+        let (st, opened) = stat_entry(src_dir, name, dtype)?;
+        let kind = file_type(&st);
+        let path = self.rel.joined(name);
+        if kind == libc::S_IFDIR {
+            let fd = opened.expect("stat_entry opens every directory");
+            let frame = self.enter_dir(dst_dir, name, fd, st)?;
+            self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
+            return Ok(frame);
+        }
+        let key = (st.st_dev, st.st_ino);
+        if st.st_nlink > 1 && self.link_to_first_copy(stack, key, name)? {
+            self.reporter.stats.hardlinks += 1;
+            self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
+            return Ok(None);
+        }
+        match kind {
+            libc::S_IFREG => {
+                let fd = opened.expect("stat_entry opens every regular file");
+                self.copy_file(dst_dir, name, fd, &st)?;
+            }
+            libc::S_IFLNK => self.copy_symlink(src_dir, dst_dir, name, &st)?,
+            _ => self.copy_node(src_dir, dst_dir, name, &st)?,
+        }
+        if st.st_nlink > 1 {
+            let first = FirstCopy {
+                path: self.rel.joined(name).into_boxed_slice(),
+                remaining: st.st_nlink - 1,
+            };
+            self.links.insert(key, first);
+        }
+        self.marks.insert(&path, Mark::Entry(Sig::of(&st)));
+        Ok(None)
+    }
+
+    fn enter_dir(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        src: OwnedFd,
+        st: FileStat,
+    ) -> Result<Option<Frame>, Failed> {
+        // Owner-only until its metadata is applied: nobody else can look into or
+        // plant anything in a half-copied directory.
+        stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
+        let dst = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
+        self.reporter.stats.dirs += 1;
+        if st.st_dev != self.root_dev {
+            self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &st, false)?;
+            return Ok(None);
+        }
+        let src = src_listing(src)?;
+        self.rel.push(name);
+        Ok(Some(Frame {
+            src,
+            dst,
+            meta: Some(st),
+            rel_len: self.rel.len(),
+        }))
+    }
+
+    /// Links `name` to the copy of an inode already seen under another name; false if
+    /// this is the first name seen.
+    fn link_to_first_copy(&mut self, stack: &[Frame], key: (u64, u64), name: &CStr) -> Result<bool, Failed> {
+        let Some(first) = self.links.get_mut(&key) else {
+            return Ok(false);
+        };
+        let new_dir = stack
+            .last()
+            .expect("the root frame stays until the walk ends")
+            .dst
+            .as_fd();
+        // Frame i holds the copy of the first i components of the current path.
+        link_to_first_copy(
+            |i| stack[i].dst.as_fd(),
+            self.rel.as_bytes(),
+            &first.path,
+            new_dir,
+            name,
+        )?;
+        first.remaining -= 1;
+        if first.remaining == 0 {
+            self.links.remove(&key);
+        }
+        Ok(true)
+    }
+
+    fn copy_file(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        src: OwnedFd,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        // O_EXCL: an entry planted under this name, symlink or not, fails the copy
+        // instead of being written through.
+        let dst = fcntl::openat(
+            dst_dir,
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(dst_err("create file"))?;
+        let (src, dst) = (File::from(src), File::from(dst));
+        self.copy_data(&src, &dst, st)?;
+        self.transfer.set_metadata(src.as_fd(), dst.as_fd(), st, false)?;
+        let after = stat::fstat(&src).map_err(src_err("stat"))?;
+        if Sig::of(&after) != Sig::of(st) {
+            // Written while it was copied: the copy may be torn.
+            return Err(src_err("copy a file being written")(Errno::ENOENT));
+        }
+        self.reporter.stats.files += 1;
+        Ok(())
+    }
+
+    fn copy_data(&mut self, src: &File, dst: &File, st: &FileStat) -> Result<(), Failed> {
+        let reporter = &mut self.reporter;
+        self.transfer.copy_data(src, dst, st, &mut |n| {
+            reporter.stats.bytes += n;
+            reporter.report_if_due();
+        })
+    }
+
+    fn copy_symlink(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        let target = fcntl::readlinkat(src_dir, name).map_err(src_err("read symlink"))?;
+        unistd::symlinkat(target.as_os_str(), dst_dir, name).map_err(dst_err("create symlink"))?;
+        self.transfer
+            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+        self.reporter.stats.symlinks += 1;
+        Ok(())
+    }
+
+    /// FIFOs, sockets and device nodes: only the inode is copied, never opened.
+    fn copy_node(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &FileStat,
+    ) -> Result<(), Failed> {
+        let kind = SFlag::from_bits_truncate(file_type(st));
+        stat::mknodat(dst_dir, name, kind, Mode::S_IRUSR | Mode::S_IWUSR, st.st_rdev)
+            .map_err(dst_err("create node"))?;
+        self.transfer
+            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+        self.reporter.stats.specials += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

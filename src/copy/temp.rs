@@ -1,0 +1,121 @@
+//! The write-back's temporaries: the names reserved for them, and entries made under
+//! such a name in their final directory, to be put in place when complete.
+
+use std::ffi::{CStr, CString};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::os::fd::BorrowedFd;
+
+use nix::unistd::{self, UnlinkatFlags};
+
+use super::error::Failed;
+
+/// Names starting with this are the write-back's temporaries: skipped in the source,
+/// removed from the destination.
+pub const TEMP_PREFIX: &str = ".tmpfsctl-wb.";
+
+/// Names starting with this are the write-back's temporaries.
+pub(super) fn is_temp(name: &CStr) -> bool {
+    name.to_bytes().starts_with(TEMP_PREFIX.as_bytes())
+}
+
+/// Creates an entry under a fresh temporary name, trying another name if one is taken
+/// (by a planted entry, say).
+pub(super) fn create_temp<'d, T>(
+    temps: &mut TempNames,
+    dir: BorrowedFd<'d>,
+    mut create: impl FnMut(BorrowedFd<'d>, &CStr) -> Result<T, Failed>,
+) -> Result<(Temp<'d>, T), Failed> {
+    let mut attempts = 0;
+    loop {
+        let name = temps.next();
+        match create(dir, &name) {
+            Ok(made) => {
+                return Ok((
+                    Temp {
+                        dir,
+                        name,
+                        live: true,
+                    },
+                    made,
+                ))
+            }
+            Err(f) if f.errno() == Some(libc::EEXIST) && attempts < 8 => attempts += 1,
+            Err(f) => return Err(f),
+        }
+    }
+}
+
+/// A temporary entry in a destination directory, unlinked on drop unless it was put
+/// in place.
+pub(super) struct Temp<'d> {
+    pub(super) dir: BorrowedFd<'d>,
+    pub(super) name: CString,
+    pub(super) live: bool,
+}
+
+impl Drop for Temp<'_> {
+    fn drop(&mut self) {
+        if self.live {
+            // Best effort: the next sync removes what is left.
+            let _ = unistd::unlinkat(self.dir, self.name.as_c_str(), UnlinkatFlags::NoRemoveDir);
+        }
+    }
+}
+
+/// `TEMP_PREFIX` + 16 hex digits, from a random seed and a counter through a bijective
+/// mixer, so names neither repeat within a run nor are predictable across runs.
+pub(super) struct TempNames {
+    seed: u64,
+    counter: u64,
+}
+
+impl TempNames {
+    pub(super) fn new() -> Self {
+        // std seeds every `RandomState` from the kernel's random source once per
+        // thread and makes each one differ after that: what the seed needs.
+        let seed = RandomState::new().build_hasher().finish();
+        TempNames { seed, counter: 0 }
+    }
+
+    pub(super) fn next(&mut self) -> CString {
+        self.counter += 1;
+        let mut z = self
+            .seed
+            .wrapping_add(self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        CString::new(format!("{TEMP_PREFIX}{z:016x}")).expect("no NUL in a hex name")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn reserved_names_are_recognised_by_prefix_only() {
+        assert!(is_temp(c".tmpfsctl-wb.x"));
+        assert!(is_temp(c".tmpfsctl-wb."));
+        assert!(!is_temp(c".tmpfsctl-wb"));
+        assert!(!is_temp(c"x.tmpfsctl-wb.y"));
+    }
+
+    #[test]
+    fn temporary_names_are_reserved_unique_and_unpredictable() {
+        let mut names = TempNames::new();
+        let mut seen = HashSet::new();
+        for _ in 0..10_000 {
+            let n = names.next();
+            let bytes = n.to_bytes();
+            assert!(is_temp(&n));
+            let hex = &bytes[TEMP_PREFIX.len()..];
+            assert_eq!(hex.len(), 16);
+            assert!(hex.iter().all(u8::is_ascii_hexdigit));
+            assert!(seen.insert(n));
+        }
+        assert_ne!(TempNames::new().next(), TempNames::new().next());
+    }
+}

@@ -1,0 +1,498 @@
+//! Write-back: a three-way merge of the live tmpfs into the on-disk directory (reached
+//! through its private side bind) against the [`Baseline`] of the last seed or
+//! write-back, writing only what changed: see [`sync_tree`].
+
+mod compare;
+mod dir;
+mod entry;
+mod leaf;
+mod remove;
+mod rule;
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+use nix::sys::stat::{self, FileStat};
+
+use super::baseline::{self, Baseline, Mark, Sig, Time};
+use super::durable::{DstDir, Durable};
+use super::error::{dst_err, src_err, CopyError, Failed};
+use super::journal::Journal;
+use super::ops::{open_root_dir, RelPath, Reporter, Transfer};
+use super::place::DiskDeletions;
+use super::scan::{self, Event, Name, SrcEntry};
+use super::settle;
+use super::temp::TempNames;
+use compare::Step;
+
+/// What a [`sync_tree`] did. Every source entry below the root counts once, in
+/// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
+/// `specials_written`, `unchanged` or `kept_disk`; every removed destination entry
+/// (each entry of a removed tree) in `deleted`, or in `temp_removed` for the
+/// temporaries an interrupted run left behind.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct SyncStats {
+    /// Regular files written (new, or rewritten because type, size or mtime differed).
+    pub files_written: u64,
+    /// Data bytes copied into them (holes excluded).
+    pub bytes_written: u64,
+    /// Files and directories whose owner, mode, times or attributes were updated in
+    /// place.
+    pub metadata_updated: u64,
+    pub deleted: u64,
+    pub dirs_created: u64,
+    /// Symlinks written, and hard links made to the inode of an earlier name.
+    pub links_written: u64,
+    /// FIFOs, sockets and device nodes written.
+    pub specials_written: u64,
+    pub unchanged: u64,
+    pub temp_removed: u64,
+    /// Names where the disk side won and was left exactly as it is: it changed (or
+    /// was deleted) on disk since the baseline while the RAM did not, or it changed
+    /// later than the RAM, or the RAM deleted a name no baseline has.
+    pub kept_disk: u64,
+    /// Names changed on both sides since the baseline: decided for the later change
+    /// (also counted in `kept_disk` when that was the disk's).
+    pub conflicts: u64,
+    /// Disk directories whose names the baseline stood for: neither listed nor their
+    /// unchanged entries stated (see [`Baseline::unchanged_dir`]).
+    pub dirs_trusted: u64,
+}
+
+/// What [`sync_tree`] returns: what it did, and the baseline for the next pass.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    pub stats: SyncStats,
+    pub baseline: Baseline,
+}
+
+/// Makes the disk directory `dst` (reached through a private side bind) hold what the
+/// application wrote to the tmpfs `src`, without losing what it wrote to `dst` and
+/// without bringing back what it deleted on either side: a three-way merge against
+/// `base`, the baseline of the last seed or write-back, writing only what changed. The
+/// metadata of the `dst` root directory itself is left alone.
+///
+/// # The rule for each name
+///
+/// See [`baseline::decide`] and docs/writeback.md: a side that did not change since
+/// the baseline follows the side that did (the RAM's new version is written, its
+/// deletion deleted; the disk's is left as it is); a name in no baseline is never
+/// deleted; when both changed, the later change wins and it is counted as a conflict.
+/// With [`Baseline::none`] (a mount of an older tmpfsctl, a lost state directory) the
+/// pass deletes nothing. Directories present on both sides are always entered and
+/// their contents merged name by name; their own metadata follows the RAM's.
+///
+/// Source entries that vanish while the sync runs are skipped (left as they are on
+/// disk, their baseline records kept), so a busy application cannot fail it; any other
+/// error aborts the sync, leaving every destination name with its complete old or new
+/// contents, and the old baseline stays valid for the next pass. Owners can only be
+/// preserved as root.
+///
+/// `progress` gets the running totals every 1000 entries or 100 ms, whichever comes
+/// first (also during a long file), and once more at the end.
+///
+/// # What is compared
+///
+/// Both directories of a level are listed with readdir, sorted by name and merged, so
+/// a level costs one listing per side plus one `fstatat` per entry and side (none for
+/// a name the destination lacks), and one attribute listing per side for entries that
+/// are otherwise equal (`listxattrat(2)`, or `llistxattr` through `/proc` before Linux
+/// 6.13). A pair of entries the RAM side wins is then:
+///
+/// - regular files: *rewritten* when type, size or mtime (to the nanosecond) differ;
+///   otherwise, when mode, owner, group or copied extended attributes (and with them
+///   ACLs) differ, their metadata is *updated in place*, without touching the data;
+/// - symlinks: rewritten when their target bytes differ; FIFOs, sockets and devices:
+///   recreated when type or device number differ. Both have no data, so a change of
+///   their metadata (owner, times, attributes; mode for nodes) recreates them too,
+///   which keeps every in-place change on an inode that could be opened and checked;
+/// - directories: created when missing, entered, and their mode, owner, mtime and
+///   attributes made equal after their contents (which bump the mtime);
+/// - hard links: names of one source inode end up as names of one destination inode.
+///   The first name seen is compared as above; the others are linked to it unless they
+///   already are. A multiply-linked inode is never changed in place: another of its
+///   names might lie outside the tree.
+///
+/// Atimes are not compared (reading a cached file would make it "changed"), but they
+/// are copied with everything that is written. A disk directory that has to go (the
+/// RAM deleted it, or has a non-directory there) is emptied by the same rule, name by
+/// name: what the disk changed since the baseline stays, and so does the directory.
+///
+/// The one race left is the application changing a disk entry between its `fstatat`
+/// and the rename or unlink that replaces it (no rename can compare and swap): that
+/// window is the time one file takes to be written and `fsync`ed. A name the disk
+/// lacked is put in place with `RENAME_NOREPLACE`, so one created meanwhile wins.
+///
+/// # Threads
+///
+/// The comparison is nothing but system calls, so it is split by side: the source is
+/// read ahead on the scan's thread (`scan`: listings, stats, attribute lists, symlink
+/// targets, in the walk's order), the destination by the walk, which decides and
+/// writes. `fsync` waits for the disk, so finished temporaries go to a few workers
+/// (`durable`) that `fsync` each and rename it into place; concurrent `fsync`s share
+/// the device's cache flushes and overlap with the walk. A directory's metadata is
+/// applied once the last rename into it landed, then the directory is `fsync`ed.
+/// Hard-linked files and replaced directories are put in place by the walk itself, as
+/// later names depend on them.
+///
+/// # Crash safety
+///
+/// Data is never written into an existing destination inode. A file, symlink or node
+/// is created under a temporary name ([`TEMP_PREFIX`](super::TEMP_PREFIX) and random hex) in its final
+/// directory with `O_CREAT|O_EXCL|O_NOFOLLOW`, filled, given owner, attributes, mode
+/// and times, `fsync`ed, and only then `renameat`ed over the final name, which
+/// atomically replaces the old entry. Whatever kills the process (or the machine), a
+/// name refers either to the complete old or to the complete new inode. (Symlinks and
+/// nodes cannot be opened to be `fsync`ed; a journaling filesystem commits their
+/// creation no later than the rename that follows it.) Every directory that got names
+/// created, replaced or removed is `fsync`ed when it is done, so the sync is durable
+/// when `sync_tree` returns; the caller then saves the new baseline. Leftover
+/// temporaries of an interrupted run are removed by the next one.
+///
+/// # Symlink safety
+///
+/// Every destination directory is opened relative to its parent with
+/// `O_NOFOLLOW|O_DIRECTORY`, every other destination operation is relative to such a
+/// descriptor and does not follow a symlink in the last component (`*at` calls with
+/// `AT_SYMLINK_NOFOLLOW`, `O_NOFOLLOW`, `renameat`, `unlinkat`, `listxattrat`, `l*xattr`
+/// through `/proc/self/fd/<dir>/<name>`). A symlink planted in the destination is therefore
+/// just an entry of the wrong type: it is replaced (unlinked or renamed over), never
+/// followed. In-place metadata updates go through a descriptor that was checked to be
+/// the same, singly-linked regular file that was compared. Directories of another
+/// filesystem are neither entered nor removed, on either side.
+///
+/// # Reserved names
+///
+/// Names starting with [`TEMP_PREFIX`](super::TEMP_PREFIX) are reserved for the write-back's temporaries:
+/// they are skipped in the source and removed from the destination.
+///
+/// `dst` must not lie inside `src` or the other way round.
+pub fn sync_tree(
+    src: &Path,
+    dst: &Path,
+    merge: Merge<'_>,
+    progress: Option<&mut dyn FnMut(&SyncStats)>,
+) -> Result<Synced, CopyError> {
+    let Merge {
+        base,
+        journal,
+        deletions,
+    } = merge;
+    let (src_fd, src_st) = open_root_dir(src, true)?;
+    let (dst_fd, dst_st) = open_root_dir(dst, false)?;
+    let dst_root = dst_fd.try_clone().map_err(|e| {
+        dst_err("open directory")(Errno::from_raw(e.raw_os_error().unwrap_or(0))).at(PathBuf::from("."))
+    })?;
+    // RAM changes from here on have a ctime at or after it: the next pass's baseline.
+    let taken = baseline::now_after_tick();
+    std::thread::scope(|scope| {
+        let mut syncer = Syncer {
+            base,
+            journal,
+            deletions,
+            marks: baseline::Marks::with_capacity(base.marks.len(), 0),
+            disk_names: if base.listed_after.is_some() {
+                base.names_by_dir()
+            } else {
+                HashMap::new()
+            },
+            reporter: Reporter::new(progress),
+            dst_dev: dst_st.st_dev,
+            rel: RelPath::default(),
+            links: HashMap::new(),
+            claimed: HashSet::new(),
+            touched: HashSet::new(),
+            transfer: Transfer::default(),
+            temps: TempNames::new(),
+            scan: scan::start(scope, src_fd, src_st),
+            durable: Durable::start(scope, journal, deletions),
+            waiting: HashMap::new(),
+        };
+        let walked = syncer.run(dst_fd);
+        let Syncer {
+            mut reporter,
+            durable,
+            scan,
+            mut marks,
+            ..
+        } = syncer;
+        // A scan still running stops at its next event.
+        drop(scan);
+        let finished = durable.finish(walked.err())?;
+        // Written, but the destination got the name first: the application's stays.
+        reporter.stats.files_written -= finished.not_placed;
+        reporter.stats.kept_disk += finished.not_placed;
+        for (path, sig) in finished.placed {
+            marks.insert(&path, Mark::Entry(sig));
+        }
+        for (path, mark) in finished.kept {
+            marks.insert(&path, mark);
+        }
+        reporter.report();
+        let mut baseline = Baseline {
+            taken: Some(taken),
+            marks,
+            ..Baseline::none()
+        };
+        settle::settle(&mut baseline, dst_root.as_fd(), taken);
+        Ok(Synced {
+            stats: reporter.stats,
+            baseline,
+        })
+    })
+}
+
+/// What a write-back pass merges against, besides the two trees.
+pub struct Merge<'a> {
+    /// The last pass's baseline.
+    pub base: &'a Baseline,
+    /// Where names the pass creates are recorded (see [`super::journal`]).
+    pub journal: Option<&'a Journal>,
+    /// Deletions on the disk side since the RAM side last changed.
+    pub deletions: Option<&'a Mutex<dyn DiskDeletions + Send>>,
+}
+
+/// The destination inode standing for a multiply-linked source inode.
+struct Group {
+    /// Destination path (relative) of its first name, for the others to link to.
+    path: Box<[u8]>,
+    ino: u64,
+    /// Names still expected; the record is dropped at zero to bound memory.
+    remaining: libc::nlink_t,
+}
+
+/// One directory pair being synced.
+struct Frame {
+    src: OwnedFd,
+    dst: Arc<DstDir>,
+    steps: std::vec::IntoIter<Step>,
+    /// The source directory's, applied after the contents; `None` for the root, whose
+    /// metadata belongs to the caller.
+    meta: Option<FileStat>,
+    /// The destination directory's before the sync touched it; `None` if created.
+    before: Option<FileStat>,
+    /// Names in `dst` were created, replaced or removed: fsync it when done.
+    changed: bool,
+    /// When the RAM deleted a name this directory lacks: its ctime as scanned.
+    ram_deleted_at: Time,
+    /// When the disk deleted a name this directory lacks: its ctime before the pass,
+    /// or, for a directory the disk deleted, when that happened.
+    disk_deleted_at: Time,
+    /// Created only to hold what the RAM wrote after the disk deleted the directory
+    /// (at this time): removed again from its parent, under its name, if that was
+    /// nothing, and remembered as deleted.
+    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    /// The RAM side's metadata wins (see [`Verdict`](baseline::Verdict)).
+    ram_meta: bool,
+    /// The disk directory kept its names since the baseline, whose records stand for
+    /// its listing ([`Baseline::unchanged_dir`]).
+    trusted: bool,
+    /// Neither this RAM directory nor any above it changed since the baseline, so its
+    /// names hold what they held then: a directory renamed or exchanged in RAM gets a
+    /// new ctime, its entries (and their subdirectories) do not.
+    ram_kept: bool,
+    rel_len: usize,
+}
+
+/// A directory the walk is done with, to be finished once every rename into it landed.
+struct Left {
+    src: OwnedFd,
+    dst: Arc<DstDir>,
+    meta: Option<FileStat>,
+    before: Option<FileStat>,
+    changed: bool,
+    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    ram_meta: bool,
+    rel: Vec<u8>,
+}
+
+struct Syncer<'p, 'b> {
+    /// The last pass's baseline, and the next one being built.
+    base: &'b Baseline,
+    /// Where each name this pass creates on disk is recorded at once.
+    journal: Option<&'b Journal>,
+    deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
+    /// The next baseline's records, in the order made (the last of a path holds).
+    marks: baseline::Marks,
+    /// The names the baseline holds by disk directory, where it may be trusted.
+    disk_names: HashMap<&'b [u8], Vec<&'b [u8]>>,
+    reporter: Reporter<'p, SyncStats>,
+    dst_dev: u64,
+    rel: RelPath,
+    /// Source inode (dev, ino) → its destination inode, for multiply-linked inodes.
+    links: HashMap<(u64, u64), Group>,
+    /// Destination inodes that stand for a group: nothing else may keep them.
+    claimed: HashSet<u64>,
+    /// Multiply-linked destination inodes this pass unlinked or replaced a name of:
+    /// that changed their ctime, which is then no sign of the application's change.
+    touched: HashSet<u64>,
+    transfer: Transfer,
+    temps: TempNames,
+    /// The source, read ahead on the scan's thread.
+    scan: Receiver<Event>,
+    durable: Durable,
+    /// Directories left with renames still pending, by [`DstDir::key`].
+    waiting: HashMap<usize, Left>,
+}
+
+/// What syncing one step did to the parent directory and where the walk goes next.
+#[derive(Default)]
+struct Outcome {
+    enter: Option<Frame>,
+    /// Names in the parent were created, replaced or removed.
+    changed: bool,
+}
+
+impl Outcome {
+    fn changed() -> Self {
+        Outcome {
+            enter: None,
+            changed: true,
+        }
+    }
+}
+
+fn vanished(f: &Failed) -> bool {
+    f.errno() == Some(libc::ENOENT)
+}
+
+fn rel_path(rel: &[u8]) -> PathBuf {
+    if rel.is_empty() {
+        PathBuf::from(".")
+    } else {
+        PathBuf::from(OsStr::from_bytes(rel))
+    }
+}
+
+fn ctime(st: &FileStat) -> Time {
+    Sig::of(st).ctime
+}
+
+impl Syncer<'_, '_> {
+    fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
+        let at_root = |f: Failed| f.at(PathBuf::from("."));
+        let root = match self.next_event()? {
+            Event::Enter { fd, st, entries, .. } => {
+                let dst_st = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at_root)?;
+                let mut frame = self.frame(fd, entries, dst, None, None, None).map_err(at_root)?;
+                frame.ram_deleted_at = ctime(&st);
+                frame.disk_deleted_at = ctime(&dst_st);
+                // The tmpfs root itself is never renamed.
+                frame.ram_kept = true;
+                frame
+            }
+            _ => unreachable!("the scan starts with the root"),
+        };
+        let mut stack = vec![root];
+        while let Some(top) = stack.last_mut() {
+            let Some(step) = top.steps.next() else {
+                let done = stack.pop().expect("the loop runs only while a frame is stacked");
+                self.expect_leave()?;
+                self.leave(done).map_err(|f| f.at(self.rel.path(None)))?;
+                if let Some(parent) = stack.last() {
+                    self.rel.truncate(parent.rel_len);
+                }
+                continue;
+            };
+            let outcome = match self.step(&stack, &step) {
+                Ok(outcome) => outcome,
+                Err(Stop::Failed(f)) => {
+                    let (Step::Remove {
+                        name: Name { name, .. },
+                        ..
+                    }
+                    | Step::Sync {
+                        entry: SrcEntry { name, .. },
+                        ..
+                    }) = &step;
+                    return Err(f.at(self.rel.path(Some(name))));
+                }
+                Err(Stop::Error(e)) => return Err(e),
+            };
+            let top = stack.last_mut().expect("step leaves the stack as it was");
+            top.changed |= outcome.changed;
+            if let Some(child) = outcome.enter {
+                stack.push(child);
+            }
+            self.reporter.entry_done();
+            self.finish_landed(false)?;
+        }
+        self.finish_landed(true)
+    }
+
+    /// The scan's next event; its errors end the walk.
+    fn next_event(&mut self) -> Result<Event, CopyError> {
+        match self.scan.recv() {
+            Ok(Event::Failed(f, path)) => Err(f.at(path)),
+            Ok(event) => Ok(event),
+            Err(_) => Err(src_err("read")(Errno::EPIPE).at(self.rel.path(None))),
+        }
+    }
+
+    fn expect_leave(&mut self) -> Result<(), CopyError> {
+        match self.next_event()? {
+            Event::Leave => Ok(()),
+            _ => unreachable!("the scan walks the directories the walk walks"),
+        }
+    }
+
+    /// Passes over the scan's events for a directory that is not walked after all,
+    /// its `Enter` already taken.
+    fn skip_scanned(&mut self) -> Result<(), CopyError> {
+        let mut depth = 1;
+        while depth > 0 {
+            match self.next_event()? {
+                Event::Enter { .. } => depth += 1,
+                Event::Leave => depth -= 1,
+                Event::Gone | Event::Failed(..) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes the directories whose renames all landed; with `all`, waits for every
+    /// one still waiting.
+    fn finish_landed(&mut self, all: bool) -> Result<(), CopyError> {
+        loop {
+            if let Some(error) = self.durable.failed() {
+                return Err(error);
+            }
+            let key = if all && !self.waiting.is_empty() {
+                self.durable.done.recv().ok()
+            } else {
+                self.durable.done.try_recv().ok()
+            };
+            let Some(key) = key else { return Ok(()) };
+            let left = self
+                .waiting
+                .remove(&key)
+                .expect("only left directories are announced");
+            self.finish_dir(&left).map_err(|f| f.at(rel_path(&left.rel)))?;
+        }
+    }
+}
+
+/// Why a step stopped the walk: a failure at the step's path, or an error that
+/// already has its path (from the scan).
+enum Stop {
+    Failed(Failed),
+    Error(CopyError),
+}
+
+impl From<Failed> for Stop {
+    fn from(f: Failed) -> Self {
+        Stop::Failed(f)
+    }
+}
+
+impl From<CopyError> for Stop {
+    fn from(e: CopyError) -> Self {
+        Stop::Error(e)
+    }
+}

@@ -1,0 +1,237 @@
+//! Directory pairs: listed and paired, entered, and finished once their contents are in
+//! place (metadata after contents, then an `fsync`).
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::sys::stat::{self, FileStat, Mode};
+use nix::unistd::{self, UnlinkatFlags};
+
+use crate::copy::baseline::{Mark, Sig, Time, Verdict};
+use crate::copy::durable::{DstDir, Job};
+use crate::copy::error::{dst_err, Failed};
+use crate::copy::ops::{file_type, open_dst_dir};
+use crate::copy::scan::{read_names, Name, SrcEntry};
+
+use super::compare::{pair_listings, same_meta};
+use super::{ctime, rel_path, Frame, Left, Outcome, Stop, Syncer};
+
+impl Syncer<'_, '_> {
+    /// Lists the destination side of a directory pair (a directory created just now is
+    /// known to be empty, one whose names the disk kept since the baseline at `path`
+    /// is listed there) and pairs it with the scanned source side. The deletion times
+    /// are the caller's to set.
+    pub(super) fn frame(
+        &mut self,
+        src: OwnedFd,
+        entries: Vec<SrcEntry>,
+        dst: OwnedFd,
+        meta: Option<FileStat>,
+        before: Option<FileStat>,
+        path: Option<&[u8]>,
+    ) -> Result<Frame, Failed> {
+        let created = before.is_none() && meta.is_some();
+        let kept = match (path, &before) {
+            (Some(path), Some(before)) if self.base.unchanged_dir(path, &Sig::of(before)) => {
+                self.names_in_baseline(path)
+            }
+            _ => None,
+        };
+        let trusted = kept.is_some();
+        self.reporter.stats.dirs_trusted += u64::from(trusted);
+        let dst_names = if created {
+            Vec::new()
+        } else if let Some(names) = kept {
+            names
+        } else {
+            read_names(&dst).map_err(dst_err("read directory"))?
+        };
+        Ok(Frame {
+            src,
+            dst: DstDir::new(dst),
+            steps: pair_listings(entries, dst_names).into_iter(),
+            meta,
+            before,
+            changed: false,
+            ram_deleted_at: (0, 0),
+            disk_deleted_at: (0, 0),
+            tentative: None,
+            ram_meta: true,
+            trusted,
+            ram_kept: false,
+            rel_len: self.rel.len(),
+        })
+    }
+
+    /// The disk directory at `path`'s names as the baseline holds them.
+    pub(super) fn names_in_baseline(&self, path: &[u8]) -> Option<Vec<Name>> {
+        let names = self.disk_names.get(path).map_or(&[][..], Vec::as_slice);
+        names
+            .iter()
+            .map(|n| CString::new(*n).ok().map(|name| Name { name, dtype: None }))
+            .collect()
+    }
+
+    /// A RAM directory: entered, with the disk's directory of that name, or a new one
+    /// (`tentative` when the disk deleted it: see [`Frame::tentative`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sync_dir(
+        &mut self,
+        parent: &Frame,
+        name: &CStr,
+        path: Vec<u8>,
+        (src, s, entries, mount): (OwnedFd, FileStat, Vec<SrcEntry>, bool),
+        d: Option<FileStat>,
+        ram_meta: bool,
+        tentative: Option<Time>,
+    ) -> Result<Outcome, Stop> {
+        let dst_dir = parent.dst.fd.as_fd();
+        let mut changed = false;
+        let (dst, before) = match d {
+            Some(d) if file_type(&d) == libc::S_IFDIR => {
+                if d.st_dev != self.dst_dev {
+                    // Another filesystem is mounted here: not ours to change.
+                    self.skip_scanned()?;
+                    self.carry(&path);
+                    self.reporter.stats.unchanged += 1;
+                    return Ok(Outcome::default());
+                }
+                (
+                    open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?,
+                    Some(d),
+                )
+            }
+            other => {
+                if let Some(d) = other {
+                    // A non-directory the RAM side won over, unless the application
+                    // changed it since.
+                    self.touch(&d);
+                    if self.remove_compared(dst_dir, name, &d)? == 0 {
+                        self.skip_scanned()?;
+                        self.keep_disk(path, Verdict::Disk(None), None)?;
+                        return Ok(Outcome::default());
+                    }
+                    self.reporter.stats.deleted += 1;
+                }
+                // Owner-only until its metadata is applied.
+                stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
+                changed = true;
+                let fd = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
+                let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
+                self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
+                (fd, None)
+            }
+        };
+        let disk_deleted_at = tentative
+            .or_else(|| before.as_ref().map(ctime))
+            .unwrap_or(parent.disk_deleted_at);
+        let tentative = tentative.map(|at| (at, Arc::clone(&parent.dst), name.to_owned()));
+        if mount {
+            // A mount point in the tmpfs: the directory itself is synced, but neither
+            // entered nor emptied on disk.
+            self.expect_leave()?;
+            let left = Left {
+                src,
+                dst: DstDir::new(dst),
+                meta: Some(s),
+                before,
+                changed: false,
+                tentative,
+                ram_meta,
+                rel: path,
+            };
+            self.finish_dir(&left)?;
+            return Ok(Outcome { enter: None, changed });
+        }
+        let mut frame = self.frame(src, entries, dst, Some(s), before, Some(&path))?;
+        frame.ram_deleted_at = ctime(&s);
+        frame.disk_deleted_at = disk_deleted_at;
+        frame.ram_kept = parent.ram_kept && self.base.taken.is_some_and(|t| ctime(&s) < t);
+        frame.tentative = tentative;
+        frame.ram_meta = ram_meta;
+        self.rel.push(name);
+        frame.rel_len = self.rel.len();
+        Ok(Outcome {
+            enter: Some(frame),
+            changed,
+        })
+    }
+
+    /// The walk is done with a directory: it is finished now, or once the renames
+    /// into it landed.
+    pub(super) fn leave(&mut self, frame: Frame) -> Result<(), Failed> {
+        let left = Left {
+            src: frame.src,
+            dst: frame.dst,
+            meta: frame.meta,
+            before: frame.before,
+            changed: frame.changed,
+            tentative: frame.tentative,
+            ram_meta: frame.ram_meta,
+            rel: self.rel.as_bytes().to_vec(),
+        };
+        if left.dst.leave() {
+            self.finish_dir(&left)
+        } else {
+            self.waiting.insert(left.dst.key(), left);
+            Ok(())
+        }
+    }
+
+    /// Applies a directory's metadata after its contents, then has it fsynced if
+    /// names in it changed. The root's metadata belongs to the caller. A tentative
+    /// directory that received nothing is removed again.
+    ///
+    /// A directory whose mtime differs only because the sync changed names in it counts
+    /// as unchanged: `before` is how it looked before (`None` if it was created).
+    pub(super) fn finish_dir(&mut self, left: &Left) -> Result<(), Failed> {
+        if let Some((at, parent, name)) = &left.tentative {
+            if read_names(&left.dst.fd)
+                .map_err(dst_err("read directory"))?
+                .is_empty()
+            {
+                match unistd::unlinkat(parent.fd.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => {
+                        self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)), None)?;
+                        return Ok(());
+                    }
+                    // The application put something there meanwhile.
+                    Err(Errno::ENOTEMPTY | Errno::EEXIST) => {}
+                    Err(e) => return Err(dst_err("remove directory")(e)),
+                }
+            }
+        }
+        let mut same = true;
+        if let Some(s) = &left.meta {
+            let (src, dst) = (left.src.as_fd(), left.dst.fd.as_fd());
+            let mut now = stat::fstat(dst).map_err(dst_err("stat"))?;
+            if left.ram_meta {
+                let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
+                same = same_xattrs && same_meta(s, &now);
+                if !same {
+                    self.transfer.set_metadata(src, dst, s, true)?;
+                    now = stat::fstat(dst).map_err(dst_err("stat"))?;
+                }
+                let stats = &mut self.reporter.stats;
+                match &left.before {
+                    None => stats.dirs_created += 1,
+                    Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
+                    Some(_) => stats.metadata_updated += 1,
+                }
+            } else {
+                // Replaced on disk since the baseline: its owner, mode and times stay.
+                self.reporter.stats.kept_disk += 1;
+            }
+            self.record(left.rel.clone(), &now);
+        }
+        if left.changed || !same {
+            self.durable.submit(Job::FsyncDir {
+                dir: Arc::clone(&left.dst),
+                rel: rel_path(&left.rel),
+            });
+        }
+        Ok(())
+    }
+}

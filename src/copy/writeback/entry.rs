@@ -1,0 +1,193 @@
+//! One step of the walk: a name of a directory pair, compared and sent on to the
+//! directory, leaf or removal that carries out its verdict.
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags};
+use nix::sys::stat::{self, FileStat};
+
+use crate::copy::baseline::{Disk, Ram, Verdict};
+use crate::copy::error::{dst_err, Failed};
+use crate::copy::ops::file_type;
+use crate::copy::scan::{Event, SrcEntry};
+use crate::copy::xattrs::{self, XattrTarget};
+
+use super::compare::{compare_stats, Diff, Step};
+use super::remove::plain_remove;
+use super::{ctime, vanished, Frame, Outcome, Stop, Syncer};
+
+impl Syncer<'_, '_> {
+    pub(super) fn step(&mut self, stack: &[Frame], step: &Step) -> Result<Outcome, Stop> {
+        let parent = stack.last().expect("the root frame stays until the walk ends");
+        let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
+        let (entry, in_dst) = match step {
+            Step::Remove { name, temp: true } => {
+                plain_remove(dst_dir, &name.name, name.dtype, self.dst_dev)?;
+                self.reporter.stats.temp_removed += 1;
+                return Ok(Outcome::changed());
+            }
+            Step::Remove { name, temp: false } => return Ok(self.disk_only(parent, &name.name)?),
+            Step::Sync { entry, in_dst } => (entry, *in_dst),
+        };
+        let name = entry.name.as_c_str();
+        let path = self.rel.joined(name);
+        let Some(s) = entry.st else {
+            // Vanished from the RAM since it was listed: the next pass sees.
+            self.carry(&path);
+            return Ok(Outcome::default());
+        };
+        if parent.trusted && parent.ram_kept && self.carry_unchanged(&path, &s) {
+            return Ok(Outcome::default());
+        }
+        // A trusted listing holds the baseline's names only: the disk may have others.
+        let d = if in_dst || parent.trusted {
+            match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(d) => Some(d),
+                Err(Errno::ENOENT) => None,
+                Err(e) => return Err(dst_err("stat")(e).into()),
+            }
+        } else {
+            None
+        };
+        let verdict = self.decide(&path, Ram::Present(ctime(&s)), d.as_ref(), parent);
+        if file_type(&s) != libc::S_IFDIR {
+            if verdict != Verdict::Ram {
+                let regular = |st: &FileStat| file_type(st) == libc::S_IFREG;
+                let agree = match &d {
+                    // Attributes too: one the disk added is a change of the disk's,
+                    // which a record of agreement would let the next pass undo.
+                    // The application may delete it on disk meanwhile (after a switch):
+                    // then nothing agrees, and the disk's side stays as it is.
+                    Some(d) if regular(&s) && regular(d) => {
+                        match self.same_details(src_dir, dst_dir, entry, &s, Some(d)) {
+                            Ok(same) => same,
+                            Err(f) if vanished(&f) => false,
+                            Err(f) => return Err(f.into()),
+                        }
+                    }
+                    _ => false,
+                };
+                if let Some(d) = d.as_ref().filter(|_| agree) {
+                    // The disk's side is the same as the RAM's: they agree.
+                    self.reporter.stats.unchanged += 1;
+                    self.record(path, d);
+                    return Ok(Outcome::default());
+                }
+                self.keep_disk(path, verdict, d.as_ref())?;
+                return Ok(Outcome::default());
+            }
+            let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
+            return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
+        }
+        match self.next_event()? {
+            Event::Enter {
+                fd,
+                st,
+                entries,
+                mount,
+            } => {
+                let disk_file = d.as_ref().is_some_and(|d| file_type(d) != libc::S_IFDIR);
+                if disk_file && verdict != Verdict::Ram {
+                    // The disk's non-directory wins over the RAM's directory.
+                    self.skip_scanned()?;
+                    self.keep_disk(path, verdict, d.as_ref())?;
+                    return Ok(Outcome::default());
+                }
+                let tentative = match verdict {
+                    Verdict::Disk(Some(at)) if d.is_none() => Some(at),
+                    _ => None,
+                };
+                let ram_meta = verdict == Verdict::Ram || tentative.is_some();
+                self.sync_dir(
+                    parent,
+                    name,
+                    path,
+                    (fd, st, entries, mount),
+                    d,
+                    ram_meta,
+                    tentative,
+                )
+            }
+            // Vanished or replaced since it was listed: the next sync sees.
+            Event::Gone => {
+                self.carry(&path);
+                Ok(Outcome::default())
+            }
+            _ => unreachable!("the scan enters every directory it listed"),
+        }
+    }
+
+    /// A name only the disk has: the RAM deleted it since the baseline (or never had
+    /// it, and then it stays).
+    pub(super) fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Outcome, Failed> {
+        let path = self.rel.joined(name);
+        if self.base.get(&path).is_none() {
+            // In no baseline: the disk's own.
+            return Ok(Outcome::default());
+        }
+        let dst_dir = parent.dst.fd.as_fd();
+        let d = match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => return Ok(Outcome::default()),
+            Err(e) => return Err(dst_err("stat")(e)),
+        };
+        if self
+            .base_mark(&path, Disk::Present(self.disk_sig(&path, &d)))
+            .is_none()
+        {
+            return Ok(Outcome::default());
+        }
+        match self.decide(&path, Ram::Absent, Some(&d), parent) {
+            Verdict::Ram => {
+                let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
+                    self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?
+                } else {
+                    self.touch(&d);
+                    let removed = self.remove_compared(dst_dir, name, &d)?;
+                    (removed, 1 - removed)
+                };
+                self.reporter.stats.deleted += removed;
+                self.reporter.stats.kept_disk += kept;
+                Ok(Outcome {
+                    enter: None,
+                    changed: removed > 0,
+                })
+            }
+            verdict => {
+                self.keep_disk(path, verdict, Some(&d))?;
+                Ok(Outcome::default())
+            }
+        }
+    }
+
+    /// For two non-directories equal by stat, whether symlink targets and copied
+    /// attributes are equal too: one attribute listing of the destination entry in the
+    /// common case, where neither has any.
+    pub(super) fn same_details(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        entry: &SrcEntry,
+        s: &FileStat,
+        d: Option<&FileStat>,
+    ) -> Result<bool, Failed> {
+        if d.is_none_or(|d| compare_stats(s, d) != Diff::Same) {
+            return Ok(false);
+        }
+        let name = entry.name.as_c_str();
+        if file_type(s) == libc::S_IFLNK {
+            let theirs = fcntl::readlinkat(dst_dir, name).map_err(dst_err("read symlink"))?;
+            if entry.target.as_ref() != Some(&theirs) {
+                return Ok(false);
+            }
+        }
+        let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
+        let bufs = &mut self.transfer.xattr_bufs;
+        match (&entry.xattrs, xattrs::copied_list(dst, bufs, false)?) {
+            (None, None) => Ok(true),
+            _ => xattrs::same_xattrs(src, dst, bufs),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! What the merge decides for one name (through [`baseline::decide`]) and what the next
+//! baseline and the journal record of it.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{self, FileStat};
+
+use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Verdict};
+use crate::copy::error::{dst_err, Failed};
+use crate::copy::ops::file_type;
+use crate::copy::place::deleted;
+use crate::copy::settle::UNTRUSTED;
+
+use super::{ctime, Frame, Syncer};
+
+impl Syncer<'_, '_> {
+    /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`]);
+    /// conflicts are counted.
+    pub(super) fn decide(
+        &mut self,
+        path: &[u8],
+        ram: Ram,
+        disk: Option<&FileStat>,
+        frame: &Frame,
+    ) -> Verdict {
+        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d)));
+        let mut mark = self.base_mark(path, disk);
+        if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
+            // Not in the baseline, but gone from the disk: below a directory the disk
+            // deleted, or seen deleted while the application worked there.
+            mark = match (&frame.tentative, self.deletions) {
+                (Some((at, ..)), _) => Some(Mark::Deleted(*at)),
+                (None, Some(deletions)) => {
+                    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+                    CString::new(name)
+                        .ok()
+                        .and_then(|name| deleted(deletions, frame.dst.fd.as_fd(), &name))
+                        .map(Mark::Deleted)
+                }
+                (None, None) => None,
+            };
+        }
+        let d = baseline::decide(
+            mark.as_ref(),
+            self.base.taken,
+            ram,
+            disk,
+            frame.ram_deleted_at,
+            frame.disk_deleted_at,
+        );
+        if d.conflict {
+            self.reporter.stats.conflicts += 1;
+        }
+        d.verdict
+    }
+
+    /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
+    /// it: a name an interrupted pass was putting in place counts as agreed on if it
+    /// is there, and as unknown if not.
+    pub(super) fn base_mark(&self, path: &[u8], disk: Disk) -> Option<Mark> {
+        match self.base.get(path).copied() {
+            Some(Mark::Placing(sig)) => match disk {
+                Disk::Present(d) if sig.same_but_ctime(&d) => Some(Mark::Entry(d)),
+                _ => self.base.placing_before.get(path).copied(),
+            },
+            other => other,
+        }
+    }
+
+    /// How the disk entry at `path` compares with the baseline: a ctime this pass
+    /// caused (by unlinking another name of the inode) is not the application's.
+    pub(super) fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
+        let mut sig = Sig::of(d);
+        if !self.touched.contains(&sig.ino) {
+            return sig;
+        }
+        if let Some(Mark::Entry(base)) = self.base.get(path) {
+            if base.ino == sig.ino {
+                sig.ctime = base.ctime;
+            }
+        }
+        sig
+    }
+
+    /// A name of the destination inode `d` goes (unlinked or replaced).
+    pub(super) fn touch(&mut self, d: &FileStat) {
+        if d.st_nlink > 1 {
+            self.touched.insert(d.st_ino);
+        }
+    }
+
+    /// The disk side won: left as it is (`d`, if it has the name), and remembered, so
+    /// the RAM's losing version does not come back later.
+    pub(super) fn keep_disk(
+        &mut self,
+        path: Vec<u8>,
+        verdict: Verdict,
+        d: Option<&FileStat>,
+    ) -> Result<(), Failed> {
+        self.reporter.stats.kept_disk += 1;
+        let mark = match (verdict, d) {
+            (Verdict::Disk(Some(at)), _) => Mark::Deleted(at),
+            (Verdict::Disk(None), Some(d)) if file_type(d) != libc::S_IFDIR => Mark::DiskWon(Sig::of(d)),
+            _ => return Ok(()),
+        };
+        if self.base.get(&path) == Some(&mark) {
+            // Known already: carried, not journaled again.
+            self.marks.insert(&path, mark);
+            return Ok(());
+        }
+        self.remember(path, mark)
+    }
+
+    /// Puts `mark` in the next baseline, and at once in the journal: a retry after a
+    /// crash must know it too.
+    pub(super) fn remember(&mut self, path: Vec<u8>, mark: Mark) -> Result<(), Failed> {
+        self.journal_note(&path, &mark)?;
+        self.marks.insert(&path, mark);
+        Ok(())
+    }
+
+    /// The two sides agree on `path`; the disk entry now looks like `st`.
+    pub(super) fn record(&mut self, path: Vec<u8>, st: &FileStat) {
+        self.marks.insert(&path, Mark::Entry(Sig::of(st)));
+    }
+
+    /// `path` was not looked at (it vanished from the RAM while the pass ran, or lies
+    /// below another filesystem): what the baseline knew of it still holds.
+    pub(super) fn carry(&mut self, path: &[u8]) {
+        let base = self.base;
+        for (p, m) in base
+            .get(path)
+            .map(|m| (path, m))
+            .into_iter()
+            .chain(base.below(path))
+        {
+            let mark = match *m {
+                // Not read in this pass: trusted as before, or not at all.
+                Mark::Entry(sig) if sig.is_dir() && !base.unchanged_dir(p, &sig) => Mark::Entry(Sig {
+                    ctime: UNTRUSTED,
+                    ..sig
+                }),
+                other => other,
+            };
+            self.marks.insert(p, mark);
+        }
+    }
+
+    /// In a directory whose names the disk kept: a RAM non-directory unchanged since
+    /// the baseline, whose record says both sides agreed on it or the disk's version
+    /// won, keeps that record without a look at the disk. Had the disk changed it in
+    /// place, the disk's version would be kept all the same; whether the RAM then
+    /// wins with a later change is decided by times, which the disk's entry shows
+    /// whenever the RAM changes it. Hard links are left to the full comparison.
+    pub(super) fn carry_unchanged(&mut self, path: &[u8], s: &FileStat) -> bool {
+        let ram = ctime(s);
+        if file_type(s) == libc::S_IFDIR || s.st_nlink != 1 || self.base.taken.is_none_or(|t| ram >= t) {
+            return false;
+        }
+        let mark = match self.base.get(path) {
+            Some(&m @ Mark::Entry(sig)) if !sig.is_dir() => m,
+            Some(&m @ Mark::DiskWon(sig)) if !sig.is_dir() && ram <= sig.ctime => m,
+            _ => return false,
+        };
+        self.marks.insert(path, mark);
+        self.reporter.stats.unchanged += 1;
+        true
+    }
+
+    pub(super) fn journal_note(&self, path: &[u8], mark: &Mark) -> Result<(), Failed> {
+        match self.journal {
+            Some(j) => j
+                .note(path, mark)
+                .map_err(dst_err("record in the write-back journal")),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the entry the walk itself just put in place under `name`.
+    pub(super) fn record_placed(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        path: Vec<u8>,
+    ) -> Result<(), Failed> {
+        let now = stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(dst_err("stat"))?;
+        self.remember(path, Mark::Entry(Sig::of(&now)))
+    }
+}
