@@ -352,7 +352,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 &s,
                 &p,
                 &state,
-                &execute::Options {
+                &execute::ApplyOptions {
                     progress: !output.json(),
                 },
             )?;
@@ -444,7 +444,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 &spec,
                 host,
                 state,
-                agent::Options {
+                agent::AgentOptions {
                     interval,
                     metrics,
                     fanotify: !no_fanotify,

@@ -86,12 +86,12 @@ impl ApplyReport {
     }
 }
 
-pub struct Options {
+pub struct ApplyOptions {
     /// Show seeding progress on stderr (a terminal, human output).
     pub progress: bool,
 }
 
-pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &Options) -> Result<ApplyReport> {
+pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &ApplyOptions) -> Result<ApplyReport> {
     if plan.changes() {
         state.ensure_dirs()?;
     }
@@ -148,7 +148,7 @@ fn result(mp: &MountPlan, outcome: Outcome, steps: Vec<String>, reason: Option<S
     }
 }
 
-fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &Options) -> Result<MountResult> {
+fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions) -> Result<MountResult> {
     let failed = |reason: String| -> Result<MountResult> {
         let outcome = match m.on_failure {
             OnFailure::KeepDisk => Outcome::Degraded,
@@ -271,7 +271,7 @@ pub fn run_alone(step: &Step, name: &str) -> Result<()> {
     run_step(
         step,
         name,
-        &Options { progress: false },
+        &ApplyOptions { progress: false },
         &mut Vec::new(),
         &mut None,
     )
@@ -281,7 +281,7 @@ pub fn run_alone(step: &Step, name: &str) -> Result<()> {
 fn run_step(
     step: &Step,
     name: &str,
-    opts: &Options,
+    opts: &ApplyOptions,
     undo: &mut Vec<Undo>,
     pinned: &mut Option<PinnedDir>,
 ) -> Result<Option<(copy::CopyStats, copy::Baseline)>> {
@@ -341,7 +341,12 @@ fn run_step(
     Ok(None)
 }
 
-fn seed(from: &Path, to: &Path, name: &str, opts: &Options) -> Result<(copy::CopyStats, copy::Baseline)> {
+fn seed(
+    from: &Path,
+    to: &Path,
+    name: &str,
+    opts: &ApplyOptions,
+) -> Result<(copy::CopyStats, copy::Baseline)> {
     let need = copy::measure(from).with_context(|| format!("measuring {}", from.display()))?;
     let room = crate::host::usage::Usage::of(to)?;
     let fit_bytes = room.size / 100 * (100 - SEED_HEADROOM_PCT);

@@ -73,7 +73,7 @@ impl MountState {
 
 /// What a mount's state is told from; each caller fills in what it sees.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Seen {
+pub struct StateFacts {
     /// Our mount is at the spec's path.
     pub offloaded: bool,
     /// A RAM copy is held for its write-back.
@@ -88,7 +88,7 @@ pub struct Seen {
     pub degraded: bool,
 }
 
-pub fn classify(s: &Seen) -> MountState {
+pub fn classify(s: &StateFacts) -> MountState {
     if s.offloaded {
         MountState::Offloaded
     } else if s.writeback_pending {
@@ -315,7 +315,7 @@ mod tests {
     fn classify_takes_the_first_fact_in_order() {
         for bits in 0u8..64 {
             let f = |i: u8| bits & (1 << i) != 0;
-            let seen = Seen {
+            let seen = StateFacts {
                 offloaded: f(0),
                 writeback_pending: f(1),
                 covered: f(2),

@@ -35,7 +35,7 @@ pub enum Step {
     MountStage {
         source: String,
         stage: PathBuf,
-        options: backend::Options,
+        options: backend::MountOptions,
     },
     Seed {
         from: PathBuf,
@@ -48,7 +48,7 @@ pub enum Step {
     },
     Remount {
         path: PathBuf,
-        options: backend::Options,
+        options: backend::MountOptions,
         changes: Vec<Change>,
     },
     SetRoot {
@@ -334,7 +334,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     p.steps.push(Step::MountStage {
         source: m.source(),
         stage: stage.clone(),
-        options: backend::Options::desired(m, root),
+        options: backend::MountOptions::desired(m, root),
     });
     if m.seed == Seed::Copy {
         p.steps.push(Step::Seed {
@@ -363,7 +363,7 @@ pub fn resize(m: &MountSpec, root: RootAttrs, from: Usage, size: u64, nr_inodes:
     }
     Step::Remount {
         path: m.path.clone(),
-        options: backend::Options::desired(m, root).resized(size, Some(nr_inodes)),
+        options: backend::MountOptions::desired(m, root).resized(size, Some(nr_inodes)),
         changes,
     }
 }

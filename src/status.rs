@@ -9,7 +9,7 @@ use crate::backend;
 use crate::host::meminfo::MemInfo;
 use crate::host::usage::Usage;
 use crate::host::Host;
-use crate::observe::{self, AtPath, MountState, Seen};
+use crate::observe::{self, AtPath, MountState, StateFacts};
 use crate::spec::Spec;
 use crate::state::{AgentMount, State, SyncRecord};
 
@@ -99,7 +99,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                 let held = state.held(&m.name);
                 let pending = crate::sync::held(&world.table, &m.name, state);
                 let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
-                let state_now = observe::classify(&Seen {
+                let state_now = observe::classify(&StateFacts {
                     offloaded: matches!(o.at_path, AtPath::Ours(_)),
                     writeback_pending: pending,
                     moved: moved.is_some(),

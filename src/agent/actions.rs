@@ -513,7 +513,7 @@ impl Agent {
                 &sub_spec,
                 &sub_plan,
                 &self.state,
-                &execute::Options { progress: false },
+                &execute::ApplyOptions { progress: false },
             )
         })();
         match res {

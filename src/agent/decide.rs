@@ -147,7 +147,7 @@ pub struct Budget {
 
 /// What a check of one mount found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub struct Assessment {
     /// `Some((from, to))` when the level changed.
     pub transition: Option<(Level, Level)>,
     pub act: Option<Act>,
@@ -227,7 +227,7 @@ pub fn decide(
     mem: &MemView,
     b: &Budget,
     now_ms: u64,
-) -> Verdict {
+) -> Assessment {
     let fill = Fill::of(u);
     let before = t.level;
     let high = fill.at_or_above(w, |t| t.high);
@@ -269,7 +269,7 @@ pub fn decide(
             ..Tracker::default()
         };
     }
-    let mut v = Verdict {
+    let mut v = Assessment {
         transition: (t.level != before).then_some((before, t.level)),
         early,
         act: None,

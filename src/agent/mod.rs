@@ -57,7 +57,7 @@ use crate::execute;
 use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::mount;
-use crate::observe::{self, AtPath, MountState, Seen};
+use crate::observe::{self, AtPath, MountState, StateFacts};
 use crate::plan::{self, Plan};
 use crate::spec::size::format_bytes;
 use crate::spec::{self, Action, MetricsTarget, MountSpec, Persist, PressureAction, Spec};
@@ -70,7 +70,7 @@ pub use evict::{fdinfo_flags, open_for_write, Evicted};
 
 /// Command-line settings; `None` leaves the spec's `agent:` value.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct AgentOptions {
     pub interval: Option<Duration>,
     pub metrics: Option<MetricsTarget>,
     /// `false` with `--no-fanotify`: poll only.
@@ -251,7 +251,7 @@ struct Agent {
     spec_text: String,
     host: Host,
     state: State,
-    opts: Options,
+    opts: AgentOptions,
     interval: Duration,
     metrics_path: Option<PathBuf>,
     wake: Option<wake::Wake>,
@@ -364,7 +364,7 @@ fn raise_priority() {
     }
 }
 
-pub fn run(spec_path: &Path, host: Host, state: State, opts: Options) -> Result<ExitCode> {
+pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Result<ExitCode> {
     let psi_trigger = psi_trigger(&host);
     init_logging();
     raise_priority();

@@ -52,20 +52,20 @@ impl Agent {
                 if w.fallback.take().is_some() {
                     self.state.clear_fallback(&w.spec.name);
                 }
-                w.state = observe::classify(&Seen {
+                w.state = observe::classify(&StateFacts {
                     offloaded: true,
-                    ..Seen::default()
+                    ..StateFacts::default()
                 });
                 continue;
             }
             w.usage = None;
             w.metrics.level = Level::Ok;
             w.fallback = self.state.fallback(&w.spec.name);
-            w.state = observe::classify(&Seen {
+            w.state = observe::classify(&StateFacts {
                 fallback: w.fallback.is_some(),
                 degraded: self.state.degraded(&w.spec.name).is_some(),
                 covered: top.is_some(),
-                ..Seen::default()
+                ..StateFacts::default()
             });
         }
     }

@@ -67,7 +67,7 @@ fn growth_within_max_size_is_kept_by_the_agents_apply() {
         },
     };
     let live = |size: u64| {
-        AtPath::Ours(Live::Tmpfs(tmpfs::Live {
+        AtPath::Ours(Live::Tmpfs(tmpfs::LiveTmpfs {
             dev: (0, 1),
             size,
             nr_inodes: 1500,

@@ -19,33 +19,33 @@ use crate::spec::{self, MountSpec};
 /// How a mount is built (and rebuilt online).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "backend", rename_all = "lowercase")]
-pub enum Options {
-    Tmpfs(tmpfs::Options),
+pub enum MountOptions {
+    Tmpfs(tmpfs::TmpfsOptions),
 }
 
-impl Options {
+impl MountOptions {
     /// The options `m` asks for, with `root` as the mount's root.
-    pub fn desired(m: &MountSpec, root: RootAttrs) -> Options {
-        Options::Tmpfs(tmpfs::Options::desired(m, root))
+    pub fn desired(m: &MountSpec, root: RootAttrs) -> MountOptions {
+        MountOptions::Tmpfs(tmpfs::TmpfsOptions::desired(m, root))
     }
 
     /// The backend's name, as operators know the filesystem.
     pub fn backend(&self) -> &'static str {
         match self {
-            Options::Tmpfs(_) => tmpfs::FSTYPE,
+            MountOptions::Tmpfs(_) => tmpfs::FSTYPE,
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
-            Options::Tmpfs(o) => o.describe(),
+            MountOptions::Tmpfs(o) => o.describe(),
         }
     }
 
     /// The same options resized to `size` bytes and `nr_inodes` inodes.
-    pub fn resized(mut self, size: u64, nr_inodes: Option<u64>) -> Options {
+    pub fn resized(mut self, size: u64, nr_inodes: Option<u64>) -> MountOptions {
         match &mut self {
-            Options::Tmpfs(o) => {
+            MountOptions::Tmpfs(o) => {
                 o.size = size;
                 o.nr_inodes = nr_inodes;
             }
@@ -79,16 +79,16 @@ impl std::fmt::Display for Change {
 }
 
 /// Mounts a new filesystem of the options' backend at `target`.
-pub fn mount(source: &str, target: &Path, o: &Options) -> anyhow::Result<()> {
+pub fn mount(source: &str, target: &Path, o: &MountOptions) -> anyhow::Result<()> {
     match o {
-        Options::Tmpfs(o) => tmpfs::mount(source, target, o),
+        MountOptions::Tmpfs(o) => tmpfs::mount(source, target, o),
     }
 }
 
 /// Changes a live mount's options in place.
-pub fn remount(target: &Path, o: &Options) -> Result<(), Errno> {
+pub fn remount(target: &Path, o: &MountOptions) -> Result<(), Errno> {
     match o {
-        Options::Tmpfs(o) => tmpfs::remount(target, o),
+        MountOptions::Tmpfs(o) => tmpfs::remount(target, o),
     }
 }
 
@@ -114,13 +114,13 @@ pub fn managed_name(e: &MountEntry) -> Option<&str> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum Live {
-    Tmpfs(tmpfs::Live),
+    Tmpfs(tmpfs::LiveTmpfs),
 }
 
 impl Live {
     /// Reads the mount `e` of ours at `path`; `None` when it cannot be seen.
     pub fn read(e: &MountEntry, path: &Path) -> Option<Live> {
-        tmpfs::Live::read(e, path).map(Live::Tmpfs)
+        tmpfs::LiveTmpfs::read(e, path).map(Live::Tmpfs)
     }
 
     pub fn dev(&self) -> (u32, u32) {
@@ -148,9 +148,11 @@ impl Live {
         m: &MountSpec,
         root: RootAttrs,
         page_size: u64,
-    ) -> Result<Option<(Options, Vec<Change>)>, String> {
+    ) -> Result<Option<(MountOptions, Vec<Change>)>, String> {
         match self {
-            Live::Tmpfs(l) => Ok(tmpfs::online(m, l, root, page_size)?.map(|(o, c)| (Options::Tmpfs(o), c))),
+            Live::Tmpfs(l) => {
+                Ok(tmpfs::online(m, l, root, page_size)?.map(|(o, c)| (MountOptions::Tmpfs(o), c)))
+            }
         }
     }
 }

@@ -20,7 +20,7 @@ pub const FSTYPE: &str = "tmpfs";
 /// Everything a tmpfs is mounted with. Remounts repeat all of it, because a
 /// bare MS_REMOUNT resets nosuid/nodev/noexec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Options {
+pub struct TmpfsOptions {
     pub size: u64,
     pub nr_inodes: Option<u64>,
     pub huge: Huge,
@@ -29,10 +29,10 @@ pub struct Options {
     pub root: RootAttrs,
 }
 
-impl Options {
+impl TmpfsOptions {
     /// The options `m` asks for, with `root` as the tmpfs root.
-    pub fn desired(m: &MountSpec, root: RootAttrs) -> Options {
-        Options {
+    pub fn desired(m: &MountSpec, root: RootAttrs) -> TmpfsOptions {
+        TmpfsOptions {
             size: m.size,
             nr_inodes: m.inodes,
             huge: m.huge,
@@ -91,11 +91,11 @@ impl Options {
     }
 }
 
-pub fn mount(source: &str, target: &Path, o: &Options) -> anyhow::Result<()> {
+pub fn mount(source: &str, target: &Path, o: &TmpfsOptions) -> anyhow::Result<()> {
     crate::mount::mount_fs(source, target, FSTYPE, o.ms_flags(), &o.data(false))
 }
 
-pub fn remount(target: &Path, o: &Options) -> Result<(), Errno> {
+pub fn remount(target: &Path, o: &TmpfsOptions) -> Result<(), Errno> {
     crate::mount::remount(target, o.ms_flags(), &o.data(true))
 }
 
@@ -106,9 +106,9 @@ pub fn is_ours(e: &MountEntry, source: &str) -> bool {
 
 /// A live tmpfs of ours as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Live {
+pub struct LiveTmpfs {
     pub dev: (u32, u32),
-    /// Options as they are now; `size` and `nr_inodes` from statvfs.
+    /// TmpfsOptions as they are now; `size` and `nr_inodes` from statvfs.
     pub size: u64,
     pub nr_inodes: u64,
     /// `None` when the kernel reports a policy tmpfsctl does not set (deny, force).
@@ -119,9 +119,9 @@ pub struct Live {
     pub usage: Usage,
 }
 
-impl Live {
+impl LiveTmpfs {
     /// Reads the tmpfs `e` mounted at `path`; `None` when it cannot be seen.
-    pub fn read(e: &MountEntry, path: &Path) -> Option<Live> {
+    pub fn read(e: &MountEntry, path: &Path) -> Option<LiveTmpfs> {
         let usage = Usage::of(path).ok()?;
         let root = RootAttrs::of(path).ok()?;
         let huge = match e.super_option("huge") {
@@ -135,7 +135,7 @@ impl Live {
         } else {
             Atime::Strictatime
         };
-        Some(Live {
+        Some(LiveTmpfs {
             dev: e.dev,
             size: usage.size,
             nr_inodes: usage.inodes,
@@ -157,10 +157,10 @@ impl Live {
 /// with these options and changes, or a refusal saying why not.
 pub fn online(
     m: &MountSpec,
-    live: &Live,
+    live: &LiveTmpfs,
     root: RootAttrs,
     page_size: u64,
-) -> Result<Option<(Options, Vec<Change>)>, String> {
+) -> Result<Option<(TmpfsOptions, Vec<Change>)>, String> {
     let mut changes = Vec::new();
     let want_size = m.size.div_ceil(page_size) * page_size;
     if want_size != live.size {
@@ -228,7 +228,7 @@ pub fn online(
     if changes.is_empty() {
         return Ok(None);
     }
-    let mut options = Options::desired(m, root);
+    let mut options = TmpfsOptions::desired(m, root);
     // Keep the live mount's own limits for what the spec leaves unset.
     options.nr_inodes = m.inodes.or(Some(live.nr_inodes));
     Ok(Some((options, changes)))
@@ -246,8 +246,8 @@ fn onoff(b: bool) -> &'static str {
 mod tests {
     use super::*;
 
-    fn opts() -> Options {
-        Options {
+    fn opts() -> TmpfsOptions {
+        TmpfsOptions {
             size: 512 << 20,
             nr_inodes: Some(1000),
             huge: Huge::Never,
@@ -274,7 +274,7 @@ mod tests {
             "size=536870912,nr_inodes=1000,huge=never,mode=750,uid=33,gid=34"
         );
         assert_eq!(o.data(true), "size=536870912,nr_inodes=1000,huge=never");
-        let o = Options {
+        let o = TmpfsOptions {
             nr_inodes: None,
             noswap: true,
             huge: Huge::WithinSize,

@@ -5,7 +5,7 @@
 //!
 //! The scan goes depth-first through the same directories in the same order as the
 //! walk (names sorted by bytes, reserved names left out, other filesystems not
-//! entered) and streams one [`Event`] per directory entered and left, through a
+//! entered) and streams one [`ScanEvent`] per directory entered and left, through a
 //! bounded queue that also bounds the descriptors in flight.
 
 use std::ffi::{CString, OsString};
@@ -58,7 +58,7 @@ pub(super) fn read_names(fd: &OwnedFd) -> nix::Result<Vec<Name>> {
 pub(super) struct SrcEntry {
     pub(super) name: CString,
     /// `None`: vanished since the listing. A directory's is replaced by the stat of
-    /// its descriptor in its [`Event::Enter`].
+    /// its descriptor in its [`ScanEvent::Enter`].
     pub(super) st: Option<FileStat>,
     /// The attribute list, when it holds any attribute that is copied.
     pub(super) xattrs: Option<Box<[u8]>>,
@@ -66,7 +66,7 @@ pub(super) struct SrcEntry {
     pub(super) target: Option<OsString>,
 }
 
-pub(super) enum Event {
+pub(super) enum ScanEvent {
     /// A source directory, opened without following a symlink and stated through the
     /// descriptor, with its names sorted. `mount`: on another filesystem, so not
     /// entered (`entries` is empty). Every directory among the entries of an `Enter`
@@ -90,7 +90,7 @@ pub(super) fn start<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
     root: OwnedFd,
     root_st: FileStat,
-) -> Receiver<Event> {
+) -> Receiver<ScanEvent> {
     let (events, receiver) = mpsc::sync_channel(QUEUE);
     scope.spawn(move || {
         let mut scan = Scan {
@@ -100,14 +100,14 @@ pub(super) fn start<'s>(
             bufs: XattrBufs::default(),
         };
         if let Err((failed, path)) = scan.walk(root, root_st) {
-            let _ = scan.events.send(Event::Failed(failed, path));
+            let _ = scan.events.send(ScanEvent::Failed(failed, path));
         }
     });
     receiver
 }
 
 struct Scan {
-    events: SyncSender<Event>,
+    events: SyncSender<ScanEvent>,
     dev: u64,
     rel: RelPath,
     bufs: XattrBufs,
@@ -117,14 +117,14 @@ struct Scan {
 struct Hangup;
 
 /// A scan level: the directory's own descriptor and its subdirectories still to enter.
-struct Level {
+struct ScanDir {
     fd: OwnedFd,
     subdirs: std::vec::IntoIter<CString>,
     rel_len: usize,
 }
 
 impl Scan {
-    fn send(&self, event: Event) -> Result<(), Hangup> {
+    fn send(&self, event: ScanEvent) -> Result<(), Hangup> {
         self.events.send(event).map_err(|_| Hangup)
     }
 
@@ -136,7 +136,7 @@ impl Scan {
         while let Some(level) = stack.last_mut() {
             let Some(name) = level.subdirs.next() else {
                 stack.pop();
-                if self.send(Event::Leave).is_err() {
+                if self.send(ScanEvent::Leave).is_err() {
                     return Ok(());
                 }
                 if let Some(parent) = stack.last() {
@@ -147,7 +147,7 @@ impl Scan {
             let opened = match open_src(level.fd.as_fd(), &name, OFlag::O_DIRECTORY) {
                 Ok(fd) => fd,
                 Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {
-                    if self.send(Event::Gone).is_err() {
+                    if self.send(ScanEvent::Gone).is_err() {
                         return Ok(());
                     }
                     continue;
@@ -170,15 +170,15 @@ impl Scan {
     /// Reads a directory and sends its `Enter`; returns the level to walk, or `None`
     /// when the walk hung up. A directory on another filesystem is sent empty and left
     /// at once.
-    fn enter(&mut self, fd: OwnedFd, st: FileStat) -> Result<Option<Level>, Failed> {
+    fn enter(&mut self, fd: OwnedFd, st: FileStat) -> Result<Option<ScanDir>, Failed> {
         let rel_len = self.rel.len();
         if st.st_dev != self.dev {
-            let empty = Level {
+            let empty = ScanDir {
                 fd: fd.try_clone().map_err(src_err("open directory"))?,
                 subdirs: Vec::new().into_iter(),
                 rel_len,
             };
-            let mount = Event::Enter {
+            let mount = ScanEvent::Enter {
                 fd,
                 st,
                 entries: Vec::new(),
@@ -199,12 +199,12 @@ impl Scan {
             entries.push(entry);
         }
         let own = fd.try_clone().map_err(src_err("open directory"))?;
-        let level = Level {
+        let level = ScanDir {
             fd: own,
             subdirs: subdirs.into_iter(),
             rel_len,
         };
-        let event = Event::Enter {
+        let event = ScanEvent::Enter {
             fd,
             st,
             entries,

@@ -102,7 +102,7 @@ struct FirstCopy {
 }
 
 /// One directory being copied: the source listing and the copy being filled.
-struct Frame {
+struct CopyDir {
     src: Listing,
     dst: OwnedFd,
     /// Applied to `dst` once its contents are in place, so that creating them cannot
@@ -138,7 +138,7 @@ impl<'p> Copier<'p> {
 
     fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
         let root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
-        let mut stack = vec![Frame {
+        let mut stack = vec![CopyDir {
             src: root,
             dst,
             meta: None,
@@ -186,10 +186,10 @@ impl<'p> Copier<'p> {
     /// next when the entry is a directory to descend into.
     fn copy_entry(
         &mut self,
-        stack: &[Frame],
+        stack: &[CopyDir],
         name: &CStr,
         dtype: Option<Type>,
-    ) -> Result<Option<Frame>, Failed> {
+    ) -> Result<Option<CopyDir>, Failed> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.fd(), parent.dst.as_fd());
         let (st, opened) = stat_entry(src_dir, name, dtype)?;
@@ -232,7 +232,7 @@ impl<'p> Copier<'p> {
         name: &CStr,
         src: OwnedFd,
         st: FileStat,
-    ) -> Result<Option<Frame>, Failed> {
+    ) -> Result<Option<CopyDir>, Failed> {
         // Owner-only until its metadata is applied: nobody else can look into or
         // plant anything in a half-copied directory.
         stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
@@ -244,7 +244,7 @@ impl<'p> Copier<'p> {
         }
         let src = src_listing(src)?;
         self.rel.push(name);
-        Ok(Some(Frame {
+        Ok(Some(CopyDir {
             src,
             dst,
             meta: Some(st),
@@ -254,7 +254,12 @@ impl<'p> Copier<'p> {
 
     /// Links `name` to the copy of an inode already seen under another name; false if
     /// this is the first name seen.
-    fn link_to_first_copy(&mut self, stack: &[Frame], key: (u64, u64), name: &CStr) -> Result<bool, Failed> {
+    fn link_to_first_copy(
+        &mut self,
+        stack: &[CopyDir],
+        key: (u64, u64),
+        name: &CStr,
+    ) -> Result<bool, Failed> {
         let Some(first) = self.links.get_mut(&key) else {
             return Ok(false);
         };
@@ -263,7 +268,7 @@ impl<'p> Copier<'p> {
             .expect("the root frame stays until the walk ends")
             .dst
             .as_fd();
-        // Frame i holds the copy of the first i components of the current path.
+        // CopyDir i holds the copy of the first i components of the current path.
         link_to_first_copy(
             |i| stack[i].dst.as_fd(),
             self.rel.as_bytes(),

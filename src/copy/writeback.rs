@@ -26,10 +26,10 @@ use super::error::{dst_err, src_err, CopyError, Failed};
 use super::journal::Journal;
 use super::ops::{open_root_dir, RelPath, Reporter, Transfer};
 use super::place::DiskDeletions;
-use super::scan::{self, Event, Name, SrcEntry};
+use super::scan::{self, Name, ScanEvent, SrcEntry};
 use super::settle;
 use super::temp::TempNames;
-use compare::Step;
+use compare::Pairing;
 
 /// What a [`sync_tree`] did. Every source entry below the root counts once, in
 /// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
@@ -271,7 +271,7 @@ struct Group {
 struct Frame {
     src: OwnedFd,
     dst: Arc<DstDir>,
-    steps: std::vec::IntoIter<Step>,
+    steps: std::vec::IntoIter<Pairing>,
     /// The source directory's, applied after the contents; `None` for the root, whose
     /// metadata belongs to the caller.
     meta: Option<FileStat>,
@@ -335,7 +335,7 @@ struct Syncer<'p, 'b> {
     transfer: Transfer,
     temps: TempNames,
     /// The source, read ahead on the scan's thread.
-    scan: Receiver<Event>,
+    scan: Receiver<ScanEvent>,
     durable: Durable,
     /// Directories left with renames still pending, by [`DstDir::key`].
     waiting: HashMap<usize, Left>,
@@ -343,15 +343,15 @@ struct Syncer<'p, 'b> {
 
 /// What syncing one step did to the parent directory and where the walk goes next.
 #[derive(Default)]
-struct Outcome {
+struct Stepped {
     enter: Option<Frame>,
     /// Names in the parent were created, replaced or removed.
     changed: bool,
 }
 
-impl Outcome {
+impl Stepped {
     fn changed() -> Self {
-        Outcome {
+        Stepped {
             enter: None,
             changed: true,
         }
@@ -378,7 +378,7 @@ impl Syncer<'_, '_> {
     fn run(&mut self, dst: OwnedFd) -> Result<(), CopyError> {
         let at_root = |f: Failed| f.at(PathBuf::from("."));
         let root = match self.next_event()? {
-            Event::Enter { fd, st, entries, .. } => {
+            ScanEvent::Enter { fd, st, entries, .. } => {
                 let dst_st = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at_root)?;
                 let mut frame = self.frame(fd, entries, dst, None, None, None).map_err(at_root)?;
                 frame.ram_deleted_at = ctime(&st);
@@ -403,11 +403,11 @@ impl Syncer<'_, '_> {
             let outcome = match self.step(&stack, &step) {
                 Ok(outcome) => outcome,
                 Err(Stop::Failed(f)) => {
-                    let (Step::Remove {
+                    let (Pairing::Remove {
                         name: Name { name, .. },
                         ..
                     }
-                    | Step::Sync {
+                    | Pairing::Sync {
                         entry: SrcEntry { name, .. },
                         ..
                     }) = &step;
@@ -427,9 +427,9 @@ impl Syncer<'_, '_> {
     }
 
     /// The scan's next event; its errors end the walk.
-    fn next_event(&mut self) -> Result<Event, CopyError> {
+    fn next_event(&mut self) -> Result<ScanEvent, CopyError> {
         match self.scan.recv() {
-            Ok(Event::Failed(f, path)) => Err(f.at(path)),
+            Ok(ScanEvent::Failed(f, path)) => Err(f.at(path)),
             Ok(event) => Ok(event),
             Err(_) => Err(src_err("read")(Errno::EPIPE).at(self.rel.path(None))),
         }
@@ -437,7 +437,7 @@ impl Syncer<'_, '_> {
 
     fn expect_leave(&mut self) -> Result<(), CopyError> {
         match self.next_event()? {
-            Event::Leave => Ok(()),
+            ScanEvent::Leave => Ok(()),
             _ => unreachable!("the scan walks the directories the walk walks"),
         }
     }
@@ -448,9 +448,9 @@ impl Syncer<'_, '_> {
         let mut depth = 1;
         while depth > 0 {
             match self.next_event()? {
-                Event::Enter { .. } => depth += 1,
-                Event::Leave => depth -= 1,
-                Event::Gone | Event::Failed(..) => {}
+                ScanEvent::Enter { .. } => depth += 1,
+                ScanEvent::Leave => depth -= 1,
+                ScanEvent::Gone | ScanEvent::Failed(..) => {}
             }
         }
         Ok(())

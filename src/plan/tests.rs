@@ -61,8 +61,8 @@ fn on_disk() -> Observed {
     }
 }
 
-fn live() -> tmpfs::Live {
-    tmpfs::Live {
+fn live() -> tmpfs::LiveTmpfs {
+    tmpfs::LiveTmpfs {
         dev: (0, 40),
         size: 512 << 20,
         nr_inodes: 100_000,
@@ -82,7 +82,7 @@ fn live() -> tmpfs::Live {
     }
 }
 
-fn offloaded(l: tmpfs::Live) -> Observed {
+fn offloaded(l: tmpfs::LiveTmpfs) -> Observed {
     Observed {
         at_path: AtPath::Ours(Live::Tmpfs(l)),
         lower: Lower::Bound,
@@ -116,16 +116,16 @@ fn run(m: &MountSpec, o: &Observed) -> MountPlan {
     plan_mount(m, o, &st(), PAGE)
 }
 
-fn mount_options(p: &MountPlan) -> &tmpfs::Options {
+fn mount_options(p: &MountPlan) -> &tmpfs::TmpfsOptions {
     p.steps
         .iter()
         .find_map(|s| match s {
             Step::MountStage {
-                options: backend::Options::Tmpfs(o),
+                options: backend::MountOptions::Tmpfs(o),
                 ..
             }
             | Step::Remount {
-                options: backend::Options::Tmpfs(o),
+                options: backend::MountOptions::Tmpfs(o),
                 ..
             } => Some(o),
             _ => None,
@@ -381,7 +381,7 @@ fn grow_is_an_online_remount_repeating_all_flags() {
     assert_eq!(actions(&p), ["remount"]);
     let Step::Remount {
         changes,
-        options: backend::Options::Tmpfs(options),
+        options: backend::MountOptions::Tmpfs(options),
         ..
     } = &p.steps[0]
     else {
@@ -535,7 +535,7 @@ fn huge_policy_change_is_a_remount() {
             to: "within_size".into()
         }
     );
-    let other = tmpfs::Live { huge: None, ..live() };
+    let other = tmpfs::LiveTmpfs { huge: None, ..live() };
     assert_eq!(actions(&run(&mspec(), &offloaded(other))), ["remount"]);
 }
 
@@ -563,7 +563,7 @@ fn root_owner_and_mode_follow_spec_then_disk() {
     assert_eq!(actions(&run(&mspec(), &changed_disk)), ["set-root"]);
     let unseen_disk = Observed {
         disk: None,
-        ..offloaded(tmpfs::Live {
+        ..offloaded(tmpfs::LiveTmpfs {
             root: RootAttrs {
                 uid: 5,
                 gid: 5,
@@ -726,7 +726,7 @@ fn the_agents_resize_is_one_remount_keeping_every_other_option() {
     let s = resize(&mspec(), DISK, from, 1 << 30, 200_000);
     let Step::Remount {
         path,
-        options: backend::Options::Tmpfs(o),
+        options: backend::MountOptions::Tmpfs(o),
         changes,
     } = &s
     else {

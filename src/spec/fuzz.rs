@@ -355,7 +355,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
             .iter()
             .map(|m| {
                 let size = *rng.pick(&extremes);
-                let live = tmpfs::Live {
+                let live = tmpfs::LiveTmpfs {
                     dev: (0, 40),
                     size,
                     nr_inodes: *rng.pick(&extremes),

@@ -45,11 +45,11 @@ const LIM: Limits = Limits {
     spec_inodes: None,
 };
 
-fn check(w: &Watchdog, t: &mut Tracker, size: u64, used: u64) -> Verdict {
+fn check(w: &Watchdog, t: &mut Tracker, size: u64, used: u64) -> Assessment {
     check_at(w, t, size, used, 0)
 }
 
-fn check_at(w: &Watchdog, t: &mut Tracker, size: u64, used: u64, now_ms: u64) -> Verdict {
+fn check_at(w: &Watchdog, t: &mut Tracker, size: u64, used: u64, now_ms: u64) -> Assessment {
     decide(w, t, &usage(size, used), LIM, &mem(8 * GIB), &budget(), now_ms)
 }
 

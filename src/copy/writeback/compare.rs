@@ -9,7 +9,7 @@ use crate::copy::temp::is_temp;
 
 /// What the walk does with one name of a directory pair.
 #[derive(Debug)]
-pub(super) enum Step {
+pub(super) enum Pairing {
     /// Only the destination has it: removed. `temp`: a leftover temporary.
     Remove { name: Name, temp: bool },
     /// The source has it; `in_dst` whether the destination listed it too.
@@ -19,7 +19,7 @@ pub(super) enum Step {
 /// Merges the two listings of a directory pair: removals first (they free space for
 /// what is written), then the source's names in byte order (the scan's order).
 /// Reserved names are skipped in the source and removed from the destination.
-pub(super) fn pair_listings(mut src: Vec<SrcEntry>, mut dst: Vec<Name>) -> Vec<Step> {
+pub(super) fn pair_listings(mut src: Vec<SrcEntry>, mut dst: Vec<Name>) -> Vec<Pairing> {
     src.retain(|e| !is_temp(&e.name));
     src.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     dst.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -29,14 +29,14 @@ pub(super) fn pair_listings(mut src: Vec<SrcEntry>, mut dst: Vec<Name>) -> Vec<S
     for entry in src {
         while let Some(other) = theirs.next_if(|d| d.name < entry.name) {
             let temp = is_temp(&other.name);
-            removals.push(Step::Remove { name: other, temp });
+            removals.push(Pairing::Remove { name: other, temp });
         }
         let in_dst = theirs.next_if(|d| d.name == entry.name).is_some();
-        syncs.push(Step::Sync { entry, in_dst });
+        syncs.push(Pairing::Sync { entry, in_dst });
     }
     for other in theirs {
         let temp = is_temp(&other.name);
-        removals.push(Step::Remove { name: other, temp });
+        removals.push(Pairing::Remove { name: other, temp });
     }
     removals.extend(syncs);
     removals
@@ -108,7 +108,7 @@ pub(super) fn reuse(src_nlink: libc::nlink_t, d: &FileStat, claimed: bool) -> Re
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Action {
+pub(super) enum FileAction {
     Keep,
     UpdateMetadata,
     Rewrite,
@@ -116,12 +116,12 @@ pub(super) enum Action {
 
 /// Only regular files are updated in place: symlinks and nodes have no data, so
 /// writing them anew costs no more.
-pub(super) fn decide(kind: libc::mode_t, diff: Diff, reuse: Reuse) -> Action {
+pub(super) fn decide(kind: libc::mode_t, diff: Diff, reuse: Reuse) -> FileAction {
     match (diff, reuse) {
-        (Diff::Data, _) | (_, Reuse::No) => Action::Rewrite,
-        (Diff::Same, _) => Action::Keep,
-        (Diff::Meta, Reuse::InPlace) if kind == libc::S_IFREG => Action::UpdateMetadata,
-        (Diff::Meta, _) => Action::Rewrite,
+        (Diff::Data, _) | (_, Reuse::No) => FileAction::Rewrite,
+        (Diff::Same, _) => FileAction::Keep,
+        (Diff::Meta, Reuse::InPlace) if kind == libc::S_IFREG => FileAction::UpdateMetadata,
+        (Diff::Meta, _) => FileAction::Rewrite,
     }
 }
 
@@ -180,8 +180,8 @@ mod tests {
         let shown: Vec<String> = pair_listings(src, dst)
             .iter()
             .map(|step| match step {
-                Step::Remove { name, temp } => format!("remove {:?} {:?} {temp}", name.name, name.dtype),
-                Step::Sync { entry, in_dst } => format!("sync {:?} {in_dst}", entry.name),
+                Pairing::Remove { name, temp } => format!("remove {:?} {:?} {temp}", name.name, name.dtype),
+                Pairing::Sync { entry, in_dst } => format!("sync {:?} {in_dst}", entry.name),
             })
             .collect();
         assert_eq!(
@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn decisions() {
-        use Action::*;
+        use FileAction::*;
         let reg = libc::S_IFREG;
         let lnk = libc::S_IFLNK;
         assert_eq!(decide(reg, Diff::Same, Reuse::InPlace), Keep);

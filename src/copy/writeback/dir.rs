@@ -16,7 +16,7 @@ use crate::copy::ops::{file_type, open_dst_dir};
 use crate::copy::scan::{read_names, Name, SrcEntry};
 
 use super::compare::{pair_listings, same_meta};
-use super::{ctime, rel_path, Frame, Left, Outcome, Stop, Syncer};
+use super::{ctime, rel_path, Frame, Left, Stepped, Stop, Syncer};
 
 impl Syncer<'_, '_> {
     /// Lists the destination side of a directory pair (a directory created just now is
@@ -86,7 +86,7 @@ impl Syncer<'_, '_> {
         d: Option<FileStat>,
         ram_meta: bool,
         tentative: Option<Time>,
-    ) -> Result<Outcome, Stop> {
+    ) -> Result<Stepped, Stop> {
         let dst_dir = parent.dst.fd.as_fd();
         let mut changed = false;
         let (dst, before) = match d {
@@ -96,7 +96,7 @@ impl Syncer<'_, '_> {
                     self.skip_scanned()?;
                     self.carry(&path);
                     self.reporter.stats.unchanged += 1;
-                    return Ok(Outcome::default());
+                    return Ok(Stepped::default());
                 }
                 (
                     open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?,
@@ -111,7 +111,7 @@ impl Syncer<'_, '_> {
                     if self.remove_compared(dst_dir, name, &d)? == 0 {
                         self.skip_scanned()?;
                         self.keep_disk(path, Verdict::Disk(None), None)?;
-                        return Ok(Outcome::default());
+                        return Ok(Stepped::default());
                     }
                     self.reporter.stats.deleted += 1;
                 }
@@ -143,7 +143,7 @@ impl Syncer<'_, '_> {
                 rel: path,
             };
             self.finish_dir(&left)?;
-            return Ok(Outcome { enter: None, changed });
+            return Ok(Stepped { enter: None, changed });
         }
         let mut frame = self.frame(src, entries, dst, Some(s), before, Some(&path))?;
         frame.ram_deleted_at = ctime(&s);
@@ -153,7 +153,7 @@ impl Syncer<'_, '_> {
         frame.ram_meta = ram_meta;
         self.rel.push(name);
         frame.rel_len = self.rel.len();
-        Ok(Outcome {
+        Ok(Stepped {
             enter: Some(frame),
             changed,
         })

@@ -11,35 +11,35 @@ use nix::sys::stat::{self, FileStat};
 use crate::copy::baseline::{Disk, Ram, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
-use crate::copy::scan::{Event, SrcEntry};
+use crate::copy::scan::{ScanEvent, SrcEntry};
 use crate::copy::xattrs::{self, XattrTarget};
 
-use super::compare::{compare_stats, Diff, Step};
+use super::compare::{compare_stats, Diff, Pairing};
 use super::remove::plain_remove;
-use super::{ctime, vanished, Frame, Outcome, Stop, Syncer};
+use super::{ctime, vanished, Frame, Stepped, Stop, Syncer};
 
 impl Syncer<'_, '_> {
-    pub(super) fn step(&mut self, stack: &[Frame], step: &Step) -> Result<Outcome, Stop> {
+    pub(super) fn step(&mut self, stack: &[Frame], step: &Pairing) -> Result<Stepped, Stop> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
         let (entry, in_dst) = match step {
-            Step::Remove { name, temp: true } => {
+            Pairing::Remove { name, temp: true } => {
                 plain_remove(dst_dir, &name.name, name.dtype, self.dst_dev)?;
                 self.reporter.stats.temp_removed += 1;
-                return Ok(Outcome::changed());
+                return Ok(Stepped::changed());
             }
-            Step::Remove { name, temp: false } => return Ok(self.disk_only(parent, &name.name)?),
-            Step::Sync { entry, in_dst } => (entry, *in_dst),
+            Pairing::Remove { name, temp: false } => return Ok(self.disk_only(parent, &name.name)?),
+            Pairing::Sync { entry, in_dst } => (entry, *in_dst),
         };
         let name = entry.name.as_c_str();
         let path = self.rel.joined(name);
         let Some(s) = entry.st else {
             // Vanished from the RAM since it was listed: the next pass sees.
             self.carry(&path);
-            return Ok(Outcome::default());
+            return Ok(Stepped::default());
         };
         if parent.trusted && parent.ram_kept && self.carry_unchanged(&path, &s) {
-            return Ok(Outcome::default());
+            return Ok(Stepped::default());
         }
         // A trusted listing holds the baseline's names only: the disk may have others.
         let d = if in_dst || parent.trusted {
@@ -73,16 +73,16 @@ impl Syncer<'_, '_> {
                     // The disk's side is the same as the RAM's: they agree.
                     self.reporter.stats.unchanged += 1;
                     self.record(path, d);
-                    return Ok(Outcome::default());
+                    return Ok(Stepped::default());
                 }
                 self.keep_disk(path, verdict, d.as_ref())?;
-                return Ok(Outcome::default());
+                return Ok(Stepped::default());
             }
             let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
             return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {
-            Event::Enter {
+            ScanEvent::Enter {
                 fd,
                 st,
                 entries,
@@ -93,7 +93,7 @@ impl Syncer<'_, '_> {
                     // The disk's non-directory wins over the RAM's directory.
                     self.skip_scanned()?;
                     self.keep_disk(path, verdict, d.as_ref())?;
-                    return Ok(Outcome::default());
+                    return Ok(Stepped::default());
                 }
                 let tentative = match verdict {
                     Verdict::Disk(Some(at)) if d.is_none() => Some(at),
@@ -111,9 +111,9 @@ impl Syncer<'_, '_> {
                 )
             }
             // Vanished or replaced since it was listed: the next sync sees.
-            Event::Gone => {
+            ScanEvent::Gone => {
                 self.carry(&path);
-                Ok(Outcome::default())
+                Ok(Stepped::default())
             }
             _ => unreachable!("the scan enters every directory it listed"),
         }
@@ -121,23 +121,23 @@ impl Syncer<'_, '_> {
 
     /// A name only the disk has: the RAM deleted it since the baseline (or never had
     /// it, and then it stays).
-    pub(super) fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Outcome, Failed> {
+    pub(super) fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Stepped, Failed> {
         let path = self.rel.joined(name);
         if self.base.get(&path).is_none() {
             // In no baseline: the disk's own.
-            return Ok(Outcome::default());
+            return Ok(Stepped::default());
         }
         let dst_dir = parent.dst.fd.as_fd();
         let d = match stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(d) => d,
-            Err(Errno::ENOENT) => return Ok(Outcome::default()),
+            Err(Errno::ENOENT) => return Ok(Stepped::default()),
             Err(e) => return Err(dst_err("stat")(e)),
         };
         if self
             .base_mark(&path, Disk::Present(self.disk_sig(&path, &d)))
             .is_none()
         {
-            return Ok(Outcome::default());
+            return Ok(Stepped::default());
         }
         match self.decide(&path, Ram::Absent, Some(&d), parent) {
             Verdict::Ram => {
@@ -150,14 +150,14 @@ impl Syncer<'_, '_> {
                 };
                 self.reporter.stats.deleted += removed;
                 self.reporter.stats.kept_disk += kept;
-                Ok(Outcome {
+                Ok(Stepped {
                     enter: None,
                     changed: removed > 0,
                 })
             }
             verdict => {
                 self.keep_disk(path, verdict, Some(&d))?;
-                Ok(Outcome::default())
+                Ok(Stepped::default())
             }
         }
     }

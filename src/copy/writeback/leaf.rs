@@ -18,8 +18,8 @@ use crate::copy::ops::{file_type, link_to_first_copy, open_src, open_src_typed};
 use crate::copy::place::{deleted, put_in_place, Place, Placed, Seen};
 use crate::copy::temp::{create_temp, Temp};
 
-use super::compare::{compare_stats, decide, reuse, Action, Diff, Reuse};
-use super::{ctime, vanished, Frame, Group, Outcome, Syncer};
+use super::compare::{compare_stats, decide, reuse, Diff, FileAction, Reuse};
+use super::{ctime, vanished, Frame, Group, Stepped, Syncer};
 
 impl Syncer<'_, '_> {
     /// A non-directory the RAM side won: written, updated or kept. `same_details`: for
@@ -33,10 +33,10 @@ impl Syncer<'_, '_> {
         s: &FileStat,
         mut d: Option<FileStat>,
         same_details: bool,
-    ) -> Result<Outcome, Failed> {
+    ) -> Result<Stepped, Failed> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.as_fd(), parent.dst.fd.as_fd());
-        let mut outcome = Outcome::default();
+        let mut outcome = Stepped::default();
         if let Some(dir) = d.filter(|d| file_type(d) == libc::S_IFDIR) {
             if dir.st_dev != self.dst_dev {
                 return Err(dst_err("replace the mount point")(Errno::EBUSY));
@@ -47,7 +47,7 @@ impl Syncer<'_, '_> {
             self.reporter.stats.deleted += removed;
             if kept > 0 {
                 self.reporter.stats.kept_disk += kept + 1;
-                return Ok(Outcome {
+                return Ok(Stepped {
                     enter: None,
                     changed: removed > 0,
                 });
@@ -73,14 +73,14 @@ impl Syncer<'_, '_> {
         }
         let mut action = decide(kind, diff, reuse);
         let mut ino = d.as_ref().map(|d| d.st_ino);
-        if action == Action::UpdateMetadata {
+        if action == FileAction::UpdateMetadata {
             let d = d.as_ref().expect("decide updates existing entries only");
             match self.update_file_metadata(src_dir, dst_dir, name, d)? {
                 Some(Some(now)) => {
                     self.reporter.stats.metadata_updated += 1;
                     self.record(path.clone(), &now);
                 }
-                Some(None) => action = Action::Rewrite,
+                Some(None) => action = FileAction::Rewrite,
                 None => {
                     self.carry(&path);
                     return Ok(outcome);
@@ -88,13 +88,13 @@ impl Syncer<'_, '_> {
             }
         }
         match action {
-            Action::Keep => {
+            FileAction::Keep => {
                 self.reporter.stats.unchanged += 1;
                 let d = d.as_ref().expect("decide keeps existing entries only");
                 self.record(path.clone(), d);
             }
-            Action::UpdateMetadata => {}
-            Action::Rewrite => match self.rewrite_touching(src_dir, &parent.dst, name, s, d.as_ref())? {
+            FileAction::UpdateMetadata => {}
+            FileAction::Rewrite => match self.rewrite_touching(src_dir, &parent.dst, name, s, d.as_ref())? {
                 Some(placed) => {
                     if let Some(new_ino) = placed {
                         ino = Some(new_ino);
@@ -133,8 +133,8 @@ impl Syncer<'_, '_> {
         path: Vec<u8>,
         key: (u64, u64),
         d: Option<FileStat>,
-        outcome: Outcome,
-    ) -> Result<Outcome, Failed> {
+        outcome: Stepped,
+    ) -> Result<Stepped, Failed> {
         let group = self.links.get_mut(&key).expect("the caller found the group");
         group.remaining -= 1;
         let (first, ino) = (group.path.clone(), group.ino);
@@ -156,7 +156,7 @@ impl Syncer<'_, '_> {
         self.reporter.stats.links_written += 1;
         let dst_dir = stack.last().expect("the root frame stays").dst.fd.as_fd();
         self.record_placed(dst_dir, name, path)?;
-        Ok(Outcome::changed())
+        Ok(Stepped::changed())
     }
 
     /// [`Self::rewrite`] of a name whose old inode goes: noted in `touched` first.

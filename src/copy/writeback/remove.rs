@@ -46,17 +46,17 @@ impl Syncer<'_, '_> {
         path: &[u8],
         ram_deleted_at: Time,
     ) -> Result<(u64, u64), Failed> {
-        struct Level {
+        struct RemovalDir {
             dir: OwnedFd,
             names: std::vec::IntoIter<Name>,
             name: CString,
             path: Vec<u8>,
             kept: u64,
         }
-        let open = |parent: BorrowedFd<'_>, name: &CStr, path: Vec<u8>| -> Result<Level, Failed> {
+        let open = |parent: BorrowedFd<'_>, name: &CStr, path: Vec<u8>| -> Result<RemovalDir, Failed> {
             let fd = open_dst_dir(parent, name).map_err(dst_err("open directory to remove"))?;
             let names = read_names(&fd).map_err(dst_err("read directory"))?;
-            Ok(Level {
+            Ok(RemovalDir {
                 dir: fd,
                 names: names.into_iter(),
                 name: name.to_owned(),
@@ -155,18 +155,18 @@ pub(super) fn plain_remove(
 /// opened with O_NOFOLLOW|O_DIRECTORY relative to its parent and listed completely
 /// before its entries are unlinked; a level on another filesystem fails the removal.
 fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Failed> {
-    struct Level {
+    struct TreeDir {
         dir: OwnedFd,
         names: std::vec::IntoIter<Name>,
         name: CString,
     }
-    let open = |parent: BorrowedFd<'_>, name: &CStr| -> Result<Level, Failed> {
+    let open = |parent: BorrowedFd<'_>, name: &CStr| -> Result<TreeDir, Failed> {
         let fd = open_dst_dir(parent, name).map_err(dst_err("open directory to remove"))?;
         if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != dev {
             return Err(dst_err("remove a mount point")(Errno::EBUSY));
         }
         let names = read_names(&fd).map_err(dst_err("read directory"))?;
-        Ok(Level {
+        Ok(TreeDir {
             dir: fd,
             names: names.into_iter(),
             name: name.to_owned(),
