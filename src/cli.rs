@@ -312,6 +312,8 @@ fn parse_metrics(text: &str) -> Result<spec::MetricsTarget, String> {
     spec::metrics_target(text)
 }
 
+/// One arm per command: the whole dispatch in one place, so it stays long;
+/// each command's work is in its own module.
 fn run(cli: Cli) -> Result<ExitCode> {
     let host = Host::from_env();
     let state = State::new(&cli.state_dir);
@@ -378,18 +380,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
         } => {
             let s = load_in(&spec, &host, Some(&root))?;
-            let spec_path = match spec_path {
-                Some(p) => p,
-                None => {
-                    std::path::absolute(&spec).with_context(|| format!("resolving {}", spec.display()))?
-                }
-            };
-            let binary = match binary {
-                Some(b) => b,
-                None => std::env::current_exe().context("finding this binary's path; pass --binary")?,
-            };
-            let cx = boot::context(&s, spec_path, binary, timeout)?;
-            let r = boot::install(&cx, mode, &root)?;
+            let r = boot_install(&s, &spec, mode, &root, binary, spec_path, timeout)?;
             output.print(&r, report::boot)?;
             Ok(ExitCode::Ok)
         }
@@ -409,25 +400,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let _lock = state.lock(wait)?;
             let r = sync::sync(&s, &names, &host, &state, "sync")?;
             output.print(&r, |r| report::sync(r))?;
-            let failed = r.iter().any(|x| x.result == sync::SyncOutcome::Failed);
-            Ok(if failed { ExitCode::Failed } else { ExitCode::Ok })
+            Ok(ExitCode::failed_if(
+                r.iter().any(|x| x.result == sync::SyncOutcome::Failed),
+            ))
         }
         Command::Completions { shell } => {
-            // Generated whole first: clap_complete panics on a failed write.
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            let mut text = Vec::new();
-            clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut text);
-            out::print(&String::from_utf8_lossy(&text));
+            out::print(&completions(shell));
             Ok(ExitCode::Ok)
         }
         Command::Manpage => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            let mut text = Vec::new();
-            clap_mangen::Man::new(cmd)
-                .section("8")
-                .render(&mut text)
-                .context("rendering the manual page")?;
-            out::print(&String::from_utf8_lossy(&text));
+            out::print(&manpage()?);
             Ok(ExitCode::Ok)
         }
         Command::Residency { args, output } => residency::run(&args, output.json()),
@@ -459,11 +441,51 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let _lock = state.lock(wait)?;
             let r = down::down(&s, &names, &host, &state)?;
             output.print(&r, |r| report::down(r))?;
-            let failed = r.iter().any(|d| {
+            Ok(ExitCode::failed_if(r.iter().any(|d| {
                 matches!(d.result, down::DownOutcome::Refused | down::DownOutcome::Failed)
                     || d.syncs.iter().any(|s| s.result == sync::SyncOutcome::Failed)
-            });
-            Ok(if failed { ExitCode::Failed } else { ExitCode::Ok })
+            })))
         }
     }
+}
+
+/// `boot install`: the paths as the booted system sees them default to the
+/// spec's absolute path and this binary.
+fn boot_install(
+    s: &Spec,
+    spec: &Path,
+    mode: boot::Mode,
+    root: &Path,
+    binary: Option<PathBuf>,
+    spec_path: Option<PathBuf>,
+    timeout: String,
+) -> Result<boot::BootReport> {
+    let spec_path = match spec_path {
+        Some(p) => p,
+        None => std::path::absolute(spec).with_context(|| format!("resolving {}", spec.display()))?,
+    };
+    let binary = match binary {
+        Some(b) => b,
+        None => std::env::current_exe().context("finding this binary's path; pass --binary")?,
+    };
+    let cx = boot::context(s, spec_path, binary, timeout)?;
+    boot::install(&cx, mode, root)
+}
+
+/// Generated whole first: clap_complete panics on a failed write.
+fn completions(shell: clap_complete::Shell) -> String {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut text = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "tmpfsctl", &mut text);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+fn manpage() -> Result<String> {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut text = Vec::new();
+    clap_mangen::Man::new(cmd)
+        .section("8")
+        .render(&mut text)
+        .context("rendering the manual page")?;
+    Ok(String::from_utf8_lossy(&text).into_owned())
 }

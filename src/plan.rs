@@ -305,47 +305,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
         return p;
     };
 
-    let stage = state.stage(&m.name);
-    let lower = state.lower(&m.name);
-    if o.stage_mounted {
-        p.steps.push(Step::DetachStage { stage: stage.clone() });
-    }
-    if !o.path_exists {
-        p.steps.push(Step::CreateDir {
-            path: m.path.clone(),
-            root,
-        });
-    }
-    match o.lower {
-        Lower::Bound => {}
-        Lower::Shared => p.steps.push(Step::PrivateLower { lower: lower.clone() }),
-        Lower::Stale => {
-            p.steps.push(Step::DetachLower { lower: lower.clone() });
-            p.steps.push(Step::BindLower {
-                path: m.path.clone(),
-                lower: lower.clone(),
-            });
-        }
-        Lower::Absent => p.steps.push(Step::BindLower {
-            path: m.path.clone(),
-            lower: lower.clone(),
-        }),
-    }
-    p.steps.push(Step::MountStage {
-        source: m.source(),
-        stage: stage.clone(),
-        options: backend::MountOptions::desired(m, root),
-    });
-    if m.seed == Seed::Copy {
-        p.steps.push(Step::Seed {
-            from: lower,
-            to: stage.clone(),
-        });
-    }
-    p.steps.push(Step::MoveIntoPlace {
-        stage,
-        path: m.path.clone(),
-    });
+    p.steps = offload_steps(m, o, state, root);
     p
 }
 
@@ -366,6 +326,54 @@ pub fn resize(m: &MountSpec, root: RootAttrs, from: Usage, size: u64, nr_inodes:
         options: backend::MountOptions::desired(m, root).resized(size, Some(nr_inodes)),
         changes,
     }
+}
+
+/// The steps that build a tmpfs for `m` beside the path and move it into
+/// place: side bind, mount at the staging point, seed, move.
+fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let stage = state.stage(&m.name);
+    let lower = state.lower(&m.name);
+    if o.stage_mounted {
+        steps.push(Step::DetachStage { stage: stage.clone() });
+    }
+    if !o.path_exists {
+        steps.push(Step::CreateDir {
+            path: m.path.clone(),
+            root,
+        });
+    }
+    match o.lower {
+        Lower::Bound => {}
+        Lower::Shared => steps.push(Step::PrivateLower { lower: lower.clone() }),
+        Lower::Stale => {
+            steps.push(Step::DetachLower { lower: lower.clone() });
+            steps.push(Step::BindLower {
+                path: m.path.clone(),
+                lower: lower.clone(),
+            });
+        }
+        Lower::Absent => steps.push(Step::BindLower {
+            path: m.path.clone(),
+            lower: lower.clone(),
+        }),
+    }
+    steps.push(Step::MountStage {
+        source: m.source(),
+        stage: stage.clone(),
+        options: backend::MountOptions::desired(m, root),
+    });
+    if m.seed == Seed::Copy {
+        steps.push(Step::Seed {
+            from: lower,
+            to: stage.clone(),
+        });
+    }
+    steps.push(Step::MoveIntoPlace {
+        stage,
+        path: m.path.clone(),
+    });
+    steps
 }
 
 /// A live tmpfs whose side bind is missing or wrong gets it back: write-back

@@ -127,7 +127,8 @@ pub fn apply(r: &ApplyReport) -> String {
     s
 }
 
-pub fn status(r: &StatusReport) -> String {
+/// One row per mount: name, path, state, size and usage.
+fn status_table(r: &StatusReport) -> String {
     let mut s = String::new();
     let rows: Vec<[String; 7]> = r
         .mounts
@@ -145,10 +146,7 @@ pub fn status(r: &StatusReport) -> String {
             [
                 escape(&m.name).into_owned(),
                 escape(&m.path).into_owned(),
-                serde_json::to_value(m.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                m.state.name().to_string(),
                 size,
                 used,
                 pct,
@@ -167,6 +165,11 @@ pub fn status(r: &StatusReport) -> String {
         let line: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:w$}")).collect();
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
+    s
+}
+
+pub fn status(r: &StatusReport) -> String {
+    let mut s = status_table(r);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -9,8 +9,8 @@ use crate::backend;
 use crate::host::meminfo::MemInfo;
 use crate::host::usage::Usage;
 use crate::host::Host;
-use crate::observe::{self, AtPath, MountState, StateFacts};
-use crate::spec::Spec;
+use crate::observe::{self, AtPath, MountState, Observed, StateFacts, World};
+use crate::spec::{MountSpec, Spec};
 use crate::state::{AgentMount, State, SyncRecord};
 
 #[derive(Debug, Clone, Serialize)]
@@ -94,69 +94,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             let world = observe::observe(spec, host, state)?;
             mem = world.mem;
             for (m, o) in spec.mounts.iter().zip(&world.mounts) {
-                let degraded = state.degraded(&m.name);
-                let fallback = state.fallback(&m.name);
-                let held = state.held(&m.name);
-                let pending = crate::sync::held(&world.table, &m.name, state);
-                let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
-                let state_now = observe::classify(&StateFacts {
-                    offloaded: matches!(o.at_path, AtPath::Ours(_)),
-                    writeback_pending: pending,
-                    moved: moved.is_some(),
-                    covered: matches!(o.at_path, AtPath::Foreign { .. } | AtPath::OtherManaged { .. }),
-                    fallback: fallback.is_some(),
-                    degraded: degraded.is_some(),
-                });
-                let usage = match (&o.at_path, state_now) {
-                    (AtPath::Ours(live), _) => Some(live.usage().into()),
-                    (_, MountState::WritebackPending) => Usage::of(&held).ok().map(Into::into),
-                    (_, MountState::Moved) => moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
-                    _ => None,
-                };
-                let reason = match (&o.at_path, state_now) {
-                    (_, MountState::WritebackPending) => Some(format!(
-                        "the application uses its disk directory; the RAM copy at {} waits for its write-back{}; `tmpfsctl sync {}` retries it",
-                        held.display(),
-                        state
-                            .last_sync(&m.name)
-                            .and_then(|s| s.error)
-                            .map(|e| format!(" (last attempt: {e})"))
-                            .unwrap_or_default(),
-                        m.name
-                    )),
-                    (_, MountState::Moved) => moved.map(|p| {
-                        format!(
-                            "its tmpfs is at {} now (a parent directory was renamed or moved); `sync` and `down` still write it back",
-                            p.display()
-                        )
-                    }),
-                    (AtPath::Foreign { fstype, source }, _) => {
-                        Some(format!("{fstype} from {source} is mounted there"))
-                    }
-                    (AtPath::OtherManaged { source }, _) => Some(format!("{source} is mounted there")),
-                    (_, MountState::Degraded) => degraded,
-                    (_, MountState::Fallback) => fallback.map(|f| match f.reoffload_at {
-                        Some(at) => format!(
-                            "fell back to the disk directory: {} (offloaded again by the agent at unix time {at})",
-                            f.reason
-                        ),
-                        None => format!(
-                            "fell back to the disk directory: {} (offloaded again by the next `tmpfsctl apply`)",
-                            f.reason
-                        ),
-                    }),
-                    _ => None,
-                };
-                mounts.push(MountStatus {
-                    name: m.name.clone(),
-                    path: m.path.clone(),
-                    state: state_now,
-                    reason,
-                    usage,
-                    persist: Some(m.persist.name()),
-                    last_sync: state.last_sync(&m.name),
-                    agent: None,
-                });
+                mounts.push(spec_mount(m, o, &world, state));
             }
             for (name, path) in world.orphans {
                 mounts.push(orphan(name, path, state, MountState::Orphan));
@@ -206,6 +144,73 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             managed_used,
         },
     })
+}
+
+/// One mount of the spec: its state, why, and its usage where it can be seen.
+fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> MountStatus {
+    let degraded = state.degraded(&m.name);
+    let fallback = state.fallback(&m.name);
+    let held = state.held(&m.name);
+    let pending = crate::sync::held(&world.table, &m.name, state);
+    let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
+    let state_now = observe::classify(&StateFacts {
+        offloaded: matches!(o.at_path, AtPath::Ours(_)),
+        writeback_pending: pending,
+        moved: moved.is_some(),
+        covered: matches!(o.at_path, AtPath::Foreign { .. } | AtPath::OtherManaged { .. }),
+        fallback: fallback.is_some(),
+        degraded: degraded.is_some(),
+    });
+    let usage = match (&o.at_path, state_now) {
+        (AtPath::Ours(live), _) => Some(live.usage().into()),
+        (_, MountState::WritebackPending) => Usage::of(&held).ok().map(Into::into),
+        (_, MountState::Moved) => moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
+        _ => None,
+    };
+    let reason = match (&o.at_path, state_now) {
+        (_, MountState::WritebackPending) => Some(format!(
+            "the application uses its disk directory; the RAM copy at {} waits for its write-back{}; `tmpfsctl sync {}` retries it",
+            held.display(),
+            state
+                .last_sync(&m.name)
+                .and_then(|s| s.error)
+                .map(|e| format!(" (last attempt: {e})"))
+                .unwrap_or_default(),
+            m.name
+        )),
+        (_, MountState::Moved) => moved.map(|p| {
+            format!(
+                "its tmpfs is at {} now (a parent directory was renamed or moved); `sync` and `down` still write it back",
+                p.display()
+            )
+        }),
+        (AtPath::Foreign { fstype, source }, _) => {
+            Some(format!("{fstype} from {source} is mounted there"))
+        }
+        (AtPath::OtherManaged { source }, _) => Some(format!("{source} is mounted there")),
+        (_, MountState::Degraded) => degraded,
+        (_, MountState::Fallback) => fallback.map(|f| match f.reoffload_at {
+            Some(at) => format!(
+                "fell back to the disk directory: {} (offloaded again by the agent at unix time {at})",
+                f.reason
+            ),
+            None => format!(
+                "fell back to the disk directory: {} (offloaded again by the next `tmpfsctl apply`)",
+                f.reason
+            ),
+        }),
+        _ => None,
+    };
+    MountStatus {
+        name: m.name.clone(),
+        path: m.path.clone(),
+        state: state_now,
+        reason,
+        usage,
+        persist: Some(m.persist.name()),
+        last_sync: state.last_sync(&m.name),
+        agent: None,
+    }
 }
 
 fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountStatus {

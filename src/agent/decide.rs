@@ -217,6 +217,39 @@ pub struct Limits {
     pub spec_inodes: Option<u64>,
 }
 
+impl Tracker {
+    /// Smooths the growth rate (bytes per second) with a usage sample.
+    fn sample(&mut self, now_ms: u64, used: u64) {
+        self.growth = match self.last {
+            Some((at, before)) if now_ms > at && now_ms - at <= RATE_WINDOW_MS => {
+                let now = used.saturating_sub(before).saturating_mul(1000) / (now_ms - at);
+                (self.growth + now) / 2
+            }
+            Some((at, _)) if now_ms == at => self.growth,
+            _ => 0,
+        };
+        self.last = Some((now_ms, used));
+    }
+}
+
+/// The level after a check: `high` enters High; a level is left only at or
+/// below `low` (hysteresis).
+fn level_after(w: &Watchdog, fill: &Fill, before: Level, high: bool) -> Level {
+    if high {
+        Level::High
+    } else if fill.at_or_below_low(w) && fill.clear_of_warn(w) {
+        Level::Ok
+    } else if fill.at_or_below_low(w) {
+        Level::Warn
+    } else if before == Level::High {
+        Level::High
+    } else if fill.at_or_above(w, |t| t.warn) || (before == Level::Warn && !fill.clear_of_warn(w)) {
+        Level::Warn
+    } else {
+        Level::Ok
+    }
+}
+
 /// One check of one mount at `now_ms` (a monotonic clock): updates `t` and says
 /// what to do.
 pub fn decide(
@@ -231,15 +264,7 @@ pub fn decide(
     let fill = Fill::of(u);
     let before = t.level;
     let high = fill.at_or_above(w, |t| t.high);
-    t.growth = match t.last {
-        Some((at, used)) if now_ms > at && now_ms - at <= RATE_WINDOW_MS => {
-            let now = u.used.saturating_sub(used).saturating_mul(1000) / (now_ms - at);
-            (t.growth + now) / 2
-        }
-        Some((at, _)) if now_ms == at => t.growth,
-        _ => 0,
-    };
-    t.last = Some((now_ms, u.used));
+    t.sample(now_ms, u.used);
     // Where usage will be when an eviction started now would have finished.
     let ahead = u.used.saturating_add(t.growth.saturating_mul(LEAD_MS) / 1000);
     let early = !high
@@ -247,19 +272,7 @@ pub fn decide(
         && u.size > 0
         && ahead as f64 * 100.0 / u.size as f64 >= w.bytes.high
         && w.actions.get(t.stage) == Some(&Action::Evict);
-    t.level = if high {
-        Level::High
-    } else if fill.at_or_below_low(w) && fill.clear_of_warn(w) {
-        Level::Ok
-    } else if fill.at_or_below_low(w) {
-        Level::Warn
-    } else if before == Level::High {
-        Level::High
-    } else if fill.at_or_above(w, |t| t.warn) || (before == Level::Warn && !fill.clear_of_warn(w)) {
-        Level::Warn
-    } else {
-        Level::Ok
-    };
+    t.level = level_after(w, &fill, before, high);
     if fill.at_or_below_low(w) {
         // Re-armed: the next excursion starts the chain from the beginning.
         *t = Tracker {

@@ -158,222 +158,254 @@ fn b(x: bool) -> u8 {
 /// at the end, so callers can compare the rest to skip unchanged writes.
 pub fn render(s: &Snapshot, heartbeat: Option<u64>) -> String {
     let mut o = Out(String::new());
-    if !s.mounts.is_empty() {
-        o.head(
-            "tmpfsctl_mount_info",
-            "gauge",
-            "Managed mounts of the spec (always 1), with their paths.",
-        );
-        for m in &s.mounts {
-            o.sample(
-                "tmpfsctl_mount_info",
-                &[("name", &m.name), ("path", &m.path.to_string_lossy())],
-                1,
-            );
-        }
-        o.head(
-            "tmpfsctl_mount_state",
-            "gauge",
-            "1 for the state the mount is in: offloaded, fallback (taken out of RAM by the agent), degraded, absent, foreign.",
-        );
-        for m in &s.mounts {
-            for st in STATES {
-                o.sample(
-                    "tmpfsctl_mount_state",
-                    &[("name", &m.name), ("state", st.name())],
-                    b(m.state == st),
-                );
-            }
-        }
-        o.head(
-            "tmpfsctl_mount_level",
-            "gauge",
-            "1 for the usage level of the mount: ok, warn (at or above warn), high (at or above high, until back at low).",
-        );
-        for m in &s.mounts {
-            for l in Level::ALL {
-                o.sample(
-                    "tmpfsctl_mount_level",
-                    &[("name", &m.name), ("level", l.name())],
-                    b(m.level == l),
-                );
-            }
-        }
-    }
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_size_bytes",
-        "gauge",
-        "Size limit of the tmpfs.",
-        |m| m.usage.map(|u| u.size.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_used_bytes",
-        "gauge",
-        "Bytes in use in the tmpfs.",
-        |m| m.usage.map(|u| u.used.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_inodes",
-        "gauge",
-        "Inode limit of the tmpfs.",
-        |m| m.usage.map(|u| u.inodes.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_inodes_used",
-        "gauge",
-        "Inodes in use in the tmpfs.",
-        |m| m.usage.map(|u| u.inodes_used.to_string()),
-    );
-    if !s.mounts.is_empty() {
-        o.head(
-            "tmpfsctl_mount_evict_exhausted",
-            "gauge",
-            "1 while the evict chain frees nothing and backs off (the tmpfs stays full).",
-        );
-        for m in &s.mounts {
-            o.sample(
-                "tmpfsctl_mount_evict_exhausted",
-                &[("name", &m.name)],
-                b(m.evict_exhausted),
-            );
-        }
-        o.head(
-            "tmpfsctl_mount_actions_total",
-            "counter",
-            "Actions the agent took since it started, by kind.",
-        );
-        for m in &s.mounts {
-            for (a, n) in &m.actions {
-                o.sample(
-                    "tmpfsctl_mount_actions_total",
-                    &[("name", &m.name), ("action", a)],
-                    n,
-                );
-            }
-        }
-    }
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_evicted_files_total",
-        "counter",
-        "Files deleted by eviction since the agent started.",
-        |m| Some(m.evicted_files.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_evicted_bytes_total",
-        "counter",
-        "Bytes freed by eviction since the agent started.",
-        |m| Some(m.evicted_bytes.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_persist_interval_seconds",
-        "gauge",
-        "The write-back interval of a `persist: every` mount.",
-        |m| m.persist_every.map(|n| n.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_last_sync_timestamp_seconds",
-        "gauge",
-        "Unix time the last write-back to disk finished.",
-        |m| m.last_sync.map(|(at, _, _)| at.to_string()),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_last_sync_duration_seconds",
-        "gauge",
-        "How long the last write-back to disk took.",
-        |m| m.last_sync.map(|(_, secs, _)| format!("{secs:.6}")),
-    );
-    o.per_mount(
-        s,
-        "tmpfsctl_mount_last_sync_success",
-        "gauge",
-        "1 if the last write-back to disk succeeded, 0 if it failed.",
-        |m| m.last_sync.map(|(_, _, ok)| b(ok).to_string()),
-    );
-    if !s.mounts.is_empty() {
-        o.head(
-            "tmpfsctl_mount_syncs_total",
-            "counter",
-            "Write-backs run by the agent since it started, by result.",
-        );
-        for m in &s.mounts {
-            o.sample(
-                "tmpfsctl_mount_syncs_total",
-                &[("name", &m.name), ("result", "ok")],
-                m.syncs_ok,
-            );
-            o.sample(
-                "tmpfsctl_mount_syncs_total",
-                &[("name", &m.name), ("result", "failed")],
-                m.syncs_failed,
-            );
-        }
-    }
-    if let Some(mem) = &s.mem {
-        o.head("tmpfsctl_memory_total_bytes", "gauge", "MemTotal of the host.");
-        o.sample("tmpfsctl_memory_total_bytes", &[], mem.mem_total);
-        o.head(
-            "tmpfsctl_memory_available_bytes",
-            "gauge",
-            "MemAvailable of the host.",
-        );
-        o.sample("tmpfsctl_memory_available_bytes", &[], mem.mem_available);
-        if let Some(p) = mem.psi_some_avg10 {
-            o.head(
-                "tmpfsctl_memory_pressure_some_avg10",
-                "gauge",
-                "PSI memory some avg10: share of the last 10 s some task stalled on memory, in percent.",
-            );
-            o.sample("tmpfsctl_memory_pressure_some_avg10", &[], format!("{p:.2}"));
-        }
-    }
-    o.head(
-        "tmpfsctl_memory_pressure_active",
-        "gauge",
-        "1 while the memory-pressure guard sees MemAvailable below min_available or PSI above max_pressure.",
-    );
-    o.sample("tmpfsctl_memory_pressure_active", &[], b(s.under_pressure));
-    o.head(
-        "tmpfsctl_agent_fanotify",
-        "gauge",
-        "1 if usage checks wake on fanotify write events, 0 if the agent polls only.",
-    );
-    o.sample("tmpfsctl_agent_fanotify", &[], b(s.fanotify));
-    o.head(
-        "tmpfsctl_agent_reloads_total",
-        "counter",
-        "Spec reloads by result: ok, invalid (rejected; the old spec stays in force), failed.",
-    );
-    for r in ["ok", "invalid", "failed"] {
-        o.sample(
-            "tmpfsctl_agent_reloads_total",
-            &[("result", r)],
-            s.reloads.get(r).copied().unwrap_or(0),
-        );
-    }
-    o.head(
-        "tmpfsctl_agent_start_time_seconds",
-        "gauge",
-        "Unix time the agent started.",
-    );
-    o.sample("tmpfsctl_agent_start_time_seconds", &[], s.start_time);
-    if let Some(t) = heartbeat {
-        o.head(
-            "tmpfsctl_agent_heartbeat_timestamp_seconds",
-            "gauge",
-            "Unix time this file was written; the agent rewrites it at least every 5 s.",
-        );
-        o.sample("tmpfsctl_agent_heartbeat_timestamp_seconds", &[], t);
-    }
+    o.mount_states(s);
+    o.mount_usage(s);
+    o.mount_actions(s);
+    o.mount_syncs(s);
+    o.host_memory(s);
+    o.agent_itself(s, heartbeat);
     o.0
+}
+
+impl Out {
+    /// Info, state and level of every mount.
+    fn mount_states(&mut self, s: &Snapshot) {
+        if !s.mounts.is_empty() {
+            self.head(
+                "tmpfsctl_mount_info",
+                "gauge",
+                "Managed mounts of the spec (always 1), with their paths.",
+            );
+            for m in &s.mounts {
+                self.sample(
+                    "tmpfsctl_mount_info",
+                    &[("name", &m.name), ("path", &m.path.to_string_lossy())],
+                    1,
+                );
+            }
+            self.head(
+                "tmpfsctl_mount_state",
+                "gauge",
+                "1 for the state the mount is in: offloaded, fallback (taken out of RAM by the agent), degraded, absent, foreign.",
+            );
+            for m in &s.mounts {
+                for st in STATES {
+                    self.sample(
+                        "tmpfsctl_mount_state",
+                        &[("name", &m.name), ("state", st.name())],
+                        b(m.state == st),
+                    );
+                }
+            }
+            self.head(
+                "tmpfsctl_mount_level",
+                "gauge",
+                "1 for the usage level of the mount: ok, warn (at or above warn), high (at or above high, until back at low).",
+            );
+            for m in &s.mounts {
+                for l in Level::ALL {
+                    self.sample(
+                        "tmpfsctl_mount_level",
+                        &[("name", &m.name), ("level", l.name())],
+                        b(m.level == l),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Size and usage of every mount.
+    fn mount_usage(&mut self, s: &Snapshot) {
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_size_bytes",
+            "gauge",
+            "Size limit of the tmpfs.",
+            |m| m.usage.map(|u| u.size.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_used_bytes",
+            "gauge",
+            "Bytes in use in the tmpfs.",
+            |m| m.usage.map(|u| u.used.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_inodes",
+            "gauge",
+            "Inode limit of the tmpfs.",
+            |m| m.usage.map(|u| u.inodes.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_inodes_used",
+            "gauge",
+            "Inodes in use in the tmpfs.",
+            |m| m.usage.map(|u| u.inodes_used.to_string()),
+        );
+    }
+
+    /// What the agent did to every mount.
+    fn mount_actions(&mut self, s: &Snapshot) {
+        if !s.mounts.is_empty() {
+            self.head(
+                "tmpfsctl_mount_evict_exhausted",
+                "gauge",
+                "1 while the evict chain frees nothing and backs off (the tmpfs stays full).",
+            );
+            for m in &s.mounts {
+                self.sample(
+                    "tmpfsctl_mount_evict_exhausted",
+                    &[("name", &m.name)],
+                    b(m.evict_exhausted),
+                );
+            }
+            self.head(
+                "tmpfsctl_mount_actions_total",
+                "counter",
+                "Actions the agent took since it started, by kind.",
+            );
+            for m in &s.mounts {
+                for (a, n) in &m.actions {
+                    self.sample(
+                        "tmpfsctl_mount_actions_total",
+                        &[("name", &m.name), ("action", a)],
+                        n,
+                    );
+                }
+            }
+        }
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_evicted_files_total",
+            "counter",
+            "Files deleted by eviction since the agent started.",
+            |m| Some(m.evicted_files.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_evicted_bytes_total",
+            "counter",
+            "Bytes freed by eviction since the agent started.",
+            |m| Some(m.evicted_bytes.to_string()),
+        );
+    }
+
+    /// Write-backs of every mount.
+    fn mount_syncs(&mut self, s: &Snapshot) {
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_persist_interval_seconds",
+            "gauge",
+            "The write-back interval of a `persist: every` mount.",
+            |m| m.persist_every.map(|n| n.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_last_sync_timestamp_seconds",
+            "gauge",
+            "Unix time the last write-back to disk finished.",
+            |m| m.last_sync.map(|(at, _, _)| at.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_last_sync_duration_seconds",
+            "gauge",
+            "How long the last write-back to disk took.",
+            |m| m.last_sync.map(|(_, secs, _)| format!("{secs:.6}")),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_last_sync_success",
+            "gauge",
+            "1 if the last write-back to disk succeeded, 0 if it failed.",
+            |m| m.last_sync.map(|(_, _, ok)| b(ok).to_string()),
+        );
+        if !s.mounts.is_empty() {
+            self.head(
+                "tmpfsctl_mount_syncs_total",
+                "counter",
+                "Write-backs run by the agent since it started, by result.",
+            );
+            for m in &s.mounts {
+                self.sample(
+                    "tmpfsctl_mount_syncs_total",
+                    &[("name", &m.name), ("result", "ok")],
+                    m.syncs_ok,
+                );
+                self.sample(
+                    "tmpfsctl_mount_syncs_total",
+                    &[("name", &m.name), ("result", "failed")],
+                    m.syncs_failed,
+                );
+            }
+        }
+    }
+
+    /// The host's memory as the guard sees it.
+    fn host_memory(&mut self, s: &Snapshot) {
+        if let Some(mem) = &s.mem {
+            self.head("tmpfsctl_memory_total_bytes", "gauge", "MemTotal of the host.");
+            self.sample("tmpfsctl_memory_total_bytes", &[], mem.mem_total);
+            self.head(
+                "tmpfsctl_memory_available_bytes",
+                "gauge",
+                "MemAvailable of the host.",
+            );
+            self.sample("tmpfsctl_memory_available_bytes", &[], mem.mem_available);
+            if let Some(p) = mem.psi_some_avg10 {
+                self.head(
+                    "tmpfsctl_memory_pressure_some_avg10",
+                    "gauge",
+                    "PSI memory some avg10: share of the last 10 s some task stalled on memory, in percent.",
+                );
+                self.sample("tmpfsctl_memory_pressure_some_avg10", &[], format!("{p:.2}"));
+            }
+        }
+        self.head(
+            "tmpfsctl_memory_pressure_active",
+            "gauge",
+            "1 while the memory-pressure guard sees MemAvailable below min_available or PSI above max_pressure.",
+        );
+        self.sample("tmpfsctl_memory_pressure_active", &[], b(s.under_pressure));
+    }
+
+    /// The agent itself; the heartbeat last.
+    fn agent_itself(&mut self, s: &Snapshot, heartbeat: Option<u64>) {
+        self.head(
+            "tmpfsctl_agent_fanotify",
+            "gauge",
+            "1 if usage checks wake on fanotify write events, 0 if the agent polls only.",
+        );
+        self.sample("tmpfsctl_agent_fanotify", &[], b(s.fanotify));
+        self.head(
+            "tmpfsctl_agent_reloads_total",
+            "counter",
+            "Spec reloads by result: ok, invalid (rejected; the old spec stays in force), failed.",
+        );
+        for r in ["ok", "invalid", "failed"] {
+            self.sample(
+                "tmpfsctl_agent_reloads_total",
+                &[("result", r)],
+                s.reloads.get(r).copied().unwrap_or(0),
+            );
+        }
+        self.head(
+            "tmpfsctl_agent_start_time_seconds",
+            "gauge",
+            "Unix time the agent started.",
+        );
+        self.sample("tmpfsctl_agent_start_time_seconds", &[], s.start_time);
+        if let Some(t) = heartbeat {
+            self.head(
+                "tmpfsctl_agent_heartbeat_timestamp_seconds",
+                "gauge",
+                "Unix time this file was written; the agent rewrites it at least every 5 s.",
+            );
+            self.sample("tmpfsctl_agent_heartbeat_timestamp_seconds", &[], t);
+        }
+    }
 }
 
 /// Replaces `path` with `text` atomically (mode 0644). No fsync: after a

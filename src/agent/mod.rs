@@ -398,30 +398,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
     let spec_watch = specwatch::SpecWatch::new(spec_path);
     let mountinfo = File::open(host.proc_path("self/mountinfo")).ok();
 
-    let wake = if opts.fanotify {
-        match wake::Wake::new() {
-            Ok(w) => {
-                info!(
-                    "usage checks wake on fanotify write events ({} mode) and every {}",
-                    if w.fid { "file-id" } else { "classic" },
-                    describe_ms(
-                        opts.interval
-                            .map(|d| d.as_millis() as u64)
-                            .unwrap_or(spec.agent.interval_ms)
-                    )
-                );
-                Some(w)
-            }
-            Err(e) => {
-                warn!("fanotify is not available ({e}); polling usage only");
-                None
-            }
-        }
-    } else {
-        info!("fanotify disabled (--no-fanotify); polling usage only");
-        None
-    };
-
+    let wake = open_wake(&opts, &spec);
     let page_size = crate::host::page_size();
     let mounts = spec
         .mounts
@@ -470,26 +447,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
             .unwrap_or_else(|| "off".into())
     );
 
-    let names: Vec<String> = agent
-        .mounts
-        .iter()
-        .filter(|w| {
-            w.fallback
-                .as_ref()
-                .is_none_or(|f| f.reoffload_at.is_some_and(|t| t <= unix_now()))
-        })
-        .map(|w| w.spec.name.clone())
-        .collect();
-    for w in agent.mounts.iter().filter(|w| w.fallback.is_some()) {
-        if !names.contains(&w.spec.name) {
-            info!(
-                mount = w.name(),
-                "{}: stays on its disk directory (fell back earlier: {})",
-                w.name(),
-                w.fallback.as_ref().map(|f| f.reason.as_str()).unwrap_or("")
-            );
-        }
-    }
+    let names = agent.to_offload_at_start();
     agent.apply(&names, "start");
     agent.check(true);
     let status = agent.status_line();
@@ -502,6 +460,60 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
     );
     agent.status_last = status;
     Ok(agent.main_loop(&signals, spec_watch.as_ref(), mountinfo.as_ref(), watchdog_period))
+}
+
+/// fanotify write events wake the usage checks, unless disabled or unavailable.
+fn open_wake(opts: &AgentOptions, spec: &Spec) -> Option<wake::Wake> {
+    if !opts.fanotify {
+        info!("fanotify disabled (--no-fanotify); polling usage only");
+        return None;
+    }
+    match wake::Wake::new() {
+        Ok(w) => {
+            info!(
+                "usage checks wake on fanotify write events ({} mode) and every {}",
+                if w.fid { "file-id" } else { "classic" },
+                describe_ms(
+                    opts.interval
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(spec.agent.interval_ms)
+                )
+            );
+            Some(w)
+        }
+        Err(e) => {
+            warn!("fanotify is not available ({e}); polling usage only");
+            None
+        }
+    }
+}
+
+impl Agent {
+    /// The mounts the start applies: all but those that fell back earlier
+    /// and are not due to be offloaded again (logged).
+    fn to_offload_at_start(&self) -> Vec<String> {
+        let names: Vec<String> = self
+            .mounts
+            .iter()
+            .filter(|w| {
+                w.fallback
+                    .as_ref()
+                    .is_none_or(|f| f.reoffload_at.is_some_and(|t| t <= unix_now()))
+            })
+            .map(|w| w.spec.name.clone())
+            .collect();
+        for w in self.mounts.iter().filter(|w| w.fallback.is_some()) {
+            if !names.contains(&w.spec.name) {
+                info!(
+                    mount = w.name(),
+                    "{}: stays on its disk directory (fell back earlier: {})",
+                    w.name(),
+                    w.fallback.as_ref().map(|f| f.reason.as_str()).unwrap_or("")
+                );
+            }
+        }
+        names
+    }
 }
 
 fn describe_ms(ms: u64) -> String {
@@ -565,25 +577,14 @@ impl Agent {
         loop {
             self.alive.beat();
             let now = Instant::now();
-            let mut deadline = next_check.min(now + METRICS_REFRESH);
-            for w in &self.mounts {
-                if let Some(t) = w.next_sync {
-                    deadline = deadline.min(t);
-                }
-            }
-            if let Some(t) = reload_at {
-                deadline = deadline.min(t);
-            }
-            if let Some(t) = self.next_reoffload() {
-                deadline = deadline.min(t);
-            }
-            if let Some(p) = watchdog_period {
-                deadline = deadline.min(now + p / 3);
-            }
             let wake_open = self.wake.is_some() && now >= wake_armed_at;
-            if !wake_open && self.wake.is_some() {
-                deadline = deadline.min(wake_armed_at);
-            }
+            let deadline = self.deadline(
+                now,
+                next_check,
+                reload_at,
+                watchdog_period,
+                (!wake_open).then_some(wake_armed_at),
+            );
             let timeout = deadline.saturating_duration_since(now);
             let timeout = PollTimeout::try_from(timeout.as_millis().min(i32::MAX as u128) as i32)
                 .unwrap_or(PollTimeout::MAX);
@@ -657,6 +658,31 @@ impl Agent {
             self.reoffloads();
             self.publish();
         }
+    }
+
+    /// When the loop must wake at the latest: the next check, write-back,
+    /// reload, re-offload, watchdog ping, metrics refresh, or the end of the
+    /// fanotify gap (`wake_gap_end`, while fanotify is closed).
+    fn deadline(
+        &self,
+        now: Instant,
+        next_check: Instant,
+        reload_at: Option<Instant>,
+        watchdog_period: Option<Duration>,
+        wake_gap_end: Option<Instant>,
+    ) -> Instant {
+        let mut deadline = next_check.min(now + METRICS_REFRESH);
+        let syncs = self.mounts.iter().filter_map(|w| w.next_sync);
+        for t in syncs.chain(reload_at).chain(self.next_reoffload()) {
+            deadline = deadline.min(t);
+        }
+        if let Some(p) = watchdog_period {
+            deadline = deadline.min(now + p / 3);
+        }
+        if let (Some(t), Some(_)) = (wake_gap_end, &self.wake) {
+            deadline = deadline.min(t);
+        }
+        deadline
     }
 
     /// SIGTERM/SIGINT: write persisted mounts back, then exit.
