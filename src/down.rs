@@ -1,6 +1,9 @@
 //! `down`: takes managed mounts away safely; the application is back on its
 //! disk directory.
 //!
+//! This module finds what is mounted and decides ([`decide`], pure); the
+//! executor carries the decision out (`execute::takedown`).
+//!
 //! A persisted mount is switched first and written back after: the tmpfs is bound
 //! to `STATE/held/NAME` and detached from the managed path, two mount calls that
 //! take the same time whatever the size of the tree, so the application is on its
@@ -10,21 +13,20 @@
 //! `status`, and `down`, `sync` and the agent retry it.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::Result;
 use serde::Serialize;
 
 use crate::backend;
 use crate::error::UnknownName;
+use crate::execute::takedown;
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::procs::Holder;
 use crate::host::Host;
-use crate::mount;
 use crate::observe;
 use crate::spec::{self, Persist, Spec};
 use crate::state::State;
-use crate::sync::{finish_writeback, watch_deletions, SyncOutcome, SyncResult};
+use crate::sync::SyncResult;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -210,10 +212,11 @@ pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
 /// the state forget the mount. Shared by `down` and the agent's fallback, which
 /// sets its own marker afterwards.
 ///
-/// A volatile mount (`persist: none`) is unmounted cleanly when idle, else
-/// detached lazily; nothing is written back. A persisted one is switched to the
-/// disk directory at once ([`switch_to_disk`]), then written back from where it
-/// is held ([`finish_writeback`]).
+/// Observes, decides ([`decide`]) and has the executor carry it out
+/// ([`takedown::run`]): a volatile mount (`persist: none`) is unmounted
+/// cleanly when idle, else detached lazily; a persisted one is switched to
+/// the disk directory at once ([`takedown::switch_to_disk`]), then written
+/// back from where it is held ([`crate::sync::finish_writeback`]).
 ///
 /// `by` is recorded with the write-back: `down`, or `fallback` for the agent.
 pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -> Result<DownResult> {
@@ -241,87 +244,14 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
             res.holders = host.holders(e.dev);
         }
     }
-    match takedown {
-        Takedown::Refuse(reason) => {
-            res.result = DownOutcome::Refused;
-            res.reason = Some(reason);
-        }
-        Takedown::CleanUp => crate::sync::clean_up(name, &table, state)?,
-        Takedown::Unmount(e) => {
-            res.result = if mount::unmount_if_idle(&e.mount_point)? {
-                DownOutcome::Unmounted
-            } else {
-                mount::detach(&e.mount_point)?;
-                DownOutcome::Detached
-            };
-            crate::sync::clean_up(name, &table, state)?;
-        }
-        Takedown::WriteBack { switch } => {
-            let m = spec
-                .mount(name)
-                .expect("decide writes back only mounts of the spec");
-            let mut watch = None;
-            if let Some(e) = &switch {
-                let started = Instant::now();
-                // From before the switch: the application's deletions on disk from
-                // its first moment there on.
-                watch = watch_deletions(m, state);
-                switch_to_disk(state, name, e, found.held.as_ref(), &table)?;
-                res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
-            }
-            let (sync, outcome) = finish_writeback(m, host, state, watch, by)?;
-            let failed = sync.result == SyncOutcome::Failed;
-            let why = sync.reason.clone().unwrap_or_default();
-            res.syncs.push(sync);
-            if failed {
-                res.result = DownOutcome::Pending;
-                res.held = Some(state.held(name));
-                res.reason = Some(format!(
-                    "the application is on its disk directory, but writing the RAM copy back failed: {why}; the RAM copy stays at {} until that succeeds (free space, then `tmpfsctl down {name}` or `tmpfsctl sync {name}`)",
-                    state.held(name).display()
-                ));
-            } else {
-                res.result = if res.holders.is_empty() {
-                    outcome
-                } else {
-                    DownOutcome::Detached
-                };
-            }
-        }
-    }
+    let cx = takedown::Context {
+        spec,
+        host,
+        state,
+        by,
+    };
+    takedown::run(&cx, name, takedown, &found, &table, &mut res)?;
     Ok(res)
-}
-
-/// Puts the application back on its disk directory in one step: the tmpfs `live`
-/// is bound to `STATE/held/NAME` (private), then detached from where the
-/// application sees it. Re-entrant: a held bind of the same tmpfs left by a crash
-/// between the two steps is reused.
-pub fn switch_to_disk(
-    state: &State,
-    name: &str,
-    live: &MountEntry,
-    held: Option<&MountEntry>,
-    table: &MountTable,
-) -> Result<()> {
-    let held_path = state.held(name);
-    match held {
-        Some(h) if h.dev == live.dev => {}
-        Some(h) => anyhow::bail!(
-            "an earlier tmpfs of `{name}` (device {}:{}) still waits for its write-back at {}; it must be written back first",
-            h.dev.0,
-            h.dev.1,
-            held_path.display()
-        ),
-        None => {
-            mount::ensure_private_dir(&state.held_root(), table)?;
-            mount::ensure_mount_point(&held_path)?;
-            mount::bind_private(&live.mount_point, &held_path)?;
-            crate::failpoint::hit("after-hold", name);
-        }
-    }
-    mount::detach(&live.mount_point)?;
-    crate::failpoint::hit("after-switch", name);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,9 @@
-//! Carries out `apply`'s plan, with rollback. Mounts are made through
-//! `backend` (and `mount` for binds and moves), the seed through `copy`.
+//! Carries out what was decided: `apply`'s plan with rollback (and the
+//! agent's resize, one step of it), and `down`'s decision (`takedown`).
+//! Mounts are made through `backend` (and `mount` for binds and moves), the
+//! seed through `copy`.
+
+pub mod takedown;
 
 use std::io::IsTerminal;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

@@ -5,9 +5,9 @@
 //! `spec` (desired) + `observe` (the host, read through `host`) → `plan`
 //! (ordered steps, pure) → `execute` → `backend` (each backend's options,
 //! mount and remount, through the syscalls in `mount`) → `report`.
-//! `apply` changes the host through `execute`; `down` (and the agent's
-//! fallback through it), `sync` and the agent's actions change it through
-//! `mount`, `backend` and `copy` (the tree copy and the write-back).
+//! `apply`, `down`, and the agent's fallback, grow and shrink are each
+//! decided by a pure function (`plan`, `down::decide`, `plan::resize`) and
+//! carried out by `execute`; `sync` and eviction write through `copy`.
 //! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
 
 pub mod agent;

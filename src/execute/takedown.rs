@@ -1,0 +1,123 @@
+//! Carries out `down`'s decision for one mount ([`Takedown`], decided by
+//! `down::decide`): refuse, clean up, unmount, or switch the application to
+//! its disk directory and write the RAM copy back. `down` and the agent's
+//! fallback both come here.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::down::{DownOutcome, DownResult, Found, Takedown};
+use crate::host::mountinfo::{MountEntry, MountTable};
+use crate::host::Host;
+use crate::mount;
+use crate::spec::Spec;
+use crate::state::State;
+use crate::sync::{finish_writeback, watch_deletions, SyncOutcome};
+
+/// Who takes a mount down, and where.
+pub struct Context<'a> {
+    pub spec: &'a Spec,
+    pub host: &'a Host,
+    pub state: &'a State,
+    /// Recorded with the write-back: `down`, or `fallback` for the agent.
+    pub by: &'a str,
+}
+
+/// Carries out `takedown` for `name` as `found` in `table`, filling in `res`.
+pub fn run(
+    cx: &Context,
+    name: &str,
+    takedown: Takedown,
+    found: &Found,
+    table: &MountTable,
+    res: &mut DownResult,
+) -> Result<()> {
+    let Context {
+        spec,
+        host,
+        state,
+        by,
+    } = *cx;
+    match takedown {
+        Takedown::Refuse(reason) => {
+            res.result = DownOutcome::Refused;
+            res.reason = Some(reason);
+        }
+        Takedown::CleanUp => crate::sync::clean_up(name, table, state)?,
+        Takedown::Unmount(e) => {
+            res.result = if mount::unmount_if_idle(&e.mount_point)? {
+                DownOutcome::Unmounted
+            } else {
+                mount::detach(&e.mount_point)?;
+                DownOutcome::Detached
+            };
+            crate::sync::clean_up(name, table, state)?;
+        }
+        Takedown::WriteBack { switch } => {
+            let m = spec
+                .mount(name)
+                .expect("decide writes back only mounts of the spec");
+            let mut watch = None;
+            if let Some(e) = &switch {
+                let started = Instant::now();
+                // From before the switch: the application's deletions on disk from
+                // its first moment there on.
+                watch = watch_deletions(m, state);
+                switch_to_disk(state, name, e, found.held.as_ref(), table)?;
+                res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            }
+            let (sync, outcome) = finish_writeback(m, host, state, watch, by)?;
+            let failed = sync.result == SyncOutcome::Failed;
+            let why = sync.reason.clone().unwrap_or_default();
+            res.syncs.push(sync);
+            if failed {
+                res.result = DownOutcome::Pending;
+                res.held = Some(state.held(name));
+                res.reason = Some(format!(
+                    "the application is on its disk directory, but writing the RAM copy back failed: {why}; the RAM copy stays at {} until that succeeds (free space, then `tmpfsctl down {name}` or `tmpfsctl sync {name}`)",
+                    state.held(name).display()
+                ));
+            } else {
+                res.result = if res.holders.is_empty() {
+                    outcome
+                } else {
+                    DownOutcome::Detached
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Puts the application back on its disk directory in one step: the tmpfs `live`
+/// is bound to `STATE/held/NAME` (private), then detached from where the
+/// application sees it. Re-entrant: a held bind of the same tmpfs left by a crash
+/// between the two steps is reused.
+pub fn switch_to_disk(
+    state: &State,
+    name: &str,
+    live: &MountEntry,
+    held: Option<&MountEntry>,
+    table: &MountTable,
+) -> Result<()> {
+    let held_path = state.held(name);
+    match held {
+        Some(h) if h.dev == live.dev => {}
+        Some(h) => anyhow::bail!(
+            "an earlier tmpfs of `{name}` (device {}:{}) still waits for its write-back at {}; it must be written back first",
+            h.dev.0,
+            h.dev.1,
+            held_path.display()
+        ),
+        None => {
+            mount::ensure_private_dir(&state.held_root(), table)?;
+            mount::ensure_mount_point(&held_path)?;
+            mount::bind_private(&live.mount_point, &held_path)?;
+            crate::failpoint::hit("after-hold", name);
+        }
+    }
+    mount::detach(&live.mount_point)?;
+    crate::failpoint::hit("after-switch", name);
+    Ok(())
+}
