@@ -272,10 +272,12 @@ fn evict_deletes_oldest_files_down_to_low() {
         &cache,
         "    watchdog: { warn: 50%, high: 80%, low: 40%, action: evict }\n",
     );
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    // 7 MiB in 1 MiB files crosses 80% of 8 MiB.
+    // 7 MiB in 1 MiB files crosses 80% of 8 MiB. Written before the start,
+    // so the seed brings them all at once: an eviction while the test was
+    // still writing could leave usage between low and high, where the agent
+    // rightly does nothing more.
     fill(&cache, "f", 7, MIB as usize);
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
     let m = agent.wait_for("an eviction", |m| m.actions("c", "evict") >= 1.0);
     let u = Usage::of(&cache).unwrap();
     assert!(
