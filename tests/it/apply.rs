@@ -1,14 +1,12 @@
 //! apply / plan / status / down against the real kernel, each test in its
 //! own private mount namespace (see common/mod.rs).
 
-mod common;
-
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{mode_of, owner_of, Sandbox};
+use crate::common::{mode_of, owner_of, Sandbox};
 use tmpfsctl::host::usage::Usage;
 
 fn spec_for(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {

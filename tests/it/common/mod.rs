@@ -2,8 +2,6 @@
 //! real tmpfs mounts, binds and moves happen for real and vanish with the
 //! thread; nothing can leak into the host's mount table.
 
-#![allow(dead_code)] // each test binary uses a different part of the harness
-
 pub mod ci;
 
 use std::ffi::OsStr;

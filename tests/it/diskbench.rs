@@ -3,12 +3,12 @@
 //! Needs root (the benchmark mounts a tmpfs in a private mount namespace; the
 //! refusal tests mount a small tmpfs in a private namespace of their own).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::common;
 
 use nix::mount::{mount, MsFlags};
 use nix::sys::signal::{kill, Signal};

@@ -5,8 +5,6 @@
 //! expected state. Every metrics file is checked with `promtool check
 //! metrics` when promtool is installed (required when CI is set).
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
@@ -16,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 use tmpfsctl::host::usage::Usage;
 
 const DEADLINE: Duration = Duration::from_secs(60);

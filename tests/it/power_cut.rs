@@ -12,14 +12,12 @@
 //! when tmpfsctl asks for it: a write-back or a state record without its `fsync`
 //! fails this test.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{run_tool, LoopFs, Sandbox};
+use crate::common::{run_tool, LoopFs, Sandbox};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

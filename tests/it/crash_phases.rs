@@ -3,14 +3,12 @@
 //! renaming files all along. At the end, what the application completed is counted
 //! against what is on disk: lost = 0, resurrected = 0.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{App, LoopFs, Sandbox};
+use crate::common::{App, LoopFs, Sandbox};
 
 fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
     sb.write_spec(

@@ -6,8 +6,6 @@
 //! tmpfs is mounted inside a private mount namespace owned by one thread, so nothing
 //! is ever mounted on the host.
 
-#![allow(dead_code)] // each test binary uses a different part
-
 pub use crate::common::ci;
 
 use std::collections::{BTreeMap, HashMap};

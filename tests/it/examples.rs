@@ -5,13 +5,11 @@
 //! (for `validate` and `boot install`). And the README's layout names what
 //! the tree holds.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 /// `tmpfsctl validate SPEC --root ROOT`.
 fn validate_in(sb: &Sandbox, spec: &Path, root: &Path) -> common::Run {

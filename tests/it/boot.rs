@@ -2,14 +2,12 @@
 //! rewrite them after an intended change; refused under CI), idempotence, clean removal, and
 //! the real systemd tools' verdicts on what is written.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 const SPEC_PATH: &str = "/etc/tmpfsctl/cache.yaml";
 const BINARY: &str = "/usr/bin/tmpfsctl";
