@@ -231,13 +231,7 @@ fn promtool_check(path: &Path) {
 }
 
 fn spec_one(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 8MiB\n{extra}",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("c", cache, "8MiB", extra)
 }
 
 /// Writes `n` files of `size` bytes, each a little older than the next, so

@@ -21,14 +21,6 @@ fn mirror(root: &Path, dirs: &[&Path]) {
     }
 }
 
-/// The root user and group in the root's etc/passwd and etc/group, for
-/// specs that name them.
-fn mirror_users(root: &Path) {
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
-    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
-}
-
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
@@ -323,7 +315,7 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
     mirror(&root, &[&cache]);
-    mirror_users(&root);
+    common::root_only_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),
@@ -605,7 +597,7 @@ fn hostile_paths_round_trip_through_fstab() {
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
     mirror(&root, &managed.iter().map(PathBuf::as_path).collect::<Vec<_>>());
-    mirror_users(&root);
+    common::root_only_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),

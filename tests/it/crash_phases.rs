@@ -11,13 +11,7 @@ use std::time::Duration;
 use crate::common::{App, LoopFs, Sandbox};
 
 fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 64MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("c", cache, "64MiB", "    persist: on-stop\n")
 }
 
 /// `n` files the disk directory holds before the offload.

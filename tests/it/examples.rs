@@ -102,9 +102,7 @@ fn every_example_is_valid_in_a_fake_root() {
 fn an_example_in_an_empty_root_names_what_is_missing_there() {
     let sb = Sandbox::new();
     let root = sb.path("empty");
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
-    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    common::root_only_users(&root);
     let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/squid-cache-dir.yaml");
     validate_in(&sb, &ex, &root)
         .code(2)

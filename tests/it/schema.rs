@@ -157,9 +157,7 @@ fn the_bad_specs_are_refused_by_validate_too() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir_all(root.join("var/cache/app")).unwrap();
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
-    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    common::root_only_users(&root);
     let validate = |yaml: &str| {
         let p = dir.path().join("s.yaml");
         std::fs::write(&p, yaml).unwrap();
