@@ -1,4 +1,4 @@
-"""Checks specs against tmpfsctl's JSON Schema (draft 2020-12), for tests/schema.rs.
+"""Checks specs against tmpfsctl's JSON Schema (draft 2020-12), for tests/it/schema.rs.
 
 stdin: {"schema": {...}, "good": {name: yaml}, "bad": {name: yaml}}.
 Every good spec must validate and every bad one must not; the schema itself

@@ -4,11 +4,9 @@
 //! (never a mix, never truncated), and the next sync must converge and leave no
 //! temporaries behind. Needs root (the source is a tmpfs in a private namespace).
 //!
-//! The child is this test binary itself, re-run with `--exact crash_child` and the
-//! paths in environment variables; run normally, `crash_child` does nothing.
-
-mod common;
-mod common_copy;
+//! The child is this test binary itself, re-run with
+//! `--exact writeback_crash::crash_child` and the paths in environment variables;
+//! run normally, `crash_child` does nothing.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
@@ -19,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common_copy::*;
+use crate::common_copy::*;
 use tmpfsctl::copy::TEMP_PREFIX;
 
 const CHILD_SRC: &str = "TMPFSCTL_CRASH_CHILD_SRC";
@@ -114,7 +112,12 @@ fn write_tree(root: &Path, contents: impl Fn(usize) -> Option<Vec<u8>>) {
 /// kill interrupted it.
 fn run_child(src: &Path, dst: &Path, kill_after: Option<Duration>) -> (Duration, bool) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "writeback_crash::crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_SRC, src)
         .env(CHILD_DST, dst)
         .stdout(Stdio::piped())

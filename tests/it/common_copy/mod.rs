@@ -6,9 +6,7 @@
 //! tmpfs is mounted inside a private mount namespace owned by one thread, so nothing
 //! is ever mounted on the host.
 
-#![allow(dead_code)] // each test binary uses a different part
-
-pub use crate::common::ci;
+pub use crate::common::{ci, in_private_mount_ns};
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -556,20 +554,6 @@ pub fn fixture() -> (TempDir, Expected) {
     let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
     let expected = build_fixture(dir.path());
     (dir, expected)
-}
-
-/// Runs `f` on a thread of its own in a new mount namespace where all mounts are
-/// private: tmpfs mounted there are invisible to the host and vanish with the thread.
-pub fn in_private_mount_ns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                tmpfsctl::mount::enter_private_namespace().expect("a private mount namespace");
-                f()
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
 }
 
 /// Unmounts on drop, so a failing assertion does not leave the temporary directory

@@ -8,9 +8,6 @@
 //! Needs root: the tmpfs is mounted in a private mount namespace; the disk copies are
 //! directories under /tmp.
 
-mod common;
-mod common_copy;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
@@ -18,7 +15,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common_copy::*;
+use crate::common_copy::*;
 use tmpfsctl::copy::{sync_tree, Baseline, Merge, SyncStats, Synced};
 
 fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {

@@ -1,24 +1,16 @@
 //! apply / plan / status / down against the real kernel, each test in its
 //! own private mount namespace (see common/mod.rs).
 
-mod common;
-
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{mode_of, owner_of, Sandbox};
+use crate::common::{mode_of, owner_of, Sandbox};
 use tmpfsctl::host::usage::Usage;
 
 fn spec_for(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 8MiB\n{extra}",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("cache", cache, "8MiB", extra)
 }
 
 /// A cache directory owned by a non-root user, mode 0700, with some files.
@@ -946,13 +938,7 @@ fn file_maker(dir: &Path, stop: &Path, max: u32) -> Child {
 fn down_loses_no_file_made_meanwhile(held: bool) {
     let sb = Sandbox::new();
     let cache = seeded_cache(&sb);
-    let spec = sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    );
+    let spec = sb.one_mount_spec("cache", &cache, "256MiB", "    persist: on-stop\n");
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     let mut h = held.then(|| {
         fs::write(cache.join("held"), "held file").unwrap();

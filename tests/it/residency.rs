@@ -3,8 +3,6 @@
 //! filesystem (POSIX_FADV_DONTNEED does nothing on tmpfs); only the test's
 //! own files are dropped from the cache, never the global drop_caches.
 
-mod common;
-
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -14,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use crate::common;
 
 use serde_json::Value;
 use tmpfsctl::residency::file_residency;

@@ -5,8 +5,6 @@
 //! expected state. Every metrics file is checked with `promtool check
 //! metrics` when promtool is installed (required when CI is set).
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
@@ -16,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 use tmpfsctl::host::usage::Usage;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -233,13 +231,7 @@ fn promtool_check(path: &Path) {
 }
 
 fn spec_one(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 8MiB\n{extra}",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("c", cache, "8MiB", extra)
 }
 
 /// Writes `n` files of `size` bytes, each a little older than the next, so

@@ -6,9 +6,6 @@
 //! tmpfs is mounted inside a private mount namespace owned by one thread, so nothing
 //! is ever mounted on the host.
 
-mod common;
-mod common_copy;
-
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::io::Write;
@@ -16,7 +13,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common_copy::*;
+use crate::common;
+use crate::common_copy::*;
 use tmpfsctl::copy::{copy_tree, measure, CopyError, CopyStats};
 
 fn assert_stats(stats: &CopyStats, expected: &Expected) {

@@ -4,14 +4,11 @@
 //! wrong-typed entry, never followed, and nothing outside the destination may be
 //! created, changed or removed. Needs root.
 
-mod common;
-mod common_copy;
-
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common_copy::*;
+use crate::common_copy::*;
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 

@@ -3,12 +3,12 @@
 //! Needs root (the benchmark mounts a tmpfs in a private mount namespace; the
 //! refusal tests mount a small tmpfs in a private namespace of their own).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::common;
 
 use nix::mount::{mount, MsFlags};
 use nix::sys::signal::{kill, Signal};
@@ -191,17 +191,6 @@ fn human_output_is_a_table_with_ratios() {
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
-/// Runs `f` in a thread with a private mount namespace, where it may mount
-/// freely; children it spawns inherit the namespace.
-fn in_private_namespace<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        common::enter_private_namespace();
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
 fn small_tmpfs(dir: &Path, size: &str) {
     mount(
         Some("tmpfsctl-bench-it"),
@@ -218,7 +207,7 @@ fn refuses_a_directory_on_tmpfs() {
     need_root();
     let dir = common::disk_tempdir("tmpfsctl-bench-it-");
     let target = dir.path().to_path_buf();
-    let (out, left) = in_private_namespace(move || {
+    let (out, left) = common::in_private_mount_ns(move || {
         small_tmpfs(&target, "256m");
         let out = bench_cmd(&target, &["--size", "8MiB"]).output().unwrap();
         (out, entries(&target))
@@ -246,7 +235,7 @@ fn refuses_when_the_filesystem_lacks_room() {
     // A 16MiB filesystem cannot take 2 × 64MiB.
     let dir = common::disk_tempdir("tmpfsctl-bench-it-");
     let target = dir.path().to_path_buf();
-    let (out, left) = in_private_namespace(move || {
+    let (out, left) = common::in_private_mount_ns(move || {
         small_tmpfs(&target, "16m");
         let out = bench_cmd(&target, &["--size", "64MiB"]).output().unwrap();
         (out, entries(&target))

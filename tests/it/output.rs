@@ -8,8 +8,6 @@
 //! panic. Process names, paths and spec values full of control characters
 //! must reach human output only escaped (see `tmpfsctl::out::escape`).
 
-mod common;
-
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
@@ -18,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {

@@ -2,8 +2,6 @@
 //! real tmpfs mounts, binds and moves happen for real and vanish with the
 //! thread; nothing can leak into the host's mount table.
 
-#![allow(dead_code)] // each test binary uses a different part of the harness
-
 pub mod ci;
 
 use std::ffi::OsStr;
@@ -29,6 +27,21 @@ pub fn enter_private_namespace() {
         "integration tests need root (they mount tmpfs)"
     );
     tmpfsctl::mount::enter_private_namespace().expect("private mount namespace for the test thread");
+}
+
+/// Runs `f` on a thread of its own in a new mount namespace where all mounts are
+/// private: tmpfs mounted there are invisible to the host and vanish with the thread;
+/// children it spawns inherit the namespace.
+pub fn in_private_mount_ns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                enter_private_namespace();
+                f()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// A temporary directory on a disk filesystem (not tmpfs), where page-cache
@@ -225,6 +238,14 @@ impl Drop for Sandbox {
             let _ = umount2(&p, MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// A `--root` tree's etc/passwd and etc/group naming only root, for specs
+/// that name root (or no one).
+pub fn root_only_users(root: &Path) {
+    fs::create_dir_all(root.join("etc")).unwrap();
+    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
 }
 
 pub fn mode_of(p: &Path) -> u32 {

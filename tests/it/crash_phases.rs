@@ -3,23 +3,15 @@
 //! renaming files all along. At the end, what the application completed is counted
 //! against what is on disk: lost = 0, resurrected = 0.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{App, LoopFs, Sandbox};
+use crate::common::{App, LoopFs, Sandbox};
 
 fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 64MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    )
+    sb.one_mount_spec("c", cache, "64MiB", "    persist: on-stop\n")
 }
 
 /// `n` files the disk directory holds before the offload.

@@ -5,13 +5,11 @@
 //! (for `validate` and `boot install`). And the README's layout names what
 //! the tree holds.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 /// `tmpfsctl validate SPEC --root ROOT`.
 fn validate_in(sb: &Sandbox, spec: &Path, root: &Path) -> common::Run {
@@ -104,9 +102,7 @@ fn every_example_is_valid_in_a_fake_root() {
 fn an_example_in_an_empty_root_names_what_is_missing_there() {
     let sb = Sandbox::new();
     let root = sb.path("empty");
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
-    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    common::root_only_users(&root);
     let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/squid-cache-dir.yaml");
     validate_in(&sb, &ex, &root)
         .code(2)

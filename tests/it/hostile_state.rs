@@ -2,13 +2,11 @@
 //! could change is refused, and nothing is ever mounted or written through a symlink
 //! planted in the state directory. Each test in its own private mount namespace.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 fn spec_for(sb: &Sandbox, cache: &Path) -> PathBuf {
     sb.one_mount_spec("cache", cache, "8MiB", "    persist: on-stop\n")

@@ -5,11 +5,11 @@
 //! TMPFSCTL_PYTHON (`.ci/run` sets it to its venv, which has jsonschema and
 //! PyYAML), else `python3`.
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use crate::common;
 
 fn schema_text() -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tmpfsctl"))
@@ -33,7 +33,7 @@ fn committed_schema_is_what_tmpfsctl_schema_prints() {
     let file = std::fs::read_to_string(committed()).unwrap_or_default();
     assert!(
         file == now,
-        "docs/tmpfsctl.schema.json is out of date: run `TMPFSCTL_BLESS=1 cargo test --test schema`"
+        "docs/tmpfsctl.schema.json is out of date: run `TMPFSCTL_BLESS=1 cargo test --test it schema::`"
     );
 }
 
@@ -157,9 +157,7 @@ fn the_bad_specs_are_refused_by_validate_too() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir_all(root.join("var/cache/app")).unwrap();
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
-    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    common::root_only_users(&root);
     let validate = |yaml: &str| {
         let p = dir.path().join("s.yaml");
         std::fs::write(&p, yaml).unwrap();

@@ -2,14 +2,12 @@
 //! rewrite them after an intended change; refused under CI), idempotence, clean removal, and
 //! the real systemd tools' verdicts on what is written.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Sandbox;
+use crate::common::{self, Sandbox};
 
 const SPEC_PATH: &str = "/etc/tmpfsctl/cache.yaml";
 const BINARY: &str = "/usr/bin/tmpfsctl";
@@ -21,14 +19,6 @@ fn mirror(root: &Path, dirs: &[&Path]) {
     for d in dirs {
         fs::create_dir_all(root.join(d.strip_prefix("/").unwrap())).unwrap();
     }
-}
-
-/// The root user and group in the root's etc/passwd and etc/group, for
-/// specs that name them.
-fn mirror_users(root: &Path) {
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
-    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
 }
 
 fn golden_dir() -> PathBuf {
@@ -325,7 +315,7 @@ fn fstab_lines_pass_findmnt_verify_and_the_fstab_generator() {
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
     mirror(&root, &[&cache]);
-    mirror_users(&root);
+    common::root_only_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),
@@ -607,7 +597,7 @@ fn hostile_paths_round_trip_through_fstab() {
     let root = sb.path("root");
     fs::create_dir_all(root.join("etc")).unwrap();
     mirror(&root, &managed.iter().map(PathBuf::as_path).collect::<Vec<_>>());
-    mirror_users(&root);
+    common::root_only_users(&root);
     sb.run([
         "boot".as_ref(),
         "install".as_ref(),

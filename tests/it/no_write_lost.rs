@@ -2,8 +2,6 @@
 //! application played by a writer thread. Each test counts what the writer completed
 //! against what is on disk at the end: lost = 0, resurrected = 0.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Sandbox;
+use crate::common::Sandbox;
 
 fn spec(sb: &Sandbox, mounts: &[(&str, &Path)]) -> PathBuf {
     let mut y = String::from("version: 1\nmounts:\n");

@@ -1,12 +1,10 @@
 //! Every class of bad input: exit 2, a message naming file:line:col and the
 //! field, and no change on the host (no mount, no state directory).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::Sandbox;
+use crate::common::Sandbox;
 
 struct Case {
     name: &'static str,

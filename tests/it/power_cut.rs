@@ -12,14 +12,12 @@
 //! when tmpfsctl asks for it: a write-back or a state record without its `fsync`
 //! fails this test.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{run_tool, LoopFs, Sandbox};
+use crate::common::{run_tool, LoopFs, Sandbox};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -250,13 +248,7 @@ fn a_power_cut_during_sync_or_down_leaves_old_or_new_files_and_a_matching_baseli
         old.insert(rel, data);
     }
     write_tree(&cache, &old);
-    let spec = sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 64MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    );
+    let spec = sb.one_mount_spec("c", &cache, "64MiB", "    persist: on-stop\n");
     let mut c = sb.cmd();
     c.env("TMPFSCTL_STATE_DIR", &state);
     sb.run_with(c, ["apply".as_ref(), spec.as_os_str()]).code(0);

@@ -6,9 +6,6 @@
 //! Needs root. The source is a tmpfs mounted in a private mount namespace; the
 //! destination a directory under /tmp.
 
-mod common;
-mod common_copy;
-
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
@@ -17,7 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common_copy::*;
+use crate::common_copy::*;
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use tmpfsctl::copy::{SyncStats, TEMP_PREFIX};
