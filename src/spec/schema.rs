@@ -1,7 +1,7 @@
 //! `tmpfsctl schema`: a JSON Schema (draft 2020-12) of the spec, derived
 //! from the types the spec is read into ([`super::raw`]) so the two cannot
 //! drift: a field added to, renamed in or removed from a raw type changes
-//! the schema (and `tests/schema.rs` fails until docs/tmpfsctl.schema.json
+//! the schema (and `tests/it/schema.rs` fails until docs/tmpfsctl.schema.json
 //! is regenerated). The names enumerated here come from the tables the
 //! validator checks against.
 //!
