@@ -1,5 +1,6 @@
 //! The desired state: a validated spec. `load` is the only way to get one.
 
+mod duration;
 #[cfg(test)]
 mod fuzz;
 mod load;
@@ -15,8 +16,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub use duration::parse_duration_ms;
 pub use load::{load, load_with, only_root_can_change, parse, read_text, SpecLoadError};
-pub use validate::{metrics_target, parse_duration_ms, Paths, SYSTEM_DIRS};
+pub use validate::{metrics_target, Paths, SYSTEM_DIRS};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Spec {
