@@ -538,6 +538,7 @@ fn agent_settings_parse() {
     assert_eq!(s.agent.metrics, MetricsTarget::Off);
 }
 
+// Long: one table of cases, each a line, and the loop that checks them.
 #[test]
 fn bad_watchdog_fields_are_located_and_explained() {
     let d = dir();

@@ -133,12 +133,7 @@ pub(super) fn mount(
         None => Some(Persist::None),
     };
     if let (Some(p), Some(Seed::Empty), Some(s)) = (persist, seed, &m.persist) {
-        if p != Persist::None {
-            cx.at(s, &field("persist"), format!(
-                "persist `{}` with seed: empty would replace the on-disk contents with an empty tree at the first write-back",
-                s.value
-            ), Some("persist: none with seed: empty, or seed: copy"));
-        }
+        persisted_but_seeded_empty(cx, &field("persist"), s, p);
     }
     let watchdog = watchdog::watchdog(
         cx,
@@ -179,6 +174,16 @@ pub(super) fn mount(
         before: before_units,
         watchdog: watchdog?,
     })
+}
+
+/// A write-back of a tree that started empty would empty the disk directory.
+fn persisted_but_seeded_empty(cx: &mut Ctx, field: &str, s: &Spanned<String>, p: Persist) {
+    if p != Persist::None {
+        cx.at(s, field, format!(
+            "persist `{}` with seed: empty would replace the on-disk contents with an empty tree at the first write-back",
+            s.value
+        ), Some("persist: none with seed: empty, or seed: copy"));
+    }
 }
 
 /// The size in bytes, 0 when it is invalid (reported).
