@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Instant;
 
-use super::{parse, Persist, Spec};
+use super::{parse, MountSpec, Persist, Spec};
 use crate::agent::decide::{self, Budget, Limits, MemView, PressureView, Tracker};
 use crate::backend::{tmpfs, Live};
 use crate::host::meminfo::MemInfo;
@@ -347,65 +347,21 @@ const GIB: u64 = 1 << 30;
 /// Plans `spec` against hosts in every state a mount can be in, renders the
 /// plans, and runs the agent's schedule and watchdog decisions on it.
 fn exercise(spec: &Spec, rng: &mut Rng) {
+    plan_on_random_hosts(spec, rng);
+    schedule_and_decide(spec, rng);
+}
+
+const EXTREMES: [u64; 6] = [0, 1, PAGE, 16 * GIB, 1 << 50, 1 << 60];
+
+fn plan_on_random_hosts(spec: &Spec, rng: &mut Rng) {
     let state = State::new("/run/tmpfsctl");
-    let extremes = [0, 1, PAGE, 16 * GIB, 1 << 50, 1 << 60];
     for _ in 0..4 {
-        let mounts: Vec<Observed> = spec
-            .mounts
-            .iter()
-            .map(|m| {
-                let size = *rng.pick(&extremes);
-                let live = tmpfs::LiveTmpfs {
-                    dev: (0, 40),
-                    size,
-                    nr_inodes: *rng.pick(&extremes),
-                    huge: None,
-                    noswap: rng.percent(50),
-                    flags: m.flags,
-                    root: RootAttrs {
-                        uid: u32::MAX - 1,
-                        gid: 0,
-                        mode: 0o7777,
-                    },
-                    usage: Usage {
-                        size,
-                        used: *rng.pick(&extremes),
-                        inodes: *rng.pick(&extremes),
-                        inodes_used: *rng.pick(&extremes),
-                    },
-                };
-                let at_path = match rng.below(4) {
-                    0 => AtPath::Disk,
-                    1 => AtPath::Ours(Live::Tmpfs(live)),
-                    2 => AtPath::OtherManaged {
-                        source: "tmpfsctl-other".into(),
-                    },
-                    _ => AtPath::Foreign {
-                        fstype: "ext4".into(),
-                        source: "/dev/sda1".into(),
-                    },
-                };
-                Observed {
-                    name: m.name.clone(),
-                    path_exists: rng.percent(70),
-                    at_path,
-                    ours_elsewhere: rng.percent(10).then(|| "/elsewhere".into()),
-                    stage_mounted: rng.percent(20),
-                    lower: *rng.pick(&[Lower::Absent, Lower::Bound, Lower::Shared, Lower::Stale]),
-                    disk: rng.percent(80).then_some(RootAttrs {
-                        uid: 0,
-                        gid: u32::MAX - 1,
-                        mode: 0o755,
-                    }),
-                    recorded: rng.percent(50),
-                }
-            })
-            .collect();
+        let mounts: Vec<Observed> = spec.mounts.iter().map(|m| observed(m, rng)).collect();
         let world = World {
             table: MountTable::default(),
             mem: MemInfo {
                 mem_total: 16 * GIB,
-                mem_available: *rng.pick(&extremes),
+                mem_available: *rng.pick(&EXTREMES),
                 shmem: 0,
             },
             page_size: PAGE,
@@ -418,7 +374,59 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
         crate::report::plan(&p);
         serde_json::to_string(&p).expect("plans serialise");
     }
+}
 
+/// A mount of `spec` as a host in some random state shows it.
+fn observed(m: &MountSpec, rng: &mut Rng) -> Observed {
+    let size = *rng.pick(&EXTREMES);
+    let live = tmpfs::LiveTmpfs {
+        dev: (0, 40),
+        size,
+        nr_inodes: *rng.pick(&EXTREMES),
+        huge: None,
+        noswap: rng.percent(50),
+        flags: m.flags,
+        root: RootAttrs {
+            uid: u32::MAX - 1,
+            gid: 0,
+            mode: 0o7777,
+        },
+        usage: Usage {
+            size,
+            used: *rng.pick(&EXTREMES),
+            inodes: *rng.pick(&EXTREMES),
+            inodes_used: *rng.pick(&EXTREMES),
+        },
+    };
+    let at_path = match rng.below(4) {
+        0 => AtPath::Disk,
+        1 => AtPath::Ours(Live::Tmpfs(live)),
+        2 => AtPath::OtherManaged {
+            source: "tmpfsctl-other".into(),
+        },
+        _ => AtPath::Foreign {
+            fstype: "ext4".into(),
+            source: "/dev/sda1".into(),
+        },
+    };
+    Observed {
+        name: m.name.clone(),
+        path_exists: rng.percent(70),
+        at_path,
+        ours_elsewhere: rng.percent(10).then(|| "/elsewhere".into()),
+        stage_mounted: rng.percent(20),
+        lower: *rng.pick(&[Lower::Absent, Lower::Bound, Lower::Shared, Lower::Stale]),
+        disk: rng.percent(80).then_some(RootAttrs {
+            uid: 0,
+            gid: u32::MAX - 1,
+            mode: 0o755,
+        }),
+        recorded: rng.percent(50),
+    }
+}
+
+/// The agent's deadlines, watchdog decisions and pressure guard on `spec`.
+fn schedule_and_decide(spec: &Spec, rng: &mut Rng) {
     let now = Instant::now();
     let unix_now = 1_750_000_000;
     let total: u64 = spec.mounts.iter().fold(0, |a, m| a.saturating_add(m.size));
@@ -451,7 +459,7 @@ fn exercise(spec: &Spec, rng: &mut Rng) {
             };
             let mem = MemView {
                 mem_total: 16 * GIB,
-                mem_available: *rng.pick(&extremes),
+                mem_available: *rng.pick(&EXTREMES),
                 psi_some_avg10: rng.percent(50).then_some(100.0),
             };
             let budget = Budget {

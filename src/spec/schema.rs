@@ -230,7 +230,7 @@ mod tests {
     /// The reader's own list of known fields at `at` (what it names as
     /// accepted for an unknown field there).
     fn reader_fields(yaml: &str, at: &str) -> BTreeSet<String> {
-        let root = super::super::node_from_yaml(yaml).unwrap();
+        let root = super::super::yaml::node_from_yaml(yaml).unwrap();
         let mut diags = Vec::new();
         super::super::raw::read(yaml, &root, &mut diags);
         let d = diags
