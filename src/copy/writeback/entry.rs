@@ -78,7 +78,13 @@ impl Syncer<'_, '_> {
                 self.keep_disk(path, verdict, d.as_ref())?;
                 return Ok(Stepped::default());
             }
-            let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
+            // Deleted on disk since the stat: not the same; putting the RAM's
+            // version in place finds the deletion and lets it stand.
+            let same_details = match self.same_details(src_dir, dst_dir, entry, &s, d.as_ref()) {
+                Ok(same) => same,
+                Err(f) if vanished(&f) => false,
+                Err(f) => return Err(f.into()),
+            };
             return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {

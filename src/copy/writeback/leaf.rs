@@ -177,7 +177,8 @@ impl Syncer<'_, '_> {
     /// Updates owner, attributes, mode and times of a regular file in place, through a
     /// descriptor checked to be the singly-linked file `d` that was compared; returns
     /// its stat afterwards. `Some(None)` when it is not (anymore), so it must be
-    /// rewritten; `None` when the source vanished.
+    /// rewritten; `None` when the source vanished or the application deleted the
+    /// disk entry (its deletion stands).
     pub(super) fn update_file_metadata(
         &mut self,
         src_dir: BorrowedFd<'_>,
@@ -191,13 +192,18 @@ impl Syncer<'_, '_> {
             Err(f) => return Err(f),
         };
         let s = stat::fstat(&src).map_err(src_err("stat"))?;
-        let path_fd = fcntl::openat(
+        let path_fd = match fcntl::openat(
             dst_dir,
             name,
             OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
-        )
-        .map_err(dst_err("open"))?;
+        ) {
+            Ok(fd) => fd,
+            // The application deleted it since the walk compared it: the newer
+            // change, which stays (as when a rewrite finds the name gone).
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(dst_err("open")(e)),
+        };
         let now = stat::fstat(&path_fd).map_err(dst_err("stat"))?;
         let same_inode = (now.st_dev, now.st_ino, now.st_nlink) == (d.st_dev, d.st_ino, 1);
         if file_type(&s) != libc::S_IFREG || file_type(&now) != libc::S_IFREG || !same_inode {
