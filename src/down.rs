@@ -276,6 +276,7 @@ mod tests {
             mounts: vec![MountSpec {
                 name: "c".into(),
                 path: "/c".into(),
+                backend: Default::default(),
                 size: 1 << 20,
                 inodes: None,
                 owner: None,

@@ -46,6 +46,7 @@ fn growth_within_max_size_is_kept_by_the_agents_apply() {
     let mut m = crate::spec::MountSpec {
         name: "c".into(),
         path: "/x".into(),
+        backend: Default::default(),
         size: 100 << 20,
         inodes: Some(1000),
         owner: None,

@@ -2,7 +2,8 @@
 //! options, mount and remount, the test for "is this mount ours", the
 //! reading of its live mounts and its usage figures; the plan, `status`,
 //! `down` and the agent speak only through the types here. tmpfs is the
-//! first backend: a new one is a module and a variant of each enum below.
+//! first backend: a new one is a module here, a variant of each enum below
+//! and one of `spec::Backend` (the spec's `backend:`).
 
 pub mod tmpfs;
 
@@ -14,7 +15,7 @@ use serde::Serialize;
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
-use crate::spec::{self, MountSpec};
+use crate::spec::{self, Backend, MountSpec};
 
 /// How a mount is built (and rebuilt online).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -26,7 +27,9 @@ pub enum MountOptions {
 impl MountOptions {
     /// The options `m` asks for, with `root` as the mount's root.
     pub fn desired(m: &MountSpec, root: RootAttrs) -> MountOptions {
-        MountOptions::Tmpfs(tmpfs::TmpfsOptions::desired(m, root))
+        match m.backend {
+            Backend::Tmpfs => MountOptions::Tmpfs(tmpfs::TmpfsOptions::desired(m, root)),
+        }
     }
 
     /// The backend's name, as operators know the filesystem.

@@ -24,6 +24,7 @@ fn mspec() -> MountSpec {
     MountSpec {
         name: "nginx".into(),
         path: "/var/cache/nginx".into(),
+        backend: Default::default(),
         size: 512 << 20,
         inodes: None,
         owner: None,

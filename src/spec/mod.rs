@@ -40,6 +40,8 @@ impl Spec {
 pub struct MountSpec {
     pub name: String,
     pub path: PathBuf,
+    /// Where the mount's RAM comes from.
+    pub backend: Backend,
     /// Bytes, as given or resolved from a percentage of MemTotal.
     pub size: u64,
     /// nr_inodes; `None` leaves the kernel's choice alone.
@@ -119,6 +121,19 @@ impl Atime {
             Atime::Strictatime => "strictatime",
         }
     }
+}
+
+/// `backend:`, where a mount's RAM comes from: one variant per module of
+/// `crate::backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    #[default]
+    Tmpfs,
+}
+
+impl Backend {
+    pub const ALL: [(&'static str, Backend); 1] = [("tmpfs", Backend::Tmpfs)];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -39,6 +39,8 @@ pub struct RawSpec {
 #[derive(Debug, Default, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawDefaults {
+    #[schemars(with = "Option<BackendName>")]
+    pub backend: Option<S<String>>,
     #[schemars(with = "Option<Vec<OptionName>>")]
     pub options: Option<S<Vec<S<String>>>>,
     #[schemars(with = "Option<HugeName>")]
@@ -63,6 +65,8 @@ pub struct RawMount {
     #[schemars(required)]
     #[schemars(with = "Option<AbsPath>")]
     pub path: Option<S<String>>,
+    #[schemars(with = "Option<BackendName>")]
+    pub backend: Option<S<String>>,
     #[schemars(required)]
     #[schemars(with = "Option<Size>")]
     pub size: Option<S<String>>,
@@ -529,6 +533,7 @@ impl<'a> Reader<'a> {
     fn defaults(&mut self, n: &S<Node>, path: &str) -> Option<RawDefaults> {
         let mut f = self.fields(n, path)?;
         let d = RawDefaults {
+            backend: self.opt_text(&mut f, "backend"),
             options: self.text_list(&mut f, "options", "[nosuid, nodev]"),
             huge: self.opt_text(&mut f, "huge"),
             noswap: self.opt_bool(&mut f, "noswap"),
@@ -540,7 +545,15 @@ impl<'a> Reader<'a> {
         };
         self.finish(
             f,
-            &["options", "huge", "noswap", "seed", "on_failure", "watchdog"],
+            &[
+                "backend",
+                "options",
+                "huge",
+                "noswap",
+                "seed",
+                "on_failure",
+                "watchdog",
+            ],
         );
         Some(d)
     }
@@ -563,6 +576,7 @@ impl<'a> Reader<'a> {
         let m = RawMount {
             name: self.req_text(&mut f, "name"),
             path: self.req_text(&mut f, "path"),
+            backend: self.opt_text(&mut f, "backend"),
             size: self.req_text(&mut f, "size"),
             inodes: self.opt_text(&mut f, "inodes"),
             owner: self.opt_text(&mut f, "owner"),
@@ -586,6 +600,7 @@ impl<'a> Reader<'a> {
             &[
                 "name",
                 "path",
+                "backend",
                 "size",
                 "inodes",
                 "owner",

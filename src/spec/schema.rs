@@ -15,7 +15,7 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde_json::Value;
 
 use super::raw::RawSpec;
-use super::{Action, EvictGroup, Huge, PressureAction};
+use super::{Action, Backend, EvictGroup, Huge, PressureAction};
 
 /// The schema as pretty JSON, with a final newline.
 pub fn json() -> String {
@@ -176,6 +176,11 @@ text_schema!(
         "pattern": "^[A-Za-z0-9:_.\\\\-]+(@[A-Za-z0-9:_.\\\\-]*)?\\.(service|socket|device|mount|automount|swap|target|path|timer|slice|scope)$",
         "description": "a systemd unit name with its type suffix, e.g. nginx.service"
     })
+);
+text_schema!(
+    /// `backend`.
+    BackendName,
+    json_schema!({ "enum": names(Backend::ALL.iter().map(|(n, _)| *n)) })
 );
 text_schema!(
     /// `huge`.

@@ -50,6 +50,17 @@ fn minimal_spec_gets_secure_defaults() {
     assert!(!m.create && !m.takeover && !m.noswap);
     assert_eq!(s.max_total, 8 * GIB, "default budget is 50% of MemTotal");
     assert_eq!(m.source(), "tmpfsctl-c");
+    assert_eq!(m.backend, Backend::Tmpfs);
+}
+
+#[test]
+fn backend_is_read_from_the_mount_or_the_defaults() {
+    let d = dir();
+    let s = parse_ok(&format!(
+        "version: 1\ndefaults:\n  backend: tmpfs\nmounts:\n  - name: c\n    path: {}\n    size: 1MiB\n    backend: tmpfs\n",
+        d.path().display()
+    ));
+    assert_eq!(s.mounts[0].backend, Backend::Tmpfs);
 }
 
 #[test]

@@ -76,6 +76,8 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("ambiguous decimal unit", one(&okp, "").replace("8MiB", "512MB"), 5, "mounts[0].size", "ambiguous"),
         case("zero size", one(&okp, "").replace("8MiB", "0"), 5, "mounts[0].size", "unlimited"),
         case("bad inode count", one(&okp, "    inodes: lots\n"), 6, "mounts[0].inodes", "invalid inode count"),
+        case("unknown backend", one(&okp, "    backend: zram\n"), 6, "mounts[0].backend", "invalid backend `zram`"),
+        case("unknown default backend", format!("defaults:\n  backend: ramfs\n{}", one(&okp, "")), 2, "defaults.backend", "invalid backend `ramfs`"),
         case("over the RAM budget", two(&okp, &ok2.display().to_string(), "").replace("8MiB", "30%"), 8, "mounts[1].size", "exceeds the RAM budget"),
         case("max_total bad", format!("max_total: lots\n{}", one(&okp, "")), 1, "max_total", "invalid size"),
         case("bad name", one(&okp, "").replace("name: cache", "name: Cache"), 3, "mounts[0].name", "invalid mount name `Cache`"),

@@ -7,7 +7,7 @@ use super::{ids, paths, watchdog, Ctx, MAX_PERIOD_SECS, MAX_UNIT_NAME, MIN_PERIO
 use crate::spec::duration::parse_duration;
 use crate::spec::raw::{RawDefaults, RawMount, RawWatchdog};
 use crate::spec::size::{self, COUNT_ACCEPTED, SIZE_ACCEPTED};
-use crate::spec::{Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed};
+use crate::spec::{Atime, Backend, Flags, Huge, MountSpec, OnFailure, Persist, Seed};
 
 const OPTIONS_ACCEPTED: &str = "nosuid, nodev, noexec, and at most one of relatime, noatime, strictatime";
 const NAME_ACCEPTED: &str = "1 to 48 characters of a-z, 0-9, '_' and '-', starting with a letter or digit";
@@ -44,6 +44,7 @@ const DEFAULT_OPTIONS: Flags = Flags {
 };
 
 pub(super) struct Defaults {
+    backend: Backend,
     flags: Flags,
     huge: Huge,
     noswap: bool,
@@ -53,6 +54,11 @@ pub(super) struct Defaults {
 
 pub(super) fn defaults(cx: &mut Ctx, raw: &RawDefaults) -> Defaults {
     Defaults {
+        backend: raw
+            .backend
+            .as_ref()
+            .and_then(|b| backend(cx, "defaults.backend", b))
+            .unwrap_or_default(),
         flags: raw
             .options
             .as_ref()
@@ -120,6 +126,10 @@ pub(super) fn mount(
         Some(h) => huge(cx, &field("huge"), h),
         None => Some(d.huge),
     };
+    let backend = match &m.backend {
+        Some(b) => backend(cx, &field("backend"), b),
+        None => Some(d.backend),
+    };
     let seed = match &m.seed {
         Some(s) => seed(cx, &field("seed"), s),
         None => Some(d.seed),
@@ -158,6 +168,7 @@ pub(super) fn mount(
     Some(MountSpec {
         name: name?,
         path: path?,
+        backend: backend?,
         size,
         inodes,
         owner,
@@ -376,6 +387,10 @@ fn choice<T: Copy>(
         );
     }
     found
+}
+
+fn backend(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Backend> {
+    choice(cx, field, s, "backend", &Backend::ALL)
 }
 
 fn huge(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Huge> {
