@@ -166,7 +166,7 @@ pub struct Facts<'a> {
     pub spec: &'a Spec,
     pub name: &'a str,
     /// The side bind of `name` (`STATE/lower/NAME`).
-    pub lower: PathBuf,
+    pub side: PathBuf,
     /// The state's record says the mount was persisted.
     pub recorded_persisted: bool,
 }
@@ -184,10 +184,10 @@ pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
                 top.source
             ));
         }
-        if persisted && !observe::lower_reaches_disk(table, e.dev, &f.lower) {
+        if persisted && !observe::side_reaches_disk(table, e.dev, &f.side) {
             return Takedown::Refuse(format!(
                 "the disk directory is not reachable through {} (missing, stacked or shared side bind); run `tmpfsctl apply` to restore it, then `down` again — nothing was written back or unmounted",
-                f.lower.display()
+                f.side.display()
             ));
         }
     }
@@ -235,7 +235,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
     let facts = Facts {
         spec,
         name,
-        lower: state.lower(name),
+        side: state.side(name),
         recorded_persisted: state.record(name).is_some_and(|r| r.persist != "none"),
     };
     let takedown = decide(&facts, &found, &table);
@@ -244,7 +244,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
             res.holders = host.holders(e.dev);
         }
     }
-    let cx = takedown::Context {
+    let cx = takedown::Actor {
         spec,
         host,
         state,
@@ -306,7 +306,7 @@ mod tests {
         name: &str,
         live: Option<u32>,
         held: Option<u32>,
-        lower: &str,
+        side: &str,
         recorded: bool,
     ) -> Takedown {
         let t = MountTable::parse(TABLE).unwrap();
@@ -317,7 +317,7 @@ mod tests {
         let facts = Facts {
             spec,
             name,
-            lower: lower.into(),
+            side: side.into(),
             recorded_persisted: recorded,
         };
         decide(&facts, &found, &t)

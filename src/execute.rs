@@ -291,7 +291,7 @@ fn run_step(
 ) -> Result<Option<(copy::CopyStats, copy::Baseline)>> {
     match step {
         Step::DetachStage { stage } => mount::detach(stage)?,
-        Step::DetachLower { lower } => mount::detach_all(lower)?,
+        Step::DetachSide { side } => mount::detach_all(side)?,
         Step::RemoveLeftover { path, mounted } => {
             if *mounted {
                 mount::detach(path)?;
@@ -306,16 +306,16 @@ fn run_step(
                 mount::bind_private(dir, dir)?;
             }
         }
-        Step::PrivateLower { lower } => mount::make_private(lower)?,
-        Step::RestoreLower { path, lower, scratch } => restore_lower(path, lower, scratch)?,
+        Step::PrivateSide { side } => mount::make_private(side)?,
+        Step::RestoreSide { path, side, scratch } => restore_side(path, side, scratch)?,
         Step::CreateDir { path, root } => {
             create_dir(path)?;
             set_root(&pin(pinned, path)?.proc_path(), *root)?;
         }
-        Step::BindLower { path, lower } => {
-            mount::ensure_mount_point(lower)?;
-            mount::bind_private(&pin(pinned, path)?.proc_path(), lower)?;
-            undo.push(Undo::Detach(lower.clone()));
+        Step::BindSide { path, side } => {
+            mount::ensure_mount_point(side)?;
+            mount::bind_private(&pin(pinned, path)?.proc_path(), side)?;
+            undo.push(Undo::Detach(side.clone()));
         }
         Step::MountStage {
             source,
@@ -397,17 +397,16 @@ fn seed(
     stats
 }
 
-/// See `Step::RestoreLower`. The scratch bind is private before anything is
+/// See `Step::RestoreSide`. The scratch bind is private before anything is
 /// taken from it, and is gone afterwards (a leftover after a crash).
-fn restore_lower(path: &Path, lower: &Path, scratch: &Path) -> Result<()> {
+fn restore_side(path: &Path, side: &Path, scratch: &Path) -> Result<()> {
     let parent = path.parent().unwrap_or(Path::new("/"));
     let base = path
         .file_name()
         .context("the managed path has a last component")?;
     mount::ensure_mount_point(scratch)?;
     mount::bind_private(parent, scratch)?;
-    let result =
-        mount::ensure_mount_point(lower).and_then(|_| mount::bind_private(&scratch.join(base), lower));
+    let result = mount::ensure_mount_point(side).and_then(|_| mount::bind_private(&scratch.join(base), side));
     mount::detach(scratch)?;
     remove_empty_dir(scratch)?;
     result

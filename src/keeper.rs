@@ -229,7 +229,7 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
     let started = Instant::now();
     let mut was_held = false;
     let mut watch =
-        Deletions::watch(&state.lower(name)).map_err(|e| anyhow::anyhow!("watching for deletions: {e}"))?;
+        Deletions::watch(&state.side(name)).map_err(|e| anyhow::anyhow!("watching for deletions: {e}"))?;
     watch.ignore(parent);
     let record = record_path(state, name);
     let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;

@@ -115,7 +115,7 @@ pub struct Observed {
     pub ours_elsewhere: Option<PathBuf>,
     /// A tmpfs left at the staging point by an interrupted apply.
     pub stage_mounted: bool,
-    pub lower: Lower,
+    pub side: SideBind,
     /// Owner/mode of the on-disk directory, when it can be seen.
     pub disk: Option<RootAttrs>,
     pub recorded: bool,
@@ -123,7 +123,7 @@ pub struct Observed {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Lower {
+pub enum SideBind {
     Absent,
     /// One private bind that leads to the disk directory.
     Bound,
@@ -137,38 +137,38 @@ pub enum Lower {
 /// Whether the side bind of a live tmpfs (device `tmpfs_dev`) is one private
 /// bind that is not the tmpfs itself: the only state in which writing back
 /// through it reaches the disk directory.
-pub fn lower_reaches_disk(table: &MountTable, tmpfs_dev: (u32, u32), lower_path: &Path) -> bool {
-    let stack = table.stack_at(lower_path);
+pub fn side_reaches_disk(table: &MountTable, tmpfs_dev: (u32, u32), side_path: &Path) -> bool {
+    let stack = table.stack_at(side_path);
     matches!(stack.as_slice(), [only] if only.dev != tmpfs_dev && only.is_private())
 }
 
 /// Whether the side path leads to the disk directory, and only there.
-fn lower_state(
+fn side_state(
     table: &MountTable,
     at_path: &AtPath,
     source: &str,
     path_md: &Option<std::fs::Metadata>,
-    lower_path: &Path,
-) -> Lower {
-    let stack = table.stack_at(lower_path);
+    side_path: &Path,
+) -> SideBind {
+    let stack = table.stack_at(side_path);
     let Some(top) = stack.last() else {
-        return Lower::Absent;
+        return SideBind::Absent;
     };
     if stack.len() > 1 || backend::is_ours(top, source) {
-        return Lower::Stale;
+        return SideBind::Stale;
     }
     let same_dir = match at_path {
         // The path shows the tmpfs; the bind must at least not be that tmpfs.
         AtPath::Ours(live) => top.dev != live.dev(),
-        _ => match (path_md, std::fs::symlink_metadata(lower_path)) {
+        _ => match (path_md, std::fs::symlink_metadata(side_path)) {
             (Some(p), Ok(l)) => p.dev() == l.dev() && p.ino() == l.ino(),
             _ => false,
         },
     };
     match (same_dir, top.is_private()) {
-        (false, _) => Lower::Stale,
-        (true, true) => Lower::Bound,
-        (true, false) => Lower::Shared,
+        (false, _) => SideBind::Stale,
+        (true, true) => SideBind::Bound,
+        (true, false) => SideBind::Shared,
     }
 }
 
@@ -210,7 +210,7 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
     let mut leftovers = Vec::new();
     for (names, path_of) in [
         (state.stage_names(), State::stage as fn(&State, &str) -> PathBuf),
-        (state.lower_names(), State::lower),
+        (state.side_names(), State::side),
     ] {
         for name in names.into_iter().filter(|n| !in_spec(n)) {
             let path = path_of(state, &name);
@@ -236,7 +236,7 @@ pub fn observe(spec: &Spec, host: &Host, state: &State) -> Result<World> {
         .filter_map(|e| Some((backend::managed_name(e)?.to_string(), e.mount_point.clone())))
         .filter(|(n, _)| !in_spec(n))
         .collect();
-    let state_not_private = [state.lower_root(), state.stage_root()]
+    let state_not_private = [state.side_root(), state.stage_root()]
         .into_iter()
         .filter_map(|d| match table.top_at(&d) {
             Some(e) if e.is_private() => None,
@@ -276,7 +276,7 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         },
     };
     let stage = state.stage(&m.name);
-    let lower_path = state.lower(&m.name);
+    let side_path = state.side(&m.name);
     // A full bind of the live tmpfs elsewhere (a chroot, an rbind of /var)
     // is not a second copy: only a tmpfs of ours somewhere else while the
     // path has none means the spec's path changed.
@@ -286,9 +286,9 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
             .map(|e| e.mount_point.clone())
             .find(|p| *p != m.path && *p != stage),
     };
-    let lower = lower_state(table, &at_path, &source, &path_md, &lower_path);
-    let disk = match (&at_path, lower) {
-        (_, Lower::Bound | Lower::Shared) => RootAttrs::of(&lower_path).ok(),
+    let side = side_state(table, &at_path, &source, &path_md, &side_path);
+    let disk = match (&at_path, side) {
+        (_, SideBind::Bound | SideBind::Shared) => RootAttrs::of(&side_path).ok(),
         (AtPath::Ours(_), _) => None,
         _ => RootAttrs::of(&m.path).ok(),
     };
@@ -298,7 +298,7 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         at_path,
         ours_elsewhere,
         stage_mounted: table.top_at(&stage).is_some(),
-        lower,
+        side,
         disk,
         recorded: state.record(&m.name).is_some(),
     }

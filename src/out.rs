@@ -17,7 +17,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Mutex, PoisonError};
 
-enum State {
+enum StreamState {
     Open,
     /// The reader went away (EPIPE).
     Closed,
@@ -26,16 +26,16 @@ enum State {
 }
 
 struct Stream {
-    state: Mutex<State>,
+    state: Mutex<StreamState>,
     write: fn(&[u8]) -> nix::Result<usize>,
 }
 
 static STDOUT: Stream = Stream {
-    state: Mutex::new(State::Open),
+    state: Mutex::new(StreamState::Open),
     write: write_stdout,
 };
 static STDERR: Stream = Stream {
-    state: Mutex::new(State::Open),
+    state: Mutex::new(StreamState::Open),
     write: write_stderr,
 };
 
@@ -53,24 +53,24 @@ impl Stream {
     /// of concurrent threads do not interleave.
     fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !matches!(*state, State::Open) {
+        if !matches!(*state, StreamState::Open) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
         let mut rest = buf;
         while !rest.is_empty() {
             match (self.write)(rest) {
                 Ok(0) => {
-                    *state = State::Failed(io::ErrorKind::WriteZero.into());
+                    *state = StreamState::Failed(io::ErrorKind::WriteZero.into());
                     return Err(io::ErrorKind::WriteZero.into());
                 }
                 Ok(n) => rest = &rest[n..],
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EPIPE) => {
-                    *state = State::Closed;
+                    *state = StreamState::Closed;
                     return Err(io::ErrorKind::BrokenPipe.into());
                 }
                 Err(e) => {
-                    *state = State::Failed(e.into());
+                    *state = StreamState::Failed(e.into());
                     return Err(io::Error::from(e));
                 }
             }
@@ -117,7 +117,7 @@ impl io::Write for Writer {
 /// for is incomplete.
 pub fn stdout_failure() -> Option<String> {
     match &*STDOUT.state.lock().unwrap_or_else(PoisonError::into_inner) {
-        State::Failed(e) => Some(e.to_string()),
+        StreamState::Failed(e) => Some(e.to_string()),
         _ => None,
     }
 }
@@ -233,7 +233,7 @@ mod tests {
 
     fn stream(write: fn(&[u8]) -> nix::Result<usize>) -> Stream {
         Stream {
-            state: Mutex::new(State::Open),
+            state: Mutex::new(StreamState::Open),
             write,
         }
     }
@@ -246,7 +246,7 @@ mod tests {
         s.write_all(b"one").unwrap();
         let e = s.write_all(b"two").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
-        assert!(matches!(*s.state.lock().unwrap(), State::Closed));
+        assert!(matches!(*s.state.lock().unwrap(), StreamState::Closed));
         for _ in 0..3 {
             assert_eq!(
                 s.write_all(b"more").unwrap_err().kind(),
@@ -278,7 +278,7 @@ mod tests {
                 b"def".to_vec()
             ]
         );
-        assert!(matches!(*s.state.lock().unwrap(), State::Open));
+        assert!(matches!(*s.state.lock().unwrap(), StreamState::Open));
     }
 
     scripted!(disk_full, [Err(nix::errno::Errno::ENOSPC)]);
@@ -291,7 +291,7 @@ mod tests {
             Some(libc::ENOSPC)
         );
         assert!(
-            matches!(&*s.state.lock().unwrap(), State::Failed(e) if e.raw_os_error() == Some(libc::ENOSPC))
+            matches!(&*s.state.lock().unwrap(), StreamState::Failed(e) if e.raw_os_error() == Some(libc::ENOSPC))
         );
         assert!(s.write_all(b"more").is_err());
         assert_eq!(disk_full::CALLS.lock().unwrap().len(), 1);

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::backend::{self, Change, Live};
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
-use crate::observe::{AtPath, Leftover, Lower, Observed, World};
+use crate::observe::{AtPath, Leftover, Observed, SideBind, World};
 use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, Seed, Spec};
 use crate::state::State;
@@ -21,16 +21,16 @@ pub enum Step {
         stage: PathBuf,
     },
     /// Drop a side bind that does not lead to the managed directory.
-    DetachLower {
-        lower: PathBuf,
+    DetachSide {
+        side: PathBuf,
     },
     CreateDir {
         path: PathBuf,
         root: RootAttrs,
     },
-    BindLower {
+    BindSide {
         path: PathBuf,
-        lower: PathBuf,
+        side: PathBuf,
     },
     MountStage {
         source: String,
@@ -69,15 +69,15 @@ pub enum Step {
         mounted: bool,
     },
     /// Ends the peer-group membership of a side bind left by a crash.
-    PrivateLower {
-        lower: PathBuf,
+    PrivateSide {
+        side: PathBuf,
     },
     /// Rebuilds a lost side bind under a live tmpfs: a non-recursive bind of
     /// the parent directory (at `scratch`) does not carry the tmpfs, so its
     /// entry for the managed directory is the disk directory.
-    RestoreLower {
+    RestoreSide {
         path: PathBuf,
-        lower: PathBuf,
+        side: PathBuf,
         scratch: PathBuf,
     },
 }
@@ -86,12 +86,12 @@ impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::DetachStage { stage } => format!("detach unfinished tmpfs at {}", stage.display()),
-            Step::DetachLower { lower } => format!("detach stale side bind {}", lower.display()),
+            Step::DetachSide { side } => format!("detach stale side bind {}", side.display()),
             Step::CreateDir { path, root } => {
                 format!("create directory {} ({})", path.display(), root.describe())
             }
-            Step::BindLower { path, lower } => {
-                format!("bind {} to {} (private)", path.display(), lower.display())
+            Step::BindSide { path, side } => {
+                format!("bind {} to {} (private)", path.display(), side.display())
             }
             Step::MountStage {
                 source,
@@ -120,11 +120,11 @@ impl Step {
                 )
             }
             Step::PrivateStateDir { dir, .. } => format!("make {} a private mount", dir.display()),
-            Step::PrivateLower { lower } => format!("make side bind {} private", lower.display()),
-            Step::RestoreLower { path, lower, .. } => {
+            Step::PrivateSide { side } => format!("make side bind {} private", side.display()),
+            Step::RestoreSide { path, side, .. } => {
                 format!(
                     "restore side bind {} to the disk directory under {}",
-                    lower.display(),
+                    side.display(),
                     path.display()
                 )
             }
@@ -195,7 +195,7 @@ pub fn plan(spec: &Spec, world: &World, state: &State) -> Plan {
     let builds = mounts.iter().any(|m| {
         m.steps
             .iter()
-            .any(|s| matches!(s, Step::BindLower { .. } | Step::MountStage { .. }))
+            .any(|s| matches!(s, Step::BindSide { .. } | Step::MountStage { .. }))
     });
     let prepare = if builds {
         world
@@ -273,7 +273,7 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
     }
     match &o.at_path {
         AtPath::Ours(live) => {
-            plan_lower_of_live(m, o, state, &mut p);
+            plan_side_of_live(m, o, state, &mut p);
             plan_live(m, o, live, page_size, &mut p);
             return p;
         }
@@ -333,7 +333,7 @@ pub fn resize(m: &MountSpec, root: RootAttrs, from: Usage, size: u64, nr_inodes:
 fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) -> Vec<Step> {
     let mut steps = Vec::new();
     let stage = state.stage(&m.name);
-    let lower = state.lower(&m.name);
+    let side = state.side(&m.name);
     if o.stage_mounted {
         steps.push(Step::DetachStage { stage: stage.clone() });
     }
@@ -343,19 +343,19 @@ fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) ->
             root,
         });
     }
-    match o.lower {
-        Lower::Bound => {}
-        Lower::Shared => steps.push(Step::PrivateLower { lower: lower.clone() }),
-        Lower::Stale => {
-            steps.push(Step::DetachLower { lower: lower.clone() });
-            steps.push(Step::BindLower {
+    match o.side {
+        SideBind::Bound => {}
+        SideBind::Shared => steps.push(Step::PrivateSide { side: side.clone() }),
+        SideBind::Stale => {
+            steps.push(Step::DetachSide { side: side.clone() });
+            steps.push(Step::BindSide {
                 path: m.path.clone(),
-                lower: lower.clone(),
+                side: side.clone(),
             });
         }
-        Lower::Absent => steps.push(Step::BindLower {
+        SideBind::Absent => steps.push(Step::BindSide {
             path: m.path.clone(),
-            lower: lower.clone(),
+            side: side.clone(),
         }),
     }
     steps.push(Step::MountStage {
@@ -365,7 +365,7 @@ fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) ->
     });
     if m.seed == Seed::Copy {
         steps.push(Step::Seed {
-            from: lower,
+            from: side,
             to: stage.clone(),
         });
     }
@@ -378,19 +378,19 @@ fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) ->
 
 /// A live tmpfs whose side bind is missing or wrong gets it back: write-back
 /// and `down` need the disk directory.
-fn plan_lower_of_live(m: &MountSpec, o: &Observed, state: &State, p: &mut MountPlan) {
-    let lower = state.lower(&m.name);
-    let restore = Step::RestoreLower {
+fn plan_side_of_live(m: &MountSpec, o: &Observed, state: &State, p: &mut MountPlan) {
+    let side = state.side(&m.name);
+    let restore = Step::RestoreSide {
         path: m.path.clone(),
-        lower: lower.clone(),
+        side: side.clone(),
         scratch: state.restore(&m.name),
     };
-    match o.lower {
-        Lower::Bound => {}
-        Lower::Shared => p.steps.push(Step::PrivateLower { lower }),
-        Lower::Absent => p.steps.push(restore),
-        Lower::Stale => {
-            p.steps.push(Step::DetachLower { lower });
+    match o.side {
+        SideBind::Bound => {}
+        SideBind::Shared => p.steps.push(Step::PrivateSide { side }),
+        SideBind::Absent => p.steps.push(restore),
+        SideBind::Stale => {
+            p.steps.push(Step::DetachSide { side });
             p.steps.push(restore);
         }
     }

@@ -127,7 +127,10 @@ impl State {
         &self.dir
     }
 
-    pub fn lower_root(&self) -> PathBuf {
+    /// Side binds live under `lower/`, the name they had before the code
+    /// called them side binds: live mounts and installed units (ordered after
+    /// `run-tmpfsctl-lower-NAME.mount`) keep working across an upgrade.
+    pub fn side_root(&self) -> PathBuf {
         self.dir.join("lower")
     }
 
@@ -233,8 +236,8 @@ impl State {
     }
 
     /// Side path where the on-disk directory stays reachable under the tmpfs.
-    pub fn lower(&self, name: &str) -> PathBuf {
-        self.lower_root().join(name)
+    pub fn side(&self, name: &str) -> PathBuf {
+        self.side_root().join(name)
     }
 
     /// Where a new tmpfs is built and seeded before it is moved into place,
@@ -243,8 +246,8 @@ impl State {
         self.stage_root().join(name)
     }
 
-    pub fn lower_names(&self) -> Vec<String> {
-        list_names(&self.dir.join("lower"))
+    pub fn side_names(&self) -> Vec<String> {
+        list_names(&self.side_root())
     }
 
     pub fn stage_names(&self) -> Vec<String> {

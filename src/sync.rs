@@ -18,7 +18,7 @@ use crate::host::mountinfo::MountTable;
 use crate::host::Host;
 use crate::keeper;
 use crate::mount;
-use crate::observe::{self, AtPath, Lower};
+use crate::observe::{self, AtPath, SideBind};
 use crate::spec::{self, MountSpec, Persist, Spec};
 use crate::state::{State, SyncRecord};
 
@@ -81,7 +81,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
             let reachable = world
                 .table
                 .top_at(elsewhere)
-                .is_some_and(|e| observe::lower_reaches_disk(&world.table, e.dev, &state.lower(&m.name)));
+                .is_some_and(|e| observe::side_reaches_disk(&world.table, e.dev, &state.side(&m.name)));
             out.push(if reachable && !elsewhere.starts_with(state.dir()) {
                 sync_one(m, elsewhere, state, None, by)?
             } else {
@@ -91,7 +91,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
                         "its tmpfs is at {}, not at {}, and the disk directory is not reachable at {}",
                         elsewhere.display(),
                         m.path.display(),
-                        state.lower(&m.name).display()
+                        state.side(&m.name).display()
                     )),
                     ..skip(String::new())
                 }
@@ -104,14 +104,14 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
             ));
             continue;
         }
-        if o.lower != Lower::Bound {
+        if o.side != SideBind::Bound {
             // Writing into anything but the disk directory would report a
             // write-back that did not happen.
             out.push(SyncResult {
                 result: SyncOutcome::Failed,
                 reason: Some(format!(
                     "the disk directory is not reachable at {}; run `tmpfsctl down` then `apply` to restore the side bind",
-                    state.lower(&m.name).display()
+                    state.side(&m.name).display()
                 )),
                 ..skip(String::new())
             });
@@ -145,7 +145,7 @@ pub fn sync_one(
                 journal: Some(&journal),
                 deletions,
             };
-            copy::sync_tree(src, &state.lower(&m.name), merge, None).map_err(anyhow::Error::new)
+            copy::sync_tree(src, &state.side(&m.name), merge, None).map_err(anyhow::Error::new)
         })
         .and_then(|synced| {
             crate::failpoint::hit("after-merge", &m.name);
@@ -247,7 +247,7 @@ pub fn finish_writeback(
 /// and a new keeper should this process die before the write-back is done (see
 /// [`keeper`]). Without fanotify (old kernel, no CAP_SYS_ADMIN), none.
 pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
-    let mut watch = Deletions::watch(&state.lower(&m.name))
+    let mut watch = Deletions::watch(&state.side(&m.name))
         .map_err(|e| {
             tracing::debug!(
                 "{}: no watch for deletions in the disk directory ({e}); names the RAM created are written back",
@@ -271,7 +271,7 @@ pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
 /// Removes the side bind and staging point of a mount that is gone, and has the
 /// state forget it.
 pub fn clean_up(name: &str, table: &MountTable, state: &State) -> Result<()> {
-    for side in [state.stage(name), state.lower(name)] {
+    for side in [state.stage(name), state.side(name)] {
         if table.top_at(&side).is_some() {
             mount::detach(&side)?;
         }

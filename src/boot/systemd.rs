@@ -91,7 +91,7 @@ pub fn down_unit(cx: &Context) -> String {
         u.push_str(&format!(
             "After={} {}\n",
             mount_unit(&m.path),
-            mount_unit(&cx.state.lower(&m.name))
+            mount_unit(&cx.state.side(&m.name))
         ));
     }
     u.push_str("\n[Service]\n");

@@ -222,7 +222,7 @@ impl Baseline {
             .checked_sub(8)
             .ok_or(BaselineError::Corrupt("truncated"))?;
         let (body, sum) = data.split_at(body_len);
-        let mut r = Reader(body);
+        let mut r = RecordReader(body);
         if r.take(MAGIC.len())? != MAGIC {
             return Err(BaselineError::Corrupt("not a baseline file"));
         }
@@ -376,9 +376,9 @@ impl Sig {
     }
 }
 
-pub(super) struct Reader<'a>(pub(super) &'a [u8]);
+pub(super) struct RecordReader<'a>(pub(super) &'a [u8]);
 
-impl<'a> Reader<'a> {
+impl<'a> RecordReader<'a> {
     /// What [`put_record`] wrote.
     pub(super) fn record(&mut self) -> Result<(&'a [u8], Mark), BaselineError> {
         let len = u32::from_le_bytes(self.array()?) as usize;

@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::baseline::{fnv1a, put_record, put_time, Baseline, Mark, Reader, Time};
+use super::baseline::{fnv1a, put_record, put_time, Baseline, Mark, RecordReader, Time};
 
 const MAGIC: &[u8] = b"tmpfsctl-journal\n";
 const FORMAT: u32 = 1;
@@ -66,7 +66,7 @@ fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Mark)> {
     };
     let mut out = Vec::new();
     loop {
-        let mut r = Reader(rest);
+        let mut r = RecordReader(rest);
         let (Ok((path, mark)), Ok(sum)) = (r.record(), r.array::<8>()) else {
             break;
         };

@@ -16,7 +16,7 @@ use crate::state::State;
 use crate::sync::{finish_writeback, watch_deletions, SyncOutcome};
 
 /// Who takes a mount down, and where.
-pub struct Context<'a> {
+pub struct Actor<'a> {
     pub spec: &'a Spec,
     pub host: &'a Host,
     pub state: &'a State,
@@ -26,14 +26,14 @@ pub struct Context<'a> {
 
 /// Carries out `takedown` for `name` as `found` in `table`, filling in `res`.
 pub fn run(
-    cx: &Context,
+    cx: &Actor,
     name: &str,
     takedown: Takedown,
     found: &Found,
     table: &MountTable,
     res: &mut DownResult,
 ) -> Result<()> {
-    let Context {
+    let Actor {
         spec,
         host,
         state,

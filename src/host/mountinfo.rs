@@ -192,9 +192,9 @@ mod tests {
         assert_eq!(n.super_option("huge"), None);
         assert!(n.has_mount_option("nosuid") && !n.has_mount_option("noexec"));
         assert!(!n.is_private());
-        let lower = &t.entries[2];
-        assert_eq!(lower.root, Path::new("/var/cache/nginx"));
-        assert!(lower.is_private());
+        let side = &t.entries[2];
+        assert_eq!(side.root, Path::new("/var/cache/nginx"));
+        assert!(side.is_private());
         assert_eq!(t.entries[4].super_option("noswap"), Some(""));
     }
 

@@ -5,7 +5,7 @@ use crate::backend::tmpfs;
 use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
-use crate::observe::{AtPath, Leftover, Lower, Observed, World};
+use crate::observe::{AtPath, Leftover, Observed, SideBind, World};
 use crate::spec::{AgentSettings, Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec, Watchdog};
 
 const PAGE: u64 = 4096;
@@ -56,7 +56,7 @@ fn on_disk() -> Observed {
         at_path: AtPath::Disk,
         ours_elsewhere: None,
         stage_mounted: false,
-        lower: Lower::Absent,
+        side: SideBind::Absent,
         disk: Some(DISK),
         recorded: false,
     }
@@ -86,7 +86,7 @@ fn live() -> tmpfs::LiveTmpfs {
 fn offloaded(l: tmpfs::LiveTmpfs) -> Observed {
     Observed {
         at_path: AtPath::Ours(Live::Tmpfs(l)),
-        lower: Lower::Bound,
+        side: SideBind::Bound,
         recorded: true,
         ..on_disk()
     }
@@ -97,9 +97,9 @@ fn actions(p: &MountPlan) -> Vec<&'static str> {
         .iter()
         .map(|s| match s {
             Step::DetachStage { .. } => "detach-stage",
-            Step::DetachLower { .. } => "detach-lower",
+            Step::DetachSide { .. } => "detach-side",
             Step::CreateDir { .. } => "create-dir",
-            Step::BindLower { .. } => "bind-lower",
+            Step::BindSide { .. } => "bind-side",
             Step::MountStage { .. } => "mount-stage",
             Step::Seed { .. } => "seed",
             Step::MoveIntoPlace { .. } => "move-into-place",
@@ -107,8 +107,8 @@ fn actions(p: &MountPlan) -> Vec<&'static str> {
             Step::SetRoot { .. } => "set-root",
             Step::RemoveLeftover { .. } => "remove-leftover",
             Step::PrivateStateDir { .. } => "private-state-dir",
-            Step::PrivateLower { .. } => "private-lower",
-            Step::RestoreLower { .. } => "restore-lower",
+            Step::PrivateSide { .. } => "private-side",
+            Step::RestoreSide { .. } => "restore-side",
         })
         .collect()
 }
@@ -153,14 +153,14 @@ fn first_apply_binds_builds_seeds_then_moves() {
     let p = run(&mspec(), &on_disk());
     assert_eq!(
         actions(&p),
-        ["bind-lower", "mount-stage", "seed", "move-into-place"]
+        ["bind-side", "mount-stage", "seed", "move-into-place"]
     );
     assert!(p.blocked.is_none());
     assert_eq!(
         p.steps[0],
-        Step::BindLower {
+        Step::BindSide {
             path: "/var/cache/nginx".into(),
-            lower: "/run/tmpfsctl/lower/nginx".into()
+            side: "/run/tmpfsctl/lower/nginx".into()
         }
     );
     assert_eq!(
@@ -186,7 +186,7 @@ fn seed_empty_skips_the_copy() {
         },
         &on_disk(),
     );
-    assert_eq!(actions(&p), ["bind-lower", "mount-stage", "move-into-place"]);
+    assert_eq!(actions(&p), ["bind-side", "mount-stage", "move-into-place"]);
 }
 
 #[test]
@@ -227,7 +227,7 @@ fn missing_path_is_created_only_when_asked() {
         actions(&p),
         [
             "create-dir",
-            "bind-lower",
+            "bind-side",
             "mount-stage",
             "seed",
             "move-into-place"
@@ -253,7 +253,7 @@ fn after_a_crash_a_bound_side_path_is_reused() {
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Bound,
+            side: SideBind::Bound,
             ..on_disk()
         },
     );
@@ -265,15 +265,15 @@ fn after_a_crash_a_stale_side_bind_is_replaced() {
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Stale,
+            side: SideBind::Stale,
             ..on_disk()
         },
     );
     assert_eq!(
         actions(&p),
         [
-            "detach-lower",
-            "bind-lower",
+            "detach-side",
+            "bind-side",
             "mount-stage",
             "seed",
             "move-into-place"
@@ -287,7 +287,7 @@ fn after_a_crash_an_unfinished_stage_is_torn_down_first() {
         &mspec(),
         &Observed {
             stage_mounted: true,
-            lower: Lower::Bound,
+            side: SideBind::Bound,
             ..on_disk()
         },
     );
@@ -321,7 +321,7 @@ fn foreign_mount_needs_takeover() {
     );
     assert_eq!(
         actions(&p),
-        ["bind-lower", "mount-stage", "seed", "move-into-place"]
+        ["bind-side", "mount-stage", "seed", "move-into-place"]
     );
 }
 
@@ -663,13 +663,13 @@ fn a_shared_side_bind_is_made_private_before_anything_is_moved() {
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Shared,
+            side: SideBind::Shared,
             ..on_disk()
         },
     );
     assert_eq!(
         actions(&p),
-        ["private-lower", "mount-stage", "seed", "move-into-place"]
+        ["private-side", "mount-stage", "seed", "move-into-place"]
     );
 }
 
@@ -678,29 +678,29 @@ fn a_live_mount_gets_its_side_bind_back() {
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Absent,
+            side: SideBind::Absent,
             disk: None,
             ..offloaded(live())
         },
     );
-    assert_eq!(actions(&p), ["restore-lower"]);
+    assert_eq!(actions(&p), ["restore-side"]);
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Stale,
+            side: SideBind::Stale,
             disk: None,
             ..offloaded(live())
         },
     );
-    assert_eq!(actions(&p), ["detach-lower", "restore-lower"]);
+    assert_eq!(actions(&p), ["detach-side", "restore-side"]);
     let p = run(
         &mspec(),
         &Observed {
-            lower: Lower::Shared,
+            side: SideBind::Shared,
             ..offloaded(live())
         },
     );
-    assert_eq!(actions(&p), ["private-lower"]);
+    assert_eq!(actions(&p), ["private-side"]);
 }
 
 #[test]
@@ -710,15 +710,11 @@ fn an_unseen_disk_never_resets_a_live_root_to_create_defaults() {
         ..mspec()
     };
     let o = Observed {
-        lower: Lower::Absent,
+        side: SideBind::Absent,
         disk: None,
         ..offloaded(live())
     };
-    assert_eq!(
-        actions(&run(&m, &o)),
-        ["restore-lower"],
-        "no set-root to 0:0 0755"
-    );
+    assert_eq!(actions(&run(&m, &o)), ["restore-side"], "no set-root to 0:0 0755");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
-use crate::observe::{AtPath, Lower, Observed, World};
+use crate::observe::{AtPath, Observed, SideBind, World};
 use crate::state::State;
 
 /// xorshift64*: the same inputs on every run, no dependency.
@@ -415,7 +415,12 @@ fn observed(m: &MountSpec, rng: &mut Rng) -> Observed {
         at_path,
         ours_elsewhere: rng.percent(10).then(|| "/elsewhere".into()),
         stage_mounted: rng.percent(20),
-        lower: *rng.pick(&[Lower::Absent, Lower::Bound, Lower::Shared, Lower::Stale]),
+        side: *rng.pick(&[
+            SideBind::Absent,
+            SideBind::Bound,
+            SideBind::Shared,
+            SideBind::Stale,
+        ]),
         disk: rng.percent(80).then_some(RootAttrs {
             uid: 0,
             gid: u32::MAX - 1,

@@ -130,7 +130,7 @@ fn plan_shows_steps_and_changes_nothing() {
         .iter()
         .map(|s| s["action"].as_str().unwrap())
         .collect();
-    assert_eq!(actions, ["bind-lower", "mount-stage", "seed", "move-into-place"]);
+    assert_eq!(actions, ["bind-side", "mount-stage", "seed", "move-into-place"]);
 }
 
 /// The grow's remount, read back from mountinfo: a remount that left out a
@@ -699,7 +699,7 @@ fn state_dir_on_a_shared_mount_still_works() {
 fn kill_9_after_any_step_then_reapply_converges() {
     for action in [
         "private-state-dir",
-        "bind-lower",
+        "bind-side",
         "mount-stage",
         "seed",
         "move-into-place",
