@@ -61,11 +61,7 @@ impl Syncer<'_, '_> {
                     // The application may delete it on disk meanwhile (after a switch):
                     // then nothing agrees, and the disk's side stays as it is.
                     Some(d) if regular(&s) && regular(d) => {
-                        match self.same_details(src_dir, dst_dir, entry, &s, Some(d)) {
-                            Ok(same) => same,
-                            Err(f) if vanished(&f) => false,
-                            Err(f) => return Err(f.into()),
-                        }
+                        self.same_unless_gone(src_dir, dst_dir, entry, &s, Some(d))?
                     }
                     _ => false,
                 };
@@ -78,13 +74,9 @@ impl Syncer<'_, '_> {
                 self.keep_disk(path, verdict, d.as_ref())?;
                 return Ok(Stepped::default());
             }
-            // Deleted on disk since the stat: not the same; putting the RAM's
-            // version in place finds the deletion and lets it stand.
-            let same_details = match self.same_details(src_dir, dst_dir, entry, &s, d.as_ref()) {
-                Ok(same) => same,
-                Err(f) if vanished(&f) => false,
-                Err(f) => return Err(f.into()),
-            };
+            // Deleted on disk since the stat: putting the RAM's version in
+            // place finds the deletion and lets it stand.
+            let same_details = self.same_unless_gone(src_dir, dst_dir, entry, &s, d.as_ref())?;
             return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {
@@ -165,6 +157,22 @@ impl Syncer<'_, '_> {
                 self.keep_disk(path, verdict, Some(&d))?;
                 Ok(Stepped::default())
             }
+        }
+    }
+
+    /// [`Self::same_details`], where a disk entry the application deleted since
+    /// the walk's stat is not the same (the caller then lets the deletion stand).
+    fn same_unless_gone(
+        &mut self,
+        src_dir: BorrowedFd<'_>,
+        dst_dir: BorrowedFd<'_>,
+        entry: &SrcEntry,
+        s: &FileStat,
+        d: Option<&FileStat>,
+    ) -> Result<bool, Failed> {
+        match self.same_details(src_dir, dst_dir, entry, s, d) {
+            Err(f) if vanished(&f) => Ok(false),
+            other => other,
         }
     }
 
