@@ -172,9 +172,10 @@ enum BootAction {
         /// Path of the spec as the booted system sees it (default: SPEC, made absolute).
         #[arg(long)]
         spec_path: Option<PathBuf>,
-        /// Start and stop timeout of the apply unit (seeding, write-back).
-        #[arg(long, default_value = "15min")]
-        timeout: String,
+        /// Start and stop timeout of the apply unit (seeding, write-back)
+        /// [default: from the spec's sizes, at least 15min; see docs/boot.md].
+        #[arg(long)]
+        timeout: Option<String>,
         #[command(flatten)]
         output: Output,
     },
@@ -458,7 +459,7 @@ fn boot_install(
     root: &Path,
     binary: Option<PathBuf>,
     spec_path: Option<PathBuf>,
-    timeout: String,
+    timeout: Option<String>,
 ) -> Result<boot::BootReport> {
     let spec_path = match spec_path {
         Some(p) => p,
@@ -468,6 +469,7 @@ fn boot_install(
         Some(b) => b,
         None => std::env::current_exe().context("finding this binary's path; pass --binary")?,
     };
+    let timeout = timeout.unwrap_or_else(|| boot::default_timeout(s));
     let cx = boot::context(s, spec_path, binary, timeout)?;
     boot::install(&cx, mode, root)
 }

@@ -5,7 +5,6 @@
 
 pub mod takedown;
 
-use std::io::IsTerminal;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -18,6 +17,7 @@ use crate::copy;
 use crate::error::ExitCode;
 use crate::mount::{self, PinnedDir, RootAttrs};
 use crate::plan::{Blocked, MountPlan, Plan, Step};
+use crate::progress::Progress;
 use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, OnFailure, Spec};
 use crate::state::{Record, State};
@@ -103,7 +103,7 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &ApplyOptions) -> Re
     for step in plan.prepare.iter().chain(&plan.cleanup) {
         // A failed clean-up must not keep the mounts from being applied; a
         // failed preparation shows up again in the mounts that need it.
-        match run_step(step, "", opts, &mut Vec::new(), &mut None) {
+        match run_step(step, "", state, opts, &mut Vec::new(), &mut None) {
             Ok(_) => cleanup.push(step.describe()),
             Err(e) => cleanup.push(format!("{} FAILED: {e:#}", step.describe())),
         }
@@ -191,7 +191,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 return failed(reason);
             }
         }
-        match run_step(step, &m.name, opts, &mut undo, &mut pinned) {
+        match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
             Ok(stats) => {
                 if let Some((s, b)) = stats {
                     seeded = Some(Seeded {
@@ -271,10 +271,11 @@ fn pin<'a>(pinned: &'a mut Option<PinnedDir>, path: &Path) -> Result<&'a PinnedD
 
 /// Runs one step that stands alone (the agent's resize): no seed, nothing
 /// to roll back.
-pub fn run_alone(step: &Step, name: &str) -> Result<()> {
+pub fn run_alone(step: &Step, name: &str, state: &State) -> Result<()> {
     run_step(
         step,
         name,
+        state,
         &ApplyOptions { progress: false },
         &mut Vec::new(),
         &mut None,
@@ -285,6 +286,7 @@ pub fn run_alone(step: &Step, name: &str) -> Result<()> {
 fn run_step(
     step: &Step,
     name: &str,
+    state: &State,
     opts: &ApplyOptions,
     undo: &mut Vec<Undo>,
     pinned: &mut Option<PinnedDir>,
@@ -326,7 +328,7 @@ fn run_step(
             backend::mount(source, stage, options)?;
             undo.push(Undo::Detach(stage.clone()));
         }
-        Step::Seed { from, to } => return seed(from, to, name, opts).map(Some),
+        Step::Seed { from, to } => return seed(from, to, name, state, opts).map(Some),
         Step::MoveIntoPlace { stage, path } => {
             mount::move_mount(stage, &pin(pinned, path)?.proc_path())?;
             // The tmpfs is in place; a later failure must not tear it down.
@@ -349,6 +351,7 @@ fn seed(
     from: &Path,
     to: &Path,
     name: &str,
+    state: &State,
     opts: &ApplyOptions,
 ) -> Result<(copy::CopyStats, copy::Baseline)> {
     let need = copy::measure(from).with_context(|| format!("measuring {}", from.display()))?;
@@ -364,24 +367,16 @@ fn seed(
             crate::plural::count(room.inodes, "inode", "inodes")
         );
     }
-    let show = opts.progress && std::io::stderr().is_terminal();
-    let start = Instant::now();
-    let mut last = Instant::now();
-    let mut progress = |s: &copy::CopyStats| {
-        if show && last.elapsed().as_millis() >= 200 {
-            last = Instant::now();
-            let rate = s.bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);
-            crate::out::eprint(&format!(
-                "\rseeding {}: {}/{} files, {}/{}, {}/s   ",
-                crate::out::escape(name),
-                s.files + s.dirs + s.symlinks + s.specials,
-                need.inodes,
-                format_bytes(s.bytes),
-                format_bytes(need.apparent),
-                format_bytes(rate as u64)
-            ));
-        }
-    };
+    let mut shown = Progress::new(
+        state,
+        name,
+        "seed",
+        opts.progress,
+        Some(need.inodes),
+        Some(need.apparent),
+    );
+    let mut progress =
+        |s: &copy::CopyStats| shown.update(s.files + s.dirs + s.symlinks + s.specials, s.bytes);
     let stats = copy::seed_tree(from, to, Some(&mut progress)).map_err(|e| {
         let no_space = e.is_no_space();
         let err = anyhow::Error::new(e);
@@ -391,9 +386,7 @@ fn seed(
             err
         }
     });
-    if show {
-        crate::out::eprint("\r\x1b[K");
-    }
+    drop(shown);
     stats
 }
 

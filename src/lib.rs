@@ -27,6 +27,7 @@ pub mod observe;
 pub mod out;
 pub mod plan;
 pub mod plural;
+pub mod progress;
 pub mod report;
 pub mod residency;
 pub mod spec;

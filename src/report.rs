@@ -179,6 +179,10 @@ pub fn status(r: &StatusReport) -> String {
         if let Some(reason) = &m.reason {
             let _ = writeln!(s, "{name}: {}", escape(reason));
         }
+        if let Some(p) = &m.progress {
+            let elapsed = std::time::Duration::from_secs(now.saturating_sub(p.started));
+            let _ = writeln!(s, "{}", crate::progress::describe(&m.name, p, elapsed));
+        }
         if let Some(a) = &m.agent {
             let last = a
                 .last_action

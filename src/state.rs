@@ -42,6 +42,25 @@ pub struct Record {
     pub applied_at: u64,
 }
 
+/// A seed or write-back while it runs, for `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressRecord {
+    /// `seed` or `write-back`.
+    pub op: String,
+    pub pid: u32,
+    /// Unix times.
+    pub started: u64,
+    pub updated: u64,
+    /// Entries done (a seed's copied, a write-back's compared) and data bytes
+    /// copied, against the totals where they are known (a seed's).
+    pub entries: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entries_total: Option<u64>,
+    pub bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+}
+
 /// The outcome of the last write-back of a mount.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncRecord {
@@ -398,6 +417,28 @@ impl State {
         write_atomic(&self.sync_path(name), &json)
     }
 
+    fn progress_path(&self, name: &str) -> PathBuf {
+        self.dir.join("mounts").join(format!("{name}.progress.json"))
+    }
+
+    /// The seed or write-back of `name` in progress, if the process running
+    /// it is still there.
+    pub fn progress(&self, name: &str) -> Option<ProgressRecord> {
+        let text = read_text(&self.progress_path(name))?;
+        let rec: ProgressRecord = serde_json::from_str(&text).ok()?;
+        Path::new(&format!("/proc/{}", rec.pid)).exists().then_some(rec)
+    }
+
+    pub fn write_progress(&self, name: &str, rec: &ProgressRecord) -> Result<()> {
+        self.ensure_dirs()?;
+        let json = serde_json::to_vec_pretty(rec).expect("a ProgressRecord always serialises");
+        write_quick(&self.progress_path(name), &json)
+    }
+
+    pub fn clear_progress(&self, name: &str) {
+        let _ = fs::remove_file(self.progress_path(name));
+    }
+
     fn agent_status_path(&self) -> PathBuf {
         self.dir.join("agent.json")
     }
@@ -415,19 +456,7 @@ impl State {
     pub fn write_agent_status(&self, st: &AgentStatus) -> Result<()> {
         self.ensure_dirs()?;
         let json = serde_json::to_vec_pretty(st).expect("an AgentStatus always serialises");
-        // Rewritten often, read by `status`: atomic, but not worth an fsync.
-        let path = self.agent_status_path();
-        let tmp = path.with_extension("json.tmp~");
-        let _ = fs::remove_file(&tmp);
-        fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &json))
-            .and_then(|()| fs::rename(&tmp, &path))
-            .with_context(|| format!("writing {}", path.display()))
+        write_quick(&self.agent_status_path(), &json)
     }
 
     pub fn clear_agent_status(&self, pid: u32) {
@@ -493,6 +522,22 @@ impl State {
             _ => Ok(()),
         }
     }
+}
+
+/// Replaces a record that is rewritten often and only read by `status`:
+/// atomic, but not worth an fsync.
+fn write_quick(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("json.tmp~");
+    let _ = fs::remove_file(&tmp);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, data))
+        .and_then(|()| fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The directories directly under the state directory.

@@ -11,7 +11,7 @@ use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::observe::{self, AtPath, MountState, Observed, StateFacts, World};
 use crate::spec::{MountSpec, Spec};
-use crate::state::{AgentMount, State, SyncRecord};
+use crate::state::{AgentMount, ProgressRecord, State, SyncRecord};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MountStatus {
@@ -27,6 +27,9 @@ pub struct MountStatus {
     pub persist: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_sync: Option<SyncRecord>,
+    /// A seed or write-back running now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressRecord>,
     /// What the running agent says of it (none without an agent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentMount>,
@@ -209,6 +212,7 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
         usage,
         persist: Some(m.persist.name()),
         last_sync: state.last_sync(&m.name),
+        progress: state.progress(&m.name),
         agent: None,
     }
 }
@@ -218,6 +222,7 @@ fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountSt
         usage: Usage::of(&path).ok().map(Into::into),
         persist: state.record(&name).map(|r| r.persist),
         last_sync: state.last_sync(&name),
+        progress: state.progress(&name),
         name,
         path,
         state: st,

@@ -19,6 +19,7 @@ use crate::host::Host;
 use crate::keeper;
 use crate::mount;
 use crate::observe::{self, AtPath, SideBind};
+use crate::progress::Progress;
 use crate::spec::{self, MountSpec, Persist, Spec};
 use crate::state::{State, SyncRecord};
 
@@ -145,7 +146,9 @@ pub fn sync_one(
                 journal: Some(&journal),
                 deletions,
             };
-            copy::sync_tree(src, &state.side(&m.name), merge, None).map_err(anyhow::Error::new)
+            let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
+            let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);
+            copy::sync_tree(src, &state.side(&m.name), merge, Some(&mut progress)).map_err(anyhow::Error::new)
         })
         .and_then(|synced| {
             crate::failpoint::hit("after-merge", &m.name);

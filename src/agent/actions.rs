@@ -144,7 +144,7 @@ impl Agent {
         }
         let nr_inodes = nr_inodes.or(w.spec.inodes).unwrap_or(before.inodes);
         let step = plan::resize(&w.spec, attrs, before, size, nr_inodes);
-        match execute::run_alone(&step, &name) {
+        match execute::run_alone(&step, &name, &self.state) {
             Ok(()) => {
                 w.metrics.count(kind);
                 let after = Usage::of_fd(root).ok();

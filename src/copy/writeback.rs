@@ -65,6 +65,20 @@ pub struct SyncStats {
     pub dirs_trusted: u64,
 }
 
+impl SyncStats {
+    /// Names the pass has dealt with so far, whatever it did with them.
+    pub fn compared(&self) -> u64 {
+        self.files_written
+            + self.metadata_updated
+            + self.deleted
+            + self.dirs_created
+            + self.links_written
+            + self.specials_written
+            + self.unchanged
+            + self.kept_disk
+    }
+}
+
 /// What [`sync_tree`] returns: what it did, and the baseline for the next pass.
 #[derive(Debug, Clone)]
 pub struct Synced {

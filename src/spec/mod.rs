@@ -68,6 +68,36 @@ impl MountSpec {
     pub fn source(&self) -> String {
         source_for(&self.name)
     }
+
+    /// A mount with the defaults validation gives, for unit tests.
+    #[cfg(test)]
+    pub fn for_test(name: &str, path: &str, size: u64) -> MountSpec {
+        MountSpec {
+            name: name.into(),
+            path: path.into(),
+            backend: Backend::Tmpfs,
+            size,
+            inodes: None,
+            owner: None,
+            group: None,
+            mode: None,
+            create: false,
+            takeover: false,
+            flags: Flags {
+                nosuid: true,
+                nodev: true,
+                noexec: false,
+                atime: None,
+            },
+            huge: Huge::Never,
+            noswap: false,
+            seed: Seed::Copy,
+            persist: Persist::None,
+            on_failure: OnFailure::KeepDisk,
+            before: vec![],
+            watchdog: Watchdog::default(),
+        }
+    }
 }
 
 pub const SOURCE_PREFIX: &str = "tmpfsctl-";

@@ -21,6 +21,7 @@ mod hostile_state;
 mod no_write_lost;
 mod output;
 mod power_cut;
+mod progress;
 mod residency;
 mod schema;
 mod writeback_crash;
