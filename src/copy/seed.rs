@@ -3,16 +3,21 @@
 //!
 //! The walk is sequential and depth-first with an explicit stack (deep trees cannot
 //! overflow the thread's stack). It keeps two descriptors open per level being walked
-//! and nothing per finished directory. Per-entry work (`Copier::copy_entry`) only needs
-//! the parent's two descriptors, so directories could later be handed to worker
-//! threads; the hard-link table and the "directory metadata after its contents" rule
-//! are the two places that would then need coordination.
+//! and nothing per finished directory. The data of singly-linked regular files is
+//! copied by a pool of [`WORKERS`] threads, at most [`IN_FLIGHT`] files at a time, so
+//! reads from a cold disk overlap. Two rules keep the walk's guarantees: a directory's
+//! metadata is applied only once every file handed out before it is done (creating
+//! them would bump its mtime, and a read-only mode would get in the way), and a
+//! multiply-linked file is copied by the walk itself, so its later names can link to
+//! the copy at once.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use nix::dir::Type;
 use nix::errno::Errno;
@@ -104,7 +109,8 @@ struct FirstCopy {
 /// One directory being copied: the source listing and the copy being filled.
 struct CopyDir {
     src: Listing,
-    dst: OwnedFd,
+    /// Shared with the file jobs that write into it.
+    dst: Arc<OwnedFd>,
     /// Applied to `dst` once its contents are in place, so that creating them cannot
     /// bump the copied mtime and a read-only mode cannot get in the way. `None` for
     /// the root, whose metadata belongs to the caller.
@@ -122,6 +128,8 @@ struct Copier<'p> {
     transfer: Transfer,
     /// Every entry copied, as its source was: the seed's baseline.
     marks: baseline::Marks,
+    /// The first file the pool failed to copy.
+    job_failed: Option<CopyError>,
 }
 
 impl<'p> Copier<'p> {
@@ -133,19 +141,45 @@ impl<'p> Copier<'p> {
             links: HashMap::new(),
             transfer: Transfer::default(),
             marks: baseline::Marks::default(),
+            job_failed: None,
         }
     }
 
     fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
+        let (jobs, job_rx) = mpsc::sync_channel::<FileJob>(IN_FLIGHT);
+        let (done_tx, done) = mpsc::channel::<FileDone>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        std::thread::scope(|scope| {
+            for _ in 0..WORKERS {
+                let (job_rx, done_tx) = (Arc::clone(&job_rx), done_tx.clone());
+                scope.spawn(move || worker(&job_rx, &done_tx));
+            }
+            drop(done_tx);
+            let mut pool = Pool {
+                jobs: Some(jobs),
+                done,
+                in_flight: 0,
+            };
+            let walked = self.walk(src, dst, &mut pool);
+            // Closing the queue ends the workers once the jobs handed out are done.
+            pool.jobs = None;
+            let drained = self.drain(&mut pool);
+            walked.and(drained)
+        })
+    }
+
+    fn walk(&mut self, src: OwnedFd, dst: OwnedFd, pool: &mut Pool) -> Result<(), CopyError> {
         let root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
         let mut stack = vec![CopyDir {
             src: root,
-            dst,
+            dst: Arc::new(dst),
             meta: None,
             rel_len: 0,
         }];
         while let Some(top) = stack.last_mut() {
             let Some(next) = top.src.next() else {
+                // Its files first: only then can its metadata stay as copied.
+                self.drain(pool)?;
                 let done = stack.pop().expect("the loop runs only while a frame is stacked");
                 if let Some(st) = &done.meta {
                     self.transfer
@@ -161,7 +195,7 @@ impl<'p> Copier<'p> {
                 .map_err(src_err("read directory"))
                 .map_err(|f| f.at(self.rel.path(None)))?;
             let name = entry.file_name();
-            match self.copy_entry(&stack, name, entry.file_type()) {
+            match self.copy_entry(&stack, name, entry.file_type(), pool) {
                 Ok(Some(child)) => stack.push(child),
                 Ok(None) => {}
                 Err(f) if changed_under_us(&f) => {
@@ -177,6 +211,9 @@ impl<'p> Copier<'p> {
                 }
                 Err(f) => return Err(f.at(self.rel.path(Some(name)))),
             }
+            if let Some(e) = self.job_failed.take() {
+                return Err(e);
+            }
             self.reporter.entry_done();
         }
         Ok(())
@@ -189,6 +226,7 @@ impl<'p> Copier<'p> {
         stack: &[CopyDir],
         name: &CStr,
         dtype: Option<Type>,
+        pool: &mut Pool,
     ) -> Result<Option<CopyDir>, Failed> {
         let parent = stack.last().expect("the root frame stays until the walk ends");
         let (src_dir, dst_dir) = (parent.src.fd(), parent.dst.as_fd());
@@ -208,9 +246,26 @@ impl<'p> Copier<'p> {
             return Ok(None);
         }
         match kind {
+            libc::S_IFREG if st.st_nlink == 1 => {
+                let src = opened.expect("stat_entry opens every regular file");
+                let job = FileJob {
+                    dst_dir: Arc::clone(&parent.dst),
+                    name: name.to_owned(),
+                    src,
+                    st,
+                    path,
+                };
+                self.hand_out(pool, job);
+                return Ok(None);
+            }
             libc::S_IFREG => {
                 let fd = opened.expect("stat_entry opens every regular file");
-                self.copy_file(dst_dir, name, fd, &st)?;
+                let reporter = &mut self.reporter;
+                copy_file(&mut self.transfer, dst_dir, name, fd, &st, &mut |n| {
+                    reporter.stats.bytes += n;
+                    reporter.report_if_due();
+                })?;
+                self.reporter.stats.files += 1;
             }
             libc::S_IFLNK => self.copy_symlink(src_dir, dst_dir, name, &st)?,
             _ => self.copy_node(src_dir, dst_dir, name, &st)?,
@@ -246,7 +301,7 @@ impl<'p> Copier<'p> {
         self.rel.push(name);
         Ok(Some(CopyDir {
             src,
-            dst,
+            dst: Arc::new(dst),
             meta: Some(st),
             rel_len: self.rel.len(),
         }))
@@ -283,42 +338,6 @@ impl<'p> Copier<'p> {
         Ok(true)
     }
 
-    fn copy_file(
-        &mut self,
-        dst_dir: BorrowedFd<'_>,
-        name: &CStr,
-        src: OwnedFd,
-        st: &FileStat,
-    ) -> Result<(), Failed> {
-        // O_EXCL: an entry planted under this name, symlink or not, fails the copy
-        // instead of being written through.
-        let dst = fcntl::openat(
-            dst_dir,
-            name,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        )
-        .map_err(dst_err("create file"))?;
-        let (src, dst) = (File::from(src), File::from(dst));
-        self.copy_data(&src, &dst, st)?;
-        self.transfer.set_metadata(src.as_fd(), dst.as_fd(), st, false)?;
-        let after = stat::fstat(&src).map_err(src_err("stat"))?;
-        if Sig::of(&after) != Sig::of(st) {
-            // Written while it was copied: the copy may be torn.
-            return Err(src_err("copy a file being written")(Errno::ENOENT));
-        }
-        self.reporter.stats.files += 1;
-        Ok(())
-    }
-
-    fn copy_data(&mut self, src: &File, dst: &File, st: &FileStat) -> Result<(), Failed> {
-        let reporter = &mut self.reporter;
-        self.transfer.copy_data(src, dst, st, &mut |n| {
-            reporter.stats.bytes += n;
-            reporter.report_if_due();
-        })
-    }
-
     fn copy_symlink(
         &mut self,
         src_dir: BorrowedFd<'_>,
@@ -350,6 +369,161 @@ impl<'p> Copier<'p> {
         self.reporter.stats.specials += 1;
         Ok(())
     }
+}
+
+impl Copier<'_> {
+    /// Queues a file for the pool, first taking in a finished one when
+    /// [`IN_FLIGHT`] are out already.
+    fn hand_out(&mut self, pool: &mut Pool, job: FileJob) {
+        if pool.in_flight >= IN_FLIGHT {
+            let done = pool.done.recv().expect("a worker answers every job handed out");
+            pool.in_flight -= 1;
+            self.take_in(done);
+        }
+        let jobs = pool
+            .jobs
+            .as_ref()
+            .expect("the queue stays open while the walk runs");
+        jobs.send(job).expect("the workers live as long as the queue");
+        pool.in_flight += 1;
+    }
+
+    /// Waits for every file handed out; the first that failed fails the copy.
+    fn drain(&mut self, pool: &mut Pool) -> Result<(), CopyError> {
+        while pool.in_flight > 0 {
+            let done = pool.done.recv().expect("a worker answers every job handed out");
+            pool.in_flight -= 1;
+            self.take_in(done);
+        }
+        self.job_failed.take().map_or(Ok(()), Err)
+    }
+
+    /// Records a finished file, or leaves out one that changed under the copy; a
+    /// failure is kept for the walk, which stops at its next entry.
+    fn take_in(&mut self, done: FileDone) {
+        match done.result {
+            Ok(bytes) => {
+                self.reporter.stats.files += 1;
+                self.reporter.stats.bytes += bytes;
+                self.marks.insert(&done.path, Mark::Entry(Sig::of(&done.st)));
+                self.reporter.report_if_due();
+            }
+            Err(f) if changed_under_us(&f) => {
+                // As in the walk: a copy nobody recorded must not be written back.
+                let _ = unistd::unlinkat(
+                    done.dst_dir.as_fd(),
+                    done.name.as_c_str(),
+                    unistd::UnlinkatFlags::NoRemoveDir,
+                );
+                self.reporter.stats.skipped += 1;
+                tracing::debug!(
+                    "seed: {} vanished or changed while it was copied; it stays on disk",
+                    String::from_utf8_lossy(&done.path)
+                );
+            }
+            Err(failed) => {
+                let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&done.path);
+                self.job_failed.get_or_insert(failed.at(path.into()));
+            }
+        }
+    }
+}
+
+/// Threads copying file data. Cold reads are the seed's cost, and a disk serves
+/// several at once far faster than one after another.
+const WORKERS: usize = 8;
+/// Files handed out and not yet taken in: bounds the descriptors held open.
+const IN_FLIGHT: usize = 64;
+
+struct Pool {
+    /// `None` once the walk is over: the workers then stop.
+    jobs: Option<SyncSender<FileJob>>,
+    done: Receiver<FileDone>,
+    in_flight: usize,
+}
+
+/// A singly-linked regular file to copy: its open source, and where it goes.
+struct FileJob {
+    dst_dir: Arc<OwnedFd>,
+    name: CString,
+    src: OwnedFd,
+    /// The source as the walk saw it: its record in the baseline.
+    st: FileStat,
+    /// Relative path, `/`-separated.
+    path: Vec<u8>,
+}
+
+struct FileDone {
+    dst_dir: Arc<OwnedFd>,
+    name: CString,
+    st: FileStat,
+    path: Vec<u8>,
+    /// Data bytes copied.
+    result: Result<u64, Failed>,
+}
+
+fn worker(jobs: &Mutex<Receiver<FileJob>>, done: &Sender<FileDone>) {
+    let mut transfer = Transfer::default();
+    loop {
+        let job = match jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .recv()
+        {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        let mut bytes = 0;
+        let result = copy_file(
+            &mut transfer,
+            job.dst_dir.as_fd(),
+            &job.name,
+            job.src,
+            &job.st,
+            &mut |n| bytes += n,
+        )
+        .map(|()| bytes);
+        let reply = FileDone {
+            dst_dir: job.dst_dir,
+            name: job.name,
+            st: job.st,
+            path: job.path,
+            result,
+        };
+        if done.send(reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// Copies one regular file, data and metadata, into a new entry `name` of
+/// `dst_dir`; fails as changed under the copy when it was written meanwhile.
+fn copy_file(
+    transfer: &mut Transfer,
+    dst_dir: BorrowedFd<'_>,
+    name: &CStr,
+    src: OwnedFd,
+    st: &FileStat,
+    copied: &mut dyn FnMut(u64),
+) -> Result<(), Failed> {
+    // O_EXCL: an entry planted under this name, symlink or not, fails the copy
+    // instead of being written through.
+    let dst = fcntl::openat(
+        dst_dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(dst_err("create file"))?;
+    let (src, dst) = (File::from(src), File::from(dst));
+    transfer.copy_data(&src, &dst, st, copied)?;
+    transfer.set_metadata(src.as_fd(), dst.as_fd(), st, false)?;
+    let after = stat::fstat(&src).map_err(src_err("stat"))?;
+    if Sig::of(&after) != Sig::of(st) {
+        // Written while it was copied: the copy may be torn.
+        return Err(src_err("copy a file being written")(Errno::ENOENT));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
