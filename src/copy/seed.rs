@@ -109,6 +109,8 @@ struct FirstCopy {
 /// One directory being copied: the source listing and the copy being filled.
 struct CopyDir {
     src: Listing,
+    /// Its entries, in inode order: a cold disk reads neighbouring inodes together.
+    entries: std::vec::IntoIter<(CString, Option<Type>)>,
     /// Shared with the file jobs that write into it.
     dst: Arc<OwnedFd>,
     /// Applied to `dst` once its contents are in place, so that creating them cannot
@@ -169,15 +171,17 @@ impl<'p> Copier<'p> {
     }
 
     fn walk(&mut self, src: OwnedFd, dst: OwnedFd, pool: &mut Pool) -> Result<(), CopyError> {
-        let root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
+        let mut root = src_listing(src).map_err(|f| f.at(self.rel.path(None)))?;
+        let entries = by_inode(&mut root).map_err(|f| f.at(self.rel.path(None)))?;
         let mut stack = vec![CopyDir {
             src: root,
+            entries,
             dst: Arc::new(dst),
             meta: None,
             rel_len: 0,
         }];
         while let Some(top) = stack.last_mut() {
-            let Some(next) = top.src.next() else {
+            let Some((name, dtype)) = top.entries.next() else {
                 // Its files first: only then can its metadata stay as copied.
                 self.drain(pool)?;
                 let done = stack.pop().expect("the loop runs only while a frame is stacked");
@@ -191,11 +195,8 @@ impl<'p> Copier<'p> {
                 }
                 continue;
             };
-            let entry = next
-                .map_err(src_err("read directory"))
-                .map_err(|f| f.at(self.rel.path(None)))?;
-            let name = entry.file_name();
-            match self.copy_entry(&stack, name, entry.file_type(), pool) {
+            let name = name.as_c_str();
+            match self.copy_entry(&stack, name, dtype, pool) {
                 Ok(Some(child)) => stack.push(child),
                 Ok(None) => {}
                 Err(f) if changed_under_us(&f) => {
@@ -297,10 +298,12 @@ impl<'p> Copier<'p> {
             self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &st, false)?;
             return Ok(None);
         }
-        let src = src_listing(src)?;
+        let mut src = src_listing(src)?;
+        let entries = by_inode(&mut src)?;
         self.rel.push(name);
         Ok(Some(CopyDir {
             src,
+            entries,
             dst: Arc::new(dst),
             meta: Some(st),
             rel_len: self.rel.len(),
@@ -429,11 +432,26 @@ impl Copier<'_> {
     }
 }
 
+/// The whole listing, sorted by inode number.
+fn by_inode(listing: &mut Listing) -> Result<std::vec::IntoIter<(CString, Option<Type>)>, Failed> {
+    let mut entries = Vec::new();
+    while let Some(e) = listing.next() {
+        let e = e.map_err(src_err("read directory"))?;
+        entries.push((e.ino(), e.file_name().to_owned(), e.file_type()));
+    }
+    entries.sort_unstable_by_key(|(ino, _, _)| *ino);
+    Ok(entries
+        .into_iter()
+        .map(|(_, name, dtype)| (name, dtype))
+        .collect::<Vec<_>>()
+        .into_iter())
+}
+
 /// Threads copying file data. Cold reads are the seed's cost, and a disk serves
 /// several at once far faster than one after another.
-const WORKERS: usize = 8;
+const WORKERS: usize = 16;
 /// Files handed out and not yet taken in: bounds the descriptors held open.
-const IN_FLIGHT: usize = 64;
+const IN_FLIGHT: usize = 128;
 
 struct Pool {
     /// `None` once the walk is over: the workers then stop.
