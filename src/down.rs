@@ -257,7 +257,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{AgentSettings, Flags, Huge, MountSpec, OnFailure, Seed, Watchdog};
+    use crate::spec::{AgentSettings, Flags, MountSpec};
 
     /// Our tmpfs at /c with its side bind; 60 covers /covered; 70 is held.
     const TABLE: &str = "\
@@ -274,24 +274,9 @@ mod tests {
             file: "/etc/tmpfsctl/cache.yaml".into(),
             max_total: 1 << 30,
             mounts: vec![MountSpec {
-                name: "c".into(),
-                path: "/c".into(),
-                backend: Default::default(),
-                size: 1 << 20,
-                inodes: None,
-                owner: None,
-                group: None,
-                mode: None,
-                create: false,
-                takeover: false,
                 flags: Flags::default(),
-                huge: Huge::Never,
-                noswap: false,
-                seed: Seed::Copy,
                 persist,
-                on_failure: OnFailure::KeepDisk,
-                before: vec![],
-                watchdog: Watchdog::default(),
+                ..MountSpec::for_test("c", "/c", 1 << 20)
             }],
             agent: AgentSettings::default(),
         }

@@ -6,7 +6,7 @@ use crate::host::meminfo::MemInfo;
 use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
 use crate::observe::{AtPath, Leftover, Observed, SideBind, World};
-use crate::spec::{AgentSettings, Atime, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Spec, Watchdog};
+use crate::spec::{AgentSettings, Atime, Flags, Huge, MountSpec, Seed, Spec};
 
 const PAGE: u64 = 4096;
 const SECURE: Flags = Flags {
@@ -21,26 +21,7 @@ fn st() -> State {
 }
 
 fn mspec() -> MountSpec {
-    MountSpec {
-        name: "nginx".into(),
-        path: "/var/cache/nginx".into(),
-        backend: Default::default(),
-        size: 512 << 20,
-        inodes: None,
-        owner: None,
-        group: None,
-        mode: None,
-        create: false,
-        takeover: false,
-        flags: SECURE,
-        huge: Huge::Never,
-        noswap: false,
-        seed: Seed::Copy,
-        persist: Persist::None,
-        on_failure: OnFailure::KeepDisk,
-        before: vec![],
-        watchdog: Watchdog::default(),
-    }
+    MountSpec::for_test("nginx", "/var/cache/nginx", 512 << 20)
 }
 
 const DISK: RootAttrs = RootAttrs {
