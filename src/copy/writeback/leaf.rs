@@ -75,7 +75,7 @@ impl Syncer<'_, '_> {
         let mut ino = d.as_ref().map(|d| d.st_ino);
         if action == FileAction::UpdateMetadata {
             let d = d.as_ref().expect("decide updates existing entries only");
-            match self.update_file_metadata(src_dir, dst_dir, name, d)? {
+            match self.update_file_metadata(src_dir, dst_dir, name, s, d)? {
                 Some(Some(now)) => {
                     self.reporter.stats.metadata_updated += 1;
                     self.record(path.clone(), &now);
@@ -175,8 +175,9 @@ impl Syncer<'_, '_> {
     }
 
     /// Updates owner, attributes, mode and times of a regular file in place, through a
-    /// descriptor checked to be the singly-linked file `d` that was compared; returns
-    /// its stat afterwards. `Some(None)` when it is not (anymore), so it must be
+    /// descriptor checked to be the singly-linked file `d` that was compared, from a
+    /// source checked to be the file `compared` with the same data; returns its stat
+    /// afterwards. `Some(None)` when either is not (anymore), so it must be
     /// rewritten; `None` when the source vanished or the application deleted the
     /// disk entry (its deletion stands).
     pub(super) fn update_file_metadata(
@@ -184,6 +185,7 @@ impl Syncer<'_, '_> {
         src_dir: BorrowedFd<'_>,
         dst_dir: BorrowedFd<'_>,
         name: &CStr,
+        compared: &FileStat,
         d: &FileStat,
     ) -> Result<Option<Option<FileStat>>, Failed> {
         let src = match open_src_typed(src_dir, name, libc::S_IFREG) {
@@ -192,6 +194,12 @@ impl Syncer<'_, '_> {
             Err(f) => return Err(f),
         };
         let s = stat::fstat(&src).map_err(src_err("stat"))?;
+        // Replaced or written in RAM since the walk compared it: only a rewrite
+        // keeps data and metadata of one version together.
+        let data = |st: &FileStat| (st.st_dev, st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec);
+        if data(&s) != data(compared) {
+            return Ok(Some(None));
+        }
         let path_fd = match fcntl::openat(
             dst_dir,
             name,
