@@ -7,7 +7,7 @@ pub mod takedown;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -226,10 +226,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             name: m.name.clone(),
             path: m.path.clone(),
             persist: m.persist.name(),
-            applied_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            applied_at: crate::state::unix_now(),
         })?;
     }
     state.clear_degraded(&m.name)?;

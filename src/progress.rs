@@ -4,10 +4,10 @@
 //! directory, which `tmpfsctl status` shows while the work runs.
 
 use std::io::IsTerminal;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::spec::size::format_bytes;
-use crate::state::{ProgressRecord, State};
+use crate::state::{unix_now, ProgressRecord, State};
 
 pub const SHOW_AFTER: Duration = Duration::from_secs(2);
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -22,13 +22,6 @@ pub struct Progress<'a> {
     terminal: bool,
     shown_at: Option<Instant>,
     recorded_at: Option<Instant>,
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl<'a> Progress<'a> {

@@ -170,10 +170,7 @@ fn status_table(r: &StatusReport) -> String {
 
 pub fn status(r: &StatusReport) -> String {
     let mut s = status_table(r);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let now = crate::state::unix_now();
     for m in &r.mounts {
         let name = escape(&m.name);
         if let Some(reason) = &m.reason {

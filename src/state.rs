@@ -524,6 +524,14 @@ impl State {
     }
 }
 
+/// Now, in the unix seconds the records hold.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// Replaces a record that is rewritten often and only read by `status`:
 /// atomic, but not worth an fsync.
 fn write_quick(path: &Path, data: &[u8]) -> Result<()> {

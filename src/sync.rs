@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::Result;
 use serde::Serialize;
@@ -173,10 +173,7 @@ pub fn sync_one(
         &m.name,
         &SyncRecord {
             by: by.to_string(),
-            at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            at: crate::state::unix_now(),
             seconds,
             ok: result == SyncOutcome::Synced,
             error: reason.clone(),

@@ -42,7 +42,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -61,7 +61,7 @@ use crate::observe::{self, AtPath, MountState, StateFacts};
 use crate::plan::{self, Plan};
 use crate::spec::size::format_bytes;
 use crate::spec::{self, Action, MetricsTarget, MountSpec, Persist, PressureAction, Spec};
-use crate::state::{AgentAction, AgentMount, AgentStatus, FallbackRecord, State};
+use crate::state::{unix_now, AgentAction, AgentMount, AgentStatus, FallbackRecord, State};
 use crate::sync::{self, SyncOutcome, SyncResult};
 use decide::{Act, Budget, Guard, Level, Limits, MemView, PressureView, Tracker};
 use metrics::{MountMetrics, Snapshot};
@@ -107,13 +107,6 @@ const MEM_READ_EVERY: Duration = Duration::from_millis(100);
 /// A single operation (write-back, seeding) may keep the loop this long
 /// before the systemd watchdog is no longer fed.
 const BUSY_LIMIT: Duration = Duration::from_secs(30 * 60);
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// PSI `some avg10` from the text of /proc/pressure/memory.
 pub fn parse_psi(text: &str) -> Option<f64> {

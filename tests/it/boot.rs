@@ -632,13 +632,7 @@ fn hostile_paths_round_trip_through_fstab() {
         out.status.success() && text.trim().is_empty(),
         "generator said:\n{text}"
     );
-    provide_mount_helper(&sb);
-    let out = Command::new("mount")
-        .args(["-a", "-T"])
-        .arg(&fstab)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mount -a:\n{}", output_text(&out));
+    mount_all_through_the_helper(&sb, &fstab);
     for (i, p) in managed.iter().enumerate() {
         let top = sb
             .top(p)
@@ -657,6 +651,17 @@ fn hostile_paths_round_trip_through_fstab() {
             "{unit}:\n{body}"
         );
     }
+}
+
+/// `mount -a` of `fstab` by the real mount(8), which runs `mount.tmpfsctl`.
+fn mount_all_through_the_helper(sb: &Sandbox, fstab: &Path) {
+    provide_mount_helper(sb);
+    let out = Command::new("mount")
+        .args(["-a", "-T"])
+        .arg(fstab)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -a:\n{}", output_text(&out));
 }
 
 /// mount(8) runs helpers from /sbin only. In this thread's private
@@ -727,13 +732,7 @@ fn fstab_mode_takes_the_owner_and_mode_at_mount_time() {
     // The operator changes the directory after the install.
     std::os::unix::fs::chown(&cache, Some(4321), Some(5432)).unwrap();
     fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).unwrap();
-    provide_mount_helper(&sb);
-    let out = Command::new("mount")
-        .args(["-a", "-T"])
-        .arg(&fstab)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mount -a:\n{}", output_text(&out));
+    mount_all_through_the_helper(&sb, &fstab);
     let top = sb.top(&cache).expect("the cache is mounted");
     assert_eq!(
         (top.fstype.as_str(), top.source.as_str()),

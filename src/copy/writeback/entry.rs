@@ -61,7 +61,7 @@ impl Syncer<'_, '_> {
                     // The application may delete it on disk meanwhile (after a switch):
                     // then nothing agrees, and the disk's side stays as it is.
                     Some(d) if regular(&s) && regular(d) => {
-                        self.same_unless_gone(src_dir, dst_dir, entry, &s, Some(d))?
+                        self.same_details(src_dir, dst_dir, entry, &s, Some(d))?
                     }
                     _ => false,
                 };
@@ -76,7 +76,7 @@ impl Syncer<'_, '_> {
             }
             // Deleted on disk since the stat: putting the RAM's version in
             // place finds the deletion and lets it stand.
-            let same_details = self.same_unless_gone(src_dir, dst_dir, entry, &s, d.as_ref())?;
+            let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
             return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {
@@ -160,26 +160,11 @@ impl Syncer<'_, '_> {
         }
     }
 
-    /// [`Self::same_details`], where a disk entry the application deleted since
-    /// the walk's stat is not the same (the caller then lets the deletion stand).
-    fn same_unless_gone(
-        &mut self,
-        src_dir: BorrowedFd<'_>,
-        dst_dir: BorrowedFd<'_>,
-        entry: &SrcEntry,
-        s: &FileStat,
-        d: Option<&FileStat>,
-    ) -> Result<bool, Failed> {
-        match self.same_details(src_dir, dst_dir, entry, s, d) {
-            Err(f) if vanished(&f) => Ok(false),
-            other => other,
-        }
-    }
-
     /// For two non-directories equal by stat, whether symlink targets and copied
     /// attributes are equal too: one attribute listing of the destination entry in the
-    /// common case, where neither has any.
-    pub(super) fn same_details(
+    /// common case, where neither has any. An entry the application deleted since
+    /// the walk's stat is not the same (the caller then lets the deletion stand).
+    fn same_details(
         &mut self,
         src_dir: BorrowedFd<'_>,
         dst_dir: BorrowedFd<'_>,
@@ -191,17 +176,23 @@ impl Syncer<'_, '_> {
             return Ok(false);
         }
         let name = entry.name.as_c_str();
-        if file_type(s) == libc::S_IFLNK {
-            let theirs = fcntl::readlinkat(dst_dir, name).map_err(dst_err("read symlink"))?;
-            if entry.target.as_ref() != Some(&theirs) {
-                return Ok(false);
-            }
-        }
-        let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
         let bufs = &mut self.transfer.xattr_bufs;
-        match (&entry.xattrs, xattrs::copied_list(dst, bufs, false)?) {
-            (None, None) => Ok(true),
-            _ => xattrs::same_xattrs(src, dst, bufs),
+        let compared = (|| {
+            if file_type(s) == libc::S_IFLNK {
+                let theirs = fcntl::readlinkat(dst_dir, name).map_err(dst_err("read symlink"))?;
+                if entry.target.as_ref() != Some(&theirs) {
+                    return Ok(false);
+                }
+            }
+            let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
+            match (&entry.xattrs, xattrs::copied_list(dst, bufs, false)?) {
+                (None, None) => Ok(true),
+                _ => xattrs::same_xattrs(src, dst, bufs),
+            }
+        })();
+        match compared {
+            Err(f) if vanished(&f) => Ok(false),
+            other => other,
         }
     }
 }
