@@ -3,12 +3,12 @@
 //! tmpfs is merged. Shared by the walk and the workers that put files in place.
 
 use std::ffi::CStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
-use nix::fcntl::{self, AtFlags, RenameFlags};
-use nix::sys::stat::{self, FileStat};
+use nix::fcntl::{self, AtFlags, OFlag, RenameFlags};
+use nix::sys::stat::{self, FileStat, Mode};
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{Sig, Time};
@@ -101,8 +101,8 @@ pub(super) enum Placed {
 ///
 /// Over an entry, the two are exchanged atomically (`RENAME_EXCHANGE`) and what came
 /// out is checked to be the entry compared: if it is, it is unlinked; if not, the
-/// exchange is undone. A filesystem without exchange gets a plain rename after a
-/// check, which leaves a window.
+/// exchange is undone ([`give_back`]). A filesystem without exchange gets a plain
+/// rename after a check, which leaves a window.
 pub(super) fn put_in_place(
     dir: BorrowedFd<'_>,
     temp: &CStr,
@@ -120,6 +120,7 @@ pub(super) fn put_in_place(
         Err(Errno::ENOENT) => Ok(None),
         Err(e) => Err(e),
     };
+    let ours = hold(dir, temp)?;
     match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
         Ok(()) => match still(temp)? {
             Some(true) | None => {
@@ -129,10 +130,7 @@ pub(super) fn put_in_place(
                 }
                 Ok(Placed::Yes)
             }
-            Some(false) => {
-                fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE)?;
-                Ok(Placed::Taken)
-            }
+            Some(false) => give_back(dir, temp, name, ours).map(|()| Placed::Taken),
         },
         // Which side is missing: the name (the application deleted it: its deletion
         // stays), or the temporary (someone removed it: an error, never a deletion).
@@ -147,6 +145,61 @@ pub(super) fn put_in_place(
         },
         Err(e) => Err(e),
     }
+}
+
+/// Holds the entry `name` in `dir` open (`O_PATH`, so any type), to recognise it
+/// later by inode: while it is held, its inode cannot be freed and its number reused
+/// for an entry the application creates.
+fn hold(dir: BorrowedFd<'_>, name: &CStr) -> nix::Result<OwnedFd> {
+    fcntl::openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn same_inode(held: &OwnedFd, dir: BorrowedFd<'_>, name: &CStr) -> nix::Result<bool> {
+    let a = stat::fstat(held)?;
+    let b = stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
+}
+
+/// How often [`give_back`] exchanges before it gives up: each extra round needs the
+/// application to rename over the name between two system calls of ours.
+const GIVE_BACK_ROUNDS: usize = 10_000;
+
+/// Undoes an exchange: `temp` holds the application's entry, which changed since the
+/// walk compared it, and `name` holds `placed`, the entry the exchange put there.
+///
+/// A second exchange puts the application's entry back. But the application may have
+/// replaced `name` meanwhile (renamed a newer version over it). Then a plain undo
+/// would leave the older version under the name and hand the newer one to the caller
+/// to drop. So each round first looks: if `name` no longer holds what was put there,
+/// the application's newer version (or its deletion) is there and stays, and `temp`
+/// is stale. Otherwise the exchange is made, and if what comes out is not what was
+/// put in (the application renamed between the look and the exchange), the newest
+/// version is now in `temp`, and the next round puts it back.
+fn give_back(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, placed: OwnedFd) -> nix::Result<()> {
+    let mut placed = placed;
+    for _ in 0..GIVE_BACK_ROUNDS {
+        match same_inode(&placed, dir, name) {
+            Ok(true) => {}
+            Ok(false) | Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let going_in = hold(dir, temp)?;
+        match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
+            Ok(()) => {}
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        if same_inode(&placed, dir, temp)? {
+            return Ok(());
+        }
+        placed = going_in;
+    }
+    Err(Errno::EBUSY)
 }
 
 /// Removes the non-directory `name` from `dir` if it is still the entry the walk
@@ -244,6 +297,68 @@ mod tests {
         assert_eq!(std::fs::read_to_string(p("b")).unwrap(), "longer v2");
         assert!(!p(".tmpfsctl-x").exists());
         assert!(!remove_seen(at, c"gone", compared, c".tmpfsctl-x").unwrap());
+    }
+
+    /// The application renames a newer version over the name while an exchange is
+    /// being undone: the newest version ends under the name, whatever the order.
+    #[test]
+    fn giving_back_keeps_the_newest_version() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = File::open(tmp.path()).unwrap();
+        let at = dir.as_fd();
+        let p = |n: &str| tmp.path().join(n);
+        let held = |n: &str| hold(at, &std::ffi::CString::new(n).unwrap()).unwrap();
+        // The exchange put ours under the name; the app's version came out.
+        std::fs::write(p("a"), "ours").unwrap();
+        std::fs::write(p("t"), "app v1").unwrap();
+        give_back(at, c"t", c"a", held("a")).unwrap();
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app v1");
+        assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "ours");
+        // Before the undo, the app renamed v2 over the name (over ours).
+        std::fs::write(p("a"), "ours").unwrap();
+        let ours = held("a");
+        std::fs::write(p("t"), "app v1").unwrap();
+        std::fs::write(p("new"), "app v2").unwrap();
+        std::fs::rename(p("new"), p("a")).unwrap();
+        give_back(at, c"t", c"a", ours).unwrap();
+        assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app v2");
+        assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "app v1");
+    }
+
+    /// An application renaming versions over the name as fast as it can, while the
+    /// walk puts its stale copy in place again and again: its last version stays.
+    #[test]
+    fn a_stale_copy_never_replaces_a_version_renamed_in_meanwhile() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = File::open(tmp.path()).unwrap();
+        let at = dir.as_fd();
+        let p = |n: &str| tmp.path().join(n);
+        std::fs::write(p("a"), "compared").unwrap();
+        let compared = Seen::of(&stat::stat(&p("a")).unwrap());
+        let versions = 5_000;
+        let app = {
+            let (a, new) = (p("a"), p("new"));
+            std::thread::spawn(move || {
+                for v in 0..versions {
+                    std::fs::write(&new, format!("v{v}")).unwrap();
+                    std::fs::rename(&new, &a).unwrap();
+                }
+            })
+        };
+        while std::fs::read_to_string(p("a")).unwrap() == "compared" {
+            std::thread::yield_now();
+        }
+        while !app.is_finished() {
+            std::fs::write(p("t"), "stale").unwrap();
+            let placed = put_in_place(at, c"t", c"a", Place::Over(compared)).unwrap();
+            assert_eq!(placed, Placed::Taken);
+            std::fs::remove_file(p("t")).unwrap();
+        }
+        app.join().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(p("a")).unwrap(),
+            format!("v{}", versions - 1)
+        );
     }
 
     #[test]
