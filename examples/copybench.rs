@@ -53,6 +53,7 @@ fn main() -> ExitCode {
                         base: &base,
                         journal: journal.as_ref(),
                         deletions: None,
+                        dirty: None,
                     },
                     None,
                 )

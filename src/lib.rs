@@ -15,6 +15,7 @@ pub mod backend;
 pub mod boot;
 pub mod cli;
 pub mod copy;
+pub mod dirty;
 pub mod diskbench;
 pub mod down;
 pub mod error;

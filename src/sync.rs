@@ -145,6 +145,7 @@ pub fn sync_one(
                 base: &base,
                 journal: Some(&journal),
                 deletions,
+                dirty: None,
             };
             let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
             let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);

@@ -43,4 +43,4 @@ pub use measure::{measure, TreeSize};
 pub use place::DiskDeletions;
 pub use seed::{copy_tree, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
-pub use writeback::{sync_tree, Merge, SyncStats, Synced};
+pub use writeback::{sync_tree, Dirty, Merge, SyncStats, Synced};

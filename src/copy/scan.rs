@@ -21,6 +21,7 @@ use nix::sys::stat::{self, FileStat};
 use super::error::{src_err, Failed};
 use super::ops::{file_type, open_src, RelPath};
 use super::temp::is_temp;
+use super::writeback::Filter;
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// Events queued at most: each holds a directory descriptor and its listing.
@@ -57,6 +58,9 @@ pub(super) fn read_names(fd: &OwnedFd) -> nix::Result<Vec<Name>> {
 #[derive(Debug)]
 pub(super) struct SrcEntry {
     pub(super) name: CString,
+    /// A directory a tracked pass does not read (see [`super::writeback`]'s
+    /// `tracked`): no events follow for it.
+    pub(super) skipped: bool,
     /// `None`: vanished since the listing. A directory's is replaced by the stat of
     /// its descriptor in its [`ScanEvent::Enter`].
     pub(super) st: Option<FileStat>,
@@ -86,10 +90,13 @@ pub(super) enum ScanEvent {
 
 /// Starts the scan of `root` in `scope`. It ends at the end of the tree, at its first
 /// error, or as soon as the receiver is dropped.
+/// Reads the tree at `root` on a thread of `scope`, in the walk's order; with
+/// `filter`, only the directories it lets in.
 pub(super) fn start<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
     root: OwnedFd,
     root_st: FileStat,
+    filter: Option<&'s Filter>,
 ) -> Receiver<ScanEvent> {
     let (events, receiver) = mpsc::sync_channel(QUEUE);
     scope.spawn(move || {
@@ -98,6 +105,7 @@ pub(super) fn start<'s>(
             dev: root_st.st_dev,
             rel: RelPath::default(),
             bufs: XattrBufs::default(),
+            filter,
         };
         if let Err((failed, path)) = scan.walk(root, root_st) {
             let _ = scan.events.send(ScanEvent::Failed(failed, path));
@@ -106,11 +114,12 @@ pub(super) fn start<'s>(
     receiver
 }
 
-struct Scan {
+struct Scan<'f> {
     events: SyncSender<ScanEvent>,
     dev: u64,
     rel: RelPath,
     bufs: XattrBufs,
+    filter: Option<&'f Filter>,
 }
 
 /// The walk stopped listening (it failed or finished early).
@@ -119,22 +128,26 @@ struct Hangup;
 /// A scan level: the directory's own descriptor and its subdirectories still to enter.
 struct ScanDir {
     fd: OwnedFd,
-    subdirs: std::vec::IntoIter<CString>,
+    /// With whether each is in or below a directory new at its path.
+    subdirs: std::vec::IntoIter<(CString, bool)>,
     rel_len: usize,
 }
 
-impl Scan {
+impl Scan<'_> {
     fn send(&self, event: ScanEvent) -> Result<(), Hangup> {
         self.events.send(event).map_err(|_| Hangup)
     }
 
     fn walk(&mut self, root: OwnedFd, root_st: FileStat) -> Result<(), (Failed, PathBuf)> {
-        let Some(first) = self.enter(root, root_st).map_err(|f| (f, self.rel.path(None)))? else {
+        let Some(first) = self
+            .enter(root, root_st, false)
+            .map_err(|f| (f, self.rel.path(None)))?
+        else {
             return Ok(());
         };
         let mut stack = vec![first];
         while let Some(level) = stack.last_mut() {
-            let Some(name) = level.subdirs.next() else {
+            let Some((name, in_new)) = level.subdirs.next() else {
                 stack.pop();
                 if self.send(ScanEvent::Leave).is_err() {
                     return Ok(());
@@ -158,7 +171,7 @@ impl Scan {
                 .map_err(src_err("stat"))
                 .map_err(|f| (f, self.rel.path(Some(&name))))?;
             self.rel.push(&name);
-            match self.enter(opened, st) {
+            match self.enter(opened, st, in_new) {
                 Ok(Some(child)) => stack.push(child),
                 Ok(None) => return Ok(()),
                 Err(f) => return Err((f, self.rel.path(None))),
@@ -170,7 +183,7 @@ impl Scan {
     /// Reads a directory and sends its `Enter`; returns the level to walk, or `None`
     /// when the walk hung up. A directory on another filesystem is sent empty and left
     /// at once.
-    fn enter(&mut self, fd: OwnedFd, st: FileStat) -> Result<Option<ScanDir>, Failed> {
+    fn enter(&mut self, fd: OwnedFd, st: FileStat, in_new: bool) -> Result<Option<ScanDir>, Failed> {
         let rel_len = self.rel.len();
         if st.st_dev != self.dev {
             let empty = ScanDir {
@@ -192,9 +205,17 @@ impl Scan {
         let mut entries = Vec::with_capacity(names.len());
         let mut subdirs = Vec::new();
         for Name { name, .. } in names {
-            let entry = self.scan_entry(fd.as_fd(), name)?;
-            if entry.st.is_some_and(|st| file_type(&st) == libc::S_IFDIR) {
-                subdirs.push(entry.name.clone());
+            let mut entry = self.scan_entry(fd.as_fd(), name)?;
+            if let Some(st) = entry.st.filter(|st| file_type(st) == libc::S_IFDIR) {
+                let (read, new) = match self.filter {
+                    Some(f) if st.st_dev == self.dev => f.enter(&self.rel.joined(&entry.name), &st, in_new),
+                    _ => (true, false),
+                };
+                if read {
+                    subdirs.push((entry.name.clone(), new));
+                } else {
+                    entry.skipped = true;
+                }
             }
             entries.push(entry);
         }
@@ -217,6 +238,7 @@ impl Scan {
     fn scan_entry(&mut self, dir: BorrowedFd<'_>, name: CString) -> Result<SrcEntry, Failed> {
         let mut entry = SrcEntry {
             name,
+            skipped: false,
             st: None,
             xattrs: None,
             target: None,

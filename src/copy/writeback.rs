@@ -8,6 +8,7 @@ mod entry;
 mod leaf;
 mod remove;
 mod rule;
+mod tracked;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
@@ -30,6 +31,8 @@ use super::scan::{self, Name, ScanEvent, SrcEntry};
 use super::settle;
 use super::temp::TempNames;
 use compare::Pairing;
+pub use tracked::Dirty;
+pub(super) use tracked::Filter;
 
 /// What a [`sync_tree`] did. Every source entry below the root counts once, in
 /// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
@@ -63,9 +66,27 @@ pub struct SyncStats {
     /// Disk directories whose names the baseline stood for: neither listed nor their
     /// unchanged entries stated (see [`Baseline::unchanged_dir`]).
     pub dirs_trusted: u64,
+    /// The pass knew which RAM directories changed (see [`Dirty`]) and read only
+    /// those; otherwise it read the whole tree.
+    pub tracked: bool,
+    /// Directories a tracked pass did not read, with everything below them.
+    pub dirs_skipped: u64,
 }
 
 impl SyncStats {
+    /// Adds what an earlier pass of the same write-back did.
+    fn add(&mut self, earlier: &SyncStats) {
+        self.files_written += earlier.files_written;
+        self.bytes_written += earlier.bytes_written;
+        self.metadata_updated += earlier.metadata_updated;
+        self.deleted += earlier.deleted;
+        self.dirs_created += earlier.dirs_created;
+        self.links_written += earlier.links_written;
+        self.specials_written += earlier.specials_written;
+        self.temp_removed += earlier.temp_removed;
+        self.conflicts += earlier.conflicts;
+    }
+
     /// Names the pass has dealt with so far, whatever it did with them.
     pub fn compared(&self) -> u64 {
         self.files_written
@@ -191,12 +212,55 @@ pub fn sync_tree(
     src: &Path,
     dst: &Path,
     merge: Merge<'_>,
-    progress: Option<&mut dyn FnMut(&SyncStats)>,
+    mut progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<Synced, CopyError> {
+    let (journal, deletions) = (merge.journal, merge.deletions);
+    let first = sync_pass(
+        src,
+        dst,
+        merge,
+        progress.as_mut().map(|p| &mut **p as &mut dyn FnMut(&SyncStats)),
+        HashSet::new(),
+    )?;
+    if !first.linked_changed {
+        return Ok(first.synced);
+    }
+    tracing::info!(
+        "a hard-linked file changed, whose other names may lie in directories the tracked pass did not read: reading the whole tree"
+    );
+    let again = Merge {
+        base: &first.synced.baseline,
+        journal,
+        deletions,
+        dirty: None,
+    };
+    // The first pass's own unlinks changed the ctimes of inodes it left linked
+    // elsewhere: no sign of the application's change for the second either.
+    let mut full = sync_pass(src, dst, again, progress, first.touched)?.synced;
+    full.stats.add(&first.synced.stats);
+    Ok(full)
+}
+
+/// A pass; whether it was tracked and met a changed hard-linked file; the
+/// multiply-linked inodes it unlinked a name of.
+struct Pass {
+    synced: Synced,
+    linked_changed: bool,
+    touched: HashSet<u64>,
+}
+
+fn sync_pass(
+    src: &Path,
+    dst: &Path,
+    merge: Merge<'_>,
+    progress: Option<&mut dyn FnMut(&SyncStats)>,
+    touched: HashSet<u64>,
+) -> Result<Pass, CopyError> {
     let Merge {
         base,
         journal,
         deletions,
+        dirty,
     } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
@@ -205,6 +269,12 @@ pub fn sync_tree(
     })?;
     // RAM changes from here on have a ctime at or after it: the next pass's baseline.
     let taken = baseline::now_after_tick();
+    // Asked only now: it must hold every change before `taken`, which the next pass
+    // will not look for.
+    let filter = dirty
+        .and_then(|ask| ask())
+        .and_then(|d| Filter::new(base, &d, dst_fd.as_fd()));
+    let children = filter.as_ref().map(|_| tracked::children(base));
     std::thread::scope(|scope| {
         let mut syncer = Syncer {
             base,
@@ -221,19 +291,24 @@ pub fn sync_tree(
             rel: RelPath::default(),
             links: HashMap::new(),
             claimed: HashSet::new(),
-            touched: HashSet::new(),
+            touched,
             transfer: Transfer::default(),
             temps: TempNames::new(),
-            scan: scan::start(scope, src_fd, src_st),
+            scan: scan::start(scope, src_fd, src_st, filter.as_ref()),
             durable: Durable::start(scope, journal, deletions),
             waiting: HashMap::new(),
+            children,
+            linked_changed: false,
         };
+        syncer.reporter.stats.tracked = filter.is_some();
         let walked = syncer.run(dst_fd);
         let Syncer {
             mut reporter,
             durable,
             scan,
             mut marks,
+            linked_changed,
+            touched,
             ..
         } = syncer;
         // A scan still running stops at its next event.
@@ -255,9 +330,18 @@ pub fn sync_tree(
             ..Baseline::none()
         };
         settle::settle(&mut baseline, dst_root.as_fd(), taken);
-        Ok(Synced {
-            stats: reporter.stats,
-            baseline,
+        if linked_changed {
+            // The pass did not look at every name such a file has: the next pass
+            // must take every change since the old baseline as a change.
+            baseline.taken = base.taken;
+        }
+        Ok(Pass {
+            synced: Synced {
+                stats: reporter.stats,
+                baseline,
+            },
+            linked_changed,
+            touched,
         })
     })
 }
@@ -270,6 +354,10 @@ pub struct Merge<'a> {
     pub journal: Option<&'a Journal>,
     /// Deletions on the disk side since the RAM side last changed.
     pub deletions: Option<&'a Mutex<dyn DiskDeletions + Send>>,
+    /// Asked once the pass has its time: the RAM directories changed since `base`
+    /// was taken, if a tracker knows them. `None` (or an answer of `None`): the pass
+    /// reads the whole tree.
+    pub dirty: Option<&'a mut dyn FnMut() -> Option<Dirty>>,
 }
 
 /// The destination inode standing for a multiply-linked source inode.
@@ -353,6 +441,11 @@ struct Syncer<'p, 'b> {
     durable: Durable,
     /// Directories left with renames still pending, by [`DstDir::key`].
     waiting: HashMap<usize, Left>,
+    /// In a tracked pass: the baseline's records by directory, to carry skipped
+    /// subtrees over.
+    children: Option<HashMap<&'b [u8], Vec<&'b [u8]>>>,
+    /// A tracked pass met a multiply-linked file changed since the baseline.
+    linked_changed: bool,
 }
 
 /// What syncing one step did to the parent directory and where the walk goes next.

@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 use std::ffi::CStr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -23,11 +23,8 @@ use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags}
 use crate::copy::baseline::Time;
 use crate::copy::DiskDeletions;
 
-/// `MAX_HANDLE_SZ` of the kernel.
-const MAX_HANDLE: usize = 128;
-
-/// A directory's file handle: its type and bytes.
-pub type Handle = (i32, Vec<u8>);
+pub use super::fanotify::Handle;
+use super::fanotify::{handle_of, parse, Event};
 
 pub struct Deletions {
     group: Fanotify,
@@ -131,7 +128,7 @@ impl Deletions {
                                 }
                                 self.overflowed = true;
                             }
-                            Event::Gone { pid, dir, name }
+                            Event::Named { pid, dir, name, .. }
                                 if pid != self.own_pid && Some(pid) != self.ignored =>
                             {
                                 let key = (dir, name);
@@ -139,7 +136,7 @@ impl Deletions {
                                     new.push(key);
                                 }
                             }
-                            Event::Gone { .. } => {}
+                            Event::Named { .. } => {}
                         }
                     }
                 }
@@ -162,160 +159,9 @@ impl DiskDeletions for Deletions {
     }
 }
 
-/// The file handle of the directory open at `dir`.
-fn handle_of(dir: BorrowedFd<'_>) -> Result<Handle, Errno> {
-    // `struct file_handle`: handle_bytes (u32), handle_type (i32), then the bytes;
-    // u32 storage keeps it aligned.
-    let mut buf = [0u32; 2 + MAX_HANDLE / 4];
-    buf[0] = MAX_HANDLE as u32;
-    let mut mount_id: libc::c_int = 0;
-    // SAFETY: `buf` is a writable, 4-byte aligned `struct file_handle` with room for
-    // `handle_bytes` (MAX_HANDLE) bytes of handle, the path is a NUL-terminated empty
-    // string (with AT_EMPTY_PATH: the descriptor itself), and `mount_id` is writable.
-    let r = unsafe {
-        libc::name_to_handle_at(
-            dir.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr().cast::<libc::file_handle>(),
-            &mut mount_id,
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    Errno::result(r)?;
-    let len = (buf[0] as usize).min(MAX_HANDLE);
-    let bytes: Vec<u8> = buf[2..].iter().flat_map(|w| w.to_ne_bytes()).take(len).collect();
-    Ok((buf[1] as i32, bytes))
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Event {
-    Overflow,
-    Gone { pid: i32, dir: Handle, name: Vec<u8> },
-}
-
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
-/// The events of one `read` of the group: `struct fanotify_event_metadata` (24 bytes),
-/// each followed by info records; a `FAN_EVENT_INFO_TYPE_DFID_NAME` record holds the
-/// fsid (8 bytes), a `struct file_handle` and the NUL-terminated name.
-fn parse(buf: &[u8]) -> Vec<Event> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while let (Some(len), Some(meta_len), Some(mask)) =
-        (u32_at(buf, at), u16_at(buf, at + 6), u64_at(buf, at + 8))
-    {
-        let len = len as usize;
-        let Some(event) = buf.get(at..at + len).filter(|_| len >= 24) else {
-            break;
-        };
-        let pid = u32_at(event, 20).unwrap_or(0) as i32;
-        if mask & libc::FAN_Q_OVERFLOW != 0 {
-            out.push(Event::Overflow);
-        }
-        let mut info = meta_len as usize;
-        while let (Some(&kind), Some(info_len)) = (event.get(info), u16_at(event, info + 2)) {
-            let record = event.get(info..info + info_len as usize).unwrap_or_default();
-            if kind == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
-                if let Some(e) = dfid_name(record, pid) {
-                    out.push(e);
-                }
-            }
-            if info_len == 0 {
-                break;
-            }
-            info += info_len as usize;
-        }
-        at += len;
-    }
-    out
-}
-
-fn dfid_name(record: &[u8], pid: i32) -> Option<Event> {
-    // Header (4), fsid (8), then the handle.
-    let bytes = u32_at(record, 12)? as usize;
-    let kind = u32_at(record, 16)? as i32;
-    let handle = record.get(20..20 + bytes)?.to_vec();
-    let name = CStr::from_bytes_until_nul(record.get(20 + bytes..)?).ok()?;
-    Some(Event::Gone {
-        pid,
-        dir: (kind, handle),
-        name: name.to_bytes().to_vec(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn event(mask: u64, pid: i32, handle: &[u8], name: &[u8]) -> Vec<u8> {
-        let mut info = vec![libc::FAN_EVENT_INFO_TYPE_DFID_NAME, 0, 0, 0];
-        info.extend_from_slice(&[9; 8]);
-        info.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
-        info.extend_from_slice(&1i32.to_ne_bytes());
-        info.extend_from_slice(handle);
-        info.extend_from_slice(name);
-        info.push(0);
-        while info.len() % 4 != 0 {
-            info.push(0);
-        }
-        let info_len = info.len() as u16;
-        info[2..4].copy_from_slice(&info_len.to_ne_bytes());
-        let mut ev = Vec::new();
-        ev.extend_from_slice(&((24 + info.len()) as u32).to_ne_bytes());
-        ev.extend_from_slice(&[3, 0]);
-        ev.extend_from_slice(&24u16.to_ne_bytes());
-        ev.extend_from_slice(&mask.to_ne_bytes());
-        ev.extend_from_slice(&(-1i32).to_ne_bytes());
-        ev.extend_from_slice(&pid.to_ne_bytes());
-        ev.extend_from_slice(&info);
-        ev
-    }
-
-    #[test]
-    fn events_are_parsed_with_their_directory_and_name() {
-        let mut buf = event(libc::FAN_DELETE, 42, &[1, 2, 3, 4, 5, 6, 7, 8], b"w-1");
-        buf.extend(event(libc::FAN_MOVED_FROM, 43, &[8; 12], b"odd\nname"));
-        assert_eq!(
-            parse(&buf),
-            vec![
-                Event::Gone {
-                    pid: 42,
-                    dir: (1, vec![1, 2, 3, 4, 5, 6, 7, 8]),
-                    name: b"w-1".to_vec()
-                },
-                Event::Gone {
-                    pid: 43,
-                    dir: (1, vec![8; 12]),
-                    name: b"odd\nname".to_vec()
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn overflow_and_truncated_input_are_handled() {
-        let mut ov = Vec::new();
-        ov.extend_from_slice(&24u32.to_ne_bytes());
-        ov.extend_from_slice(&[3, 0]);
-        ov.extend_from_slice(&24u16.to_ne_bytes());
-        ov.extend_from_slice(&libc::FAN_Q_OVERFLOW.to_ne_bytes());
-        ov.extend_from_slice(&[0; 8]);
-        assert_eq!(parse(&ov), vec![Event::Overflow]);
-        let full = event(libc::FAN_DELETE, 1, &[1; 8], b"x");
-        for cut in 0..full.len() {
-            assert!(parse(&full[..cut]).is_empty(), "cut at {cut}");
-        }
-    }
 
     /// The real kernel: a deletion by another process is seen, in the right directory.
     #[test]

@@ -2,6 +2,7 @@
 //! `Host::proc_root` so tests can point it at fixture files.
 
 pub mod deletions;
+pub mod fanotify;
 pub mod meminfo;
 pub mod mountinfo;
 pub mod procs;

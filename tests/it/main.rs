@@ -27,4 +27,5 @@ mod schema;
 mod writeback_crash;
 mod writeback_symlinks;
 mod writeback_sync;
+mod writeback_tracked;
 mod writeback_trust;

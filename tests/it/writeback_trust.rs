@@ -8,7 +8,6 @@
 //! Needs root: the tmpfs is mounted in a private mount namespace; the disk copies are
 //! directories under /tmp.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -26,30 +25,11 @@ fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
             base,
             journal: None,
             deletions: None,
+            dirty: None,
         },
         None,
     )
     .expect("write-back")
-}
-
-/// What a tree holds: per path, the type and the contents (a directory's are empty).
-fn contents(root: &Path) -> BTreeMap<PathBuf, (bool, Vec<u8>, u32)> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![PathBuf::new()];
-    while let Some(rel) = todo.pop() {
-        for e in fs::read_dir(root.join(&rel)).expect("list") {
-            let rel = rel.join(e.expect("entry").file_name());
-            let m = fs::symlink_metadata(root.join(&rel)).expect("stat");
-            let data = if m.is_dir() {
-                todo.push(rel.clone());
-                Vec::new()
-            } else {
-                fs::read(root.join(&rel)).expect("read")
-            };
-            out.insert(rel, (m.is_dir(), data, m.permissions().mode() & 0o7777));
-        }
-    }
-    out
 }
 
 struct Rng(u64);
@@ -296,6 +276,7 @@ fn a_name_remembered_deleted_and_back_on_disk_keeps_its_directory_listed() {
             base: &base,
             journal: None,
             deletions: None,
+            dirty: None,
         };
         base = sync_tree(src, dst, merge, Some(&mut recreate))
             .expect("write-back")

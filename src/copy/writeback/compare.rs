@@ -158,6 +158,7 @@ mod tests {
     fn listings_merge_into_removals_then_source_names_in_byte_order() {
         let entry = |n: &[u8]| SrcEntry {
             name: CString::new(n).expect("no NUL"),
+            skipped: false,
             st: None,
             xattrs: None,
             target: None,

@@ -38,6 +38,19 @@ impl Syncer<'_, '_> {
             self.carry(&path);
             return Ok(Stepped::default());
         };
+        if entry.skipped {
+            // Unchanged on both sides since the baseline (see `tracked`).
+            self.reporter.stats.unchanged += self.carry(&path);
+            self.reporter.stats.dirs_skipped += 1;
+            return Ok(Stepped::default());
+        }
+        if self.children.is_some()
+            && s.st_nlink > 1
+            && file_type(&s) != libc::S_IFDIR
+            && self.base.taken.is_none_or(|t| ctime(&s) >= t)
+        {
+            self.linked_changed = true;
+        }
         if parent.trusted && parent.ram_kept && self.carry_unchanged(&path, &s) {
             return Ok(Stepped::default());
         }

@@ -128,24 +128,46 @@ impl Syncer<'_, '_> {
 
     /// `path` was not looked at (it vanished from the RAM while the pass ran, or lies
     /// below another filesystem): what the baseline knew of it still holds.
-    pub(super) fn carry(&mut self, path: &[u8]) {
+    pub(super) fn carry(&mut self, path: &[u8]) -> u64 {
         let base = self.base;
-        for (p, m) in base
-            .get(path)
-            .map(|m| (path, m))
-            .into_iter()
-            .chain(base.below(path))
-        {
-            let mark = match *m {
-                // Not read in this pass: trusted as before, or not at all.
-                Mark::Entry(sig) if sig.is_dir() && !base.unchanged_dir(p, &sig) => Mark::Entry(Sig {
-                    ctime: UNTRUSTED,
-                    ..sig
-                }),
-                other => other,
-            };
-            self.marks.insert(p, mark);
+        let mut present = 0;
+        if let Some(m) = base.get(path) {
+            present += self.carry_mark(path, *m);
         }
+        match self.children.take() {
+            Some(children) => {
+                let mut todo = vec![path];
+                while let Some(dir) = todo.pop() {
+                    for &p in children.get(dir).map_or(&[][..], Vec::as_slice) {
+                        let m = *base.get(p).expect("the index holds the baseline's paths");
+                        present += self.carry_mark(p, m);
+                        todo.push(p);
+                    }
+                }
+                self.children = Some(children);
+            }
+            None => {
+                for (p, m) in base.below(path) {
+                    present += self.carry_mark(p, *m);
+                }
+            }
+        }
+        present
+    }
+
+    /// Carries one record over; 1 if it stands for an entry, 0 for a deletion.
+    fn carry_mark(&mut self, path: &[u8], mark: Mark) -> u64 {
+        let mark = match mark {
+            // Not read in this pass: trusted as before, or not at all.
+            Mark::Entry(sig) if sig.is_dir() && !self.base.unchanged_dir(path, &sig) => Mark::Entry(Sig {
+                ctime: UNTRUSTED,
+                ..sig
+            }),
+            other => other,
+        };
+        let present = u64::from(!matches!(mark, Mark::Deleted(_)));
+        self.marks.insert(path, mark);
+        present
     }
 
     /// In a directory whose names the disk kept: a RAM non-directory unchanged since

@@ -618,8 +618,29 @@ pub fn mirror(
             base: &base,
             journal: None,
             deletions: None,
+            dirty: None,
         },
         progress,
     )
     .map(|s| s.stats)
+}
+
+/// What a tree holds: per path, the type and the contents (a directory's are empty).
+pub fn contents(root: &Path) -> BTreeMap<PathBuf, (bool, Vec<u8>, u32)> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        for e in fs::read_dir(root.join(&rel)).expect("list") {
+            let rel = rel.join(e.expect("entry").file_name());
+            let m = fs::symlink_metadata(root.join(&rel)).expect("stat");
+            let data = if m.is_dir() {
+                todo.push(rel.clone());
+                Vec::new()
+            } else {
+                fs::read(root.join(&rel)).expect("read")
+            };
+            out.insert(rel, (m.is_dir(), data, m.permissions().mode() & 0o7777));
+        }
+    }
+    out
 }

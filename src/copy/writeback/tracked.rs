@@ -1,0 +1,140 @@
+//! A tracked pass: the write-back told which RAM directories changed since the
+//! baseline (by the agent's tracker, see [`crate::track`]) visits only those, and
+//! carries the baseline's records of every other subtree over unread.
+//!
+//! A RAM subdirectory is skipped, neither listed nor its entries stated, when all of
+//! these hold:
+//! - the tracker saw no change of an entry in it or below it (`Dirty::dirs`), and it
+//!   is not in or below a directory created or moved in since (`Dirty::subtrees`:
+//!   its entries are new at their paths, whatever their ctimes say);
+//! - the baseline has its directory record (it is not new at its path);
+//! - its own ctime is before the baseline's (no name added, removed or renamed in
+//!   it, no change of its own metadata);
+//! - the disk directory of that path, and every one below it, still matches its
+//!   trusted record: nobody changed the disk side there (checked before the walk, one
+//!   `fstatat` per directory of the baseline).
+//!
+//! A skipped subtree is then unchanged on both sides since the baseline, and a full
+//! pass would only have confirmed its records. One case a directory cannot tell: a
+//! hard-linked file changed through a name in another directory. A pass that meets a
+//! changed multiply-linked file asks for a full pass after it
+//! ([`super::SyncStats::full_pass_needed`]).
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::BorrowedFd;
+
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{self, FileStat};
+
+use crate::copy::baseline::{Baseline, Mark, Sig, Time};
+use crate::copy::ops::{file_type, split_parent};
+
+/// RAM directories that changed since the baseline was taken, as a tracker saw them:
+/// paths relative to the tmpfs root (`""` for the root itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dirty {
+    /// Directories in which an entry was created, written, had its metadata
+    /// changed, deleted or renamed.
+    pub dirs: Vec<Box<[u8]>>,
+    /// Directories created or moved in: everything below is new at its path.
+    pub subtrees: Vec<Box<[u8]>>,
+}
+
+/// What the scan asks of each RAM subdirectory in a tracked pass.
+pub(crate) struct Filter {
+    /// The directories to enter: changed ones, those whose disk side changed, and
+    /// every directory above one of them.
+    enter: HashSet<Box<[u8]>>,
+    subtrees: HashSet<Box<[u8]>>,
+    /// Paths with a directory record in the baseline.
+    known: HashSet<Box<[u8]>>,
+    taken: Time,
+}
+
+/// Adds `path` and every directory above it.
+fn with_parents(set: &mut HashSet<Box<[u8]>>, path: &[u8]) {
+    let mut path = path;
+    while set.insert(path.into()) && !path.is_empty() {
+        path = split_parent(path).0;
+    }
+}
+
+impl Filter {
+    /// The filter for a pass against `base` (which must have a time) with the
+    /// tracker's `dirty`, after a look at every disk directory the baseline holds
+    /// (through `dst`, the disk root). `None` without a baseline time: a full pass.
+    pub(crate) fn new(base: &Baseline, dirty: &Dirty, dst: BorrowedFd<'_>) -> Option<Filter> {
+        let taken = base.taken?;
+        base.listed_after?;
+        let mut enter = HashSet::new();
+        enter.insert(Box::from(&b""[..]));
+        for d in &dirty.dirs {
+            with_parents(&mut enter, d);
+        }
+        let mut known = HashSet::new();
+        for (path, mark) in base.marks.iter() {
+            if !matches!(mark, Mark::Entry(sig) | Mark::DiskWon(sig) if sig.is_dir()) {
+                continue;
+            }
+            known.insert(Box::from(path));
+            let unchanged = matches!(mark, Mark::Entry(_))
+                && disk_dir(dst, path).is_some_and(|now| base.unchanged_dir(path, &Sig::of(&now)));
+            if !unchanged {
+                with_parents(&mut enter, path);
+            }
+        }
+        Some(Filter {
+            enter,
+            subtrees: dirty.subtrees.iter().cloned().collect(),
+            known,
+            taken,
+        })
+    }
+
+    /// Whether the RAM subdirectory at `path`, stated `st`, is to be read; `in_new`:
+    /// its parent is in or below a directory created or moved in. Returns whether it
+    /// is read, and whether its subdirectories are in such a directory.
+    pub(crate) fn enter(&self, path: &[u8], st: &FileStat, in_new: bool) -> (bool, bool) {
+        let new = in_new || self.subtrees.contains(path);
+        let read =
+            new || self.enter.contains(path) || !self.known.contains(path) || Sig::of(st).ctime >= self.taken;
+        (read, new)
+    }
+}
+
+/// The disk directory at `path` below the root `dst`, if it is one.
+fn disk_dir(dst: BorrowedFd<'_>, path: &[u8]) -> Option<FileStat> {
+    let at = if path.is_empty() { &b"."[..] } else { path };
+    // Any failure to look is a change: the directory is then read.
+    stat::fstatat(dst, at, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .ok()
+        .filter(|st| file_type(st) == libc::S_IFDIR)
+}
+
+/// The baseline's records by the directory they are in, to carry a skipped subtree
+/// over without a scan of every record.
+pub(crate) fn children(base: &Baseline) -> HashMap<&[u8], Vec<&[u8]>> {
+    let mut by_dir: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
+    for (path, _) in base.marks.iter() {
+        by_dir.entry(split_parent(path).0).or_default().push(path);
+    }
+    by_dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_are_entered_up_to_the_root() {
+        let mut set = HashSet::new();
+        with_parents(&mut set, b"a/b/c");
+        with_parents(&mut set, b"a/x");
+        let mut got: Vec<_> = set
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        got.sort();
+        assert_eq!(got, ["", "a", "a/b", "a/b/c", "a/x"]);
+    }
+}

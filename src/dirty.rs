@@ -1,0 +1,492 @@
+//! Dirty tracking: which RAM directories changed, so that a write-back reads only
+//! those (see [`crate::copy::Dirty`] for what a pass does with them).
+//!
+//! The agent runs a [`ChangeTracker`] per persisted mount on a thread of its own: a
+//! fanotify group with a filesystem mark on the tmpfs, reporting directory handles
+//! and names (`FAN_REPORT_DFID_NAME`) for every write, attribute change, creation,
+//! deletion and rename. It keeps each changed directory with the time of its last
+//! event; a directory created or moved in is kept as a new subtree.
+//!
+//! A write-back (`sync`, the agent's schedule, `down`, in any process) asks for the
+//! changes since its baseline with a barrier: it creates and removes a reserved name
+//! in the tmpfs root, carrying a nonce and the baseline's time. fanotify queues
+//! events in the order they happen, so once the tracker reads the barrier it has
+//! read every change made before it; it answers in `STATE/mounts/NAME.dirty`.
+//!
+//! The answer is a full pass ("not tracked", with the reason logged) when no tracker
+//! runs, it does not answer within [`ANSWER_WITHIN`], it started after the
+//! baseline was taken, or its queue overflowed since.
+//!
+//! What fanotify does not report: writes through a shared writable mapping after the
+//! file was closed. A file written that way is seen when it is closed for writing
+//! (`FAN_CLOSE_WRITE`) or changed otherwise; `sync --full` reads everything.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
+
+use crate::copy::baseline::Time;
+use crate::copy::{Dirty, TEMP_PREFIX};
+use crate::host::fanotify::{open_handle, parse, Event, Handle};
+use crate::state::State;
+
+/// How long a write-back waits for the tracker's answer before it reads everything.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// The barrier's name after [`TEMP_PREFIX`] (which the write-back never copies):
+/// `barrier.NONCE.SECS.NANOS`, the nonce and the baseline's time in decimal.
+const BARRIER: &str = "barrier.";
+
+fn now() -> Time {
+    use nix::time::{clock_gettime, ClockId};
+    let t = clock_gettime(ClockId::CLOCK_REALTIME).expect("CLOCK_REALTIME exists everywhere");
+    (t.tv_sec(), t.tv_nsec())
+}
+
+/// A barrier's nonce and baseline time, from its name.
+fn parse_barrier(name: &[u8]) -> Option<(u64, Time)> {
+    let rest = name
+        .strip_prefix(TEMP_PREFIX.as_bytes())?
+        .strip_prefix(BARRIER.as_bytes())?;
+    let mut parts = std::str::from_utf8(rest).ok()?.split('.');
+    let nonce = parts.next()?.parse().ok()?;
+    let secs = parts.next()?.parse().ok()?;
+    let nanos = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((nonce, (secs, nanos)))
+}
+
+/// The RAM directories of one tmpfs that changed, as fanotify reports them.
+pub struct ChangeTracker {
+    group: Fanotify,
+    root: File,
+    /// Every change after this was seen: when the mark was placed, or the queue last
+    /// overflowed.
+    since: Time,
+    overflowed: bool,
+    /// Directories with a changed entry, by handle: the last event's time.
+    dirs: HashMap<Handle, Time>,
+    /// Directories created or moved in (by parent handle and name): their time.
+    subtrees: HashMap<(Handle, Vec<u8>), Time>,
+}
+
+/// What a tracker answers a barrier with.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    Changed(Dirty),
+    /// No complete record since the baseline's time: why.
+    Untracked(String),
+}
+
+impl ChangeTracker {
+    /// Starts tracking the filesystem whose root is `root`.
+    pub fn start(root: &Path) -> Result<ChangeTracker> {
+        let flags = InitFlags::FAN_CLASS_NOTIF
+            | InitFlags::FAN_CLOEXEC
+            | InitFlags::FAN_NONBLOCK
+            | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME);
+        let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)
+            .context("fanotify with FAN_REPORT_DFID_NAME (Linux 5.9 or later, CAP_SYS_ADMIN)")?;
+        let root_file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(root)
+            .with_context(|| format!("opening {}", root.display()))?;
+        let mask = MaskFlags::FAN_MODIFY
+            | MaskFlags::FAN_ATTRIB
+            | MaskFlags::FAN_CLOSE_WRITE
+            | MaskFlags::FAN_CREATE
+            | MaskFlags::FAN_DELETE
+            | MaskFlags::FAN_MOVED_FROM
+            | MaskFlags::FAN_MOVED_TO
+            | MaskFlags::FAN_ONDIR;
+        group
+            .mark(
+                MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
+                mask,
+                root_file.as_fd(),
+                None::<&str>,
+            )
+            .with_context(|| format!("fanotify mark on {}", root.display()))?;
+        Ok(ChangeTracker {
+            group,
+            root: root_file,
+            since: now(),
+            overflowed: false,
+            dirs: HashMap::new(),
+            subtrees: HashMap::new(),
+        })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.group.as_fd()
+    }
+
+    /// Reads every queued event; returns the barriers among them (nonce, time).
+    pub fn drain(&mut self) -> Vec<(u64, Time)> {
+        let mut barriers = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match nix::unistd::read(self.group.as_fd(), &mut buf) {
+                Ok(0) | Err(_) => return barriers,
+                Ok(n) => n,
+            };
+            let at = now();
+            for ev in parse(&buf[..n]) {
+                match ev {
+                    Event::Overflow => {
+                        self.overflowed = true;
+                        self.since = at;
+                    }
+                    Event::Named { mask, dir, name, .. } => {
+                        if let Some(b) = parse_barrier(&name) {
+                            barriers.push(b);
+                            continue;
+                        }
+                        let new_dir = mask & libc::FAN_ONDIR != 0
+                            && mask & (libc::FAN_CREATE | libc::FAN_MOVED_TO) != 0;
+                        if new_dir {
+                            self.subtrees.insert((dir.clone(), name), at);
+                        }
+                        self.dirs.insert(dir, at);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The changes since `taken` (a baseline's time), with paths relative to the
+    /// root. Directories deleted since are left out: their parents changed.
+    pub fn answer(&mut self, taken: Time) -> Answer {
+        if self.since >= taken {
+            return Answer::Untracked(if self.overflowed {
+                "the change tracker's queue overflowed since the last write-back".into()
+            } else {
+                "the change tracker started after the last write-back".into()
+            });
+        }
+        let Some(root) = fd_path(self.root.as_fd()) else {
+            return Answer::Untracked("the tmpfs root has no path".into());
+        };
+        let mut dirty = Dirty::default();
+        let mut gone = Vec::new();
+        for (handle, &t) in &self.dirs {
+            match self.relative(&root, handle) {
+                Resolved::At(p) if t >= taken => dirty.dirs.push(p),
+                Resolved::At(_) => {}
+                Resolved::Gone => gone.push(handle.clone()),
+                Resolved::Unknown => {
+                    return Answer::Untracked("a changed directory could not be found".into())
+                }
+            }
+        }
+        for ((handle, name), &t) in &self.subtrees {
+            if t < taken {
+                continue;
+            }
+            match self.relative(&root, handle) {
+                Resolved::At(mut p) => {
+                    let mut path = p.to_vec();
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(name);
+                    p = path.into();
+                    dirty.subtrees.push(p);
+                }
+                Resolved::Gone => {}
+                Resolved::Unknown => return Answer::Untracked("a new directory could not be found".into()),
+            }
+        }
+        for handle in gone {
+            self.dirs.remove(&handle);
+            self.subtrees.retain(|(h, _), _| *h != handle);
+        }
+        dirty.dirs.sort();
+        dirty.subtrees.sort();
+        Answer::Changed(dirty)
+    }
+
+    fn relative(&self, root: &[u8], handle: &Handle) -> Resolved {
+        let fd = match open_handle(self.root.as_fd(), handle) {
+            Ok(fd) => fd,
+            Err(Errno::ESTALE | Errno::ENOENT) => return Resolved::Gone,
+            Err(_) => return Resolved::Unknown,
+        };
+        // Deleted, but still open somewhere: nothing in it is written back.
+        if nix::sys::stat::fstat(&fd).is_ok_and(|st| st.st_nlink == 0) {
+            return Resolved::Gone;
+        }
+        let Some(path) = fd_path(fd.as_fd()) else {
+            return Resolved::Unknown;
+        };
+        let rel = if root == b"/" {
+            path.strip_prefix(b"/")
+        } else if path == root {
+            Some(&b""[..])
+        } else {
+            path.strip_prefix(root).and_then(|r| r.strip_prefix(b"/"))
+        };
+        match rel {
+            Some(rel) => Resolved::At(rel.into()),
+            // Not below the root this tmpfs is seen at: a directory of the same
+            // filesystem detached from it cannot be written back.
+            None => Resolved::Gone,
+        }
+    }
+}
+
+enum Resolved {
+    At(Box<[u8]>),
+    Gone,
+    Unknown,
+}
+
+/// Where the descriptor's directory is, as this process sees it.
+fn fd_path(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
+    let p = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let bytes = p.as_os_str().as_bytes();
+    bytes.starts_with(b"/").then(|| bytes.to_vec())
+}
+
+/// A tracker running on its own thread for the mount `name`, answering barriers
+/// until dropped.
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    advert: PathBuf,
+}
+
+impl Running {
+    pub fn spawn(name: &str, root: &Path, state: &State) -> Result<Running> {
+        let mut tracker = ChangeTracker::start(root)?;
+        state.ensure_dirs()?;
+        let answers = answer_path(state, name);
+        let advert = advert_path(state, name);
+        write_replacing(&advert, format!("{}\n", std::process::id()).as_bytes())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let name = name.to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("track {name}"))
+            .spawn(move || {
+                while !stopping.load(Ordering::Relaxed) {
+                    let mut fds = [PollFd::new(tracker.fd(), PollFlags::POLLIN)];
+                    if poll(&mut fds, PollTimeout::from(200u16)).is_err() {
+                        continue;
+                    }
+                    for (nonce, taken) in tracker.drain() {
+                        let answer = tracker.answer(taken);
+                        if let Err(e) = write_replacing(&answers, &encode(nonce, &answer)) {
+                            tracing::warn!("{name}: {e:#}");
+                        }
+                    }
+                }
+            })
+            .context("starting the change tracker's thread")?;
+        Ok(Running {
+            stop,
+            thread: Some(thread),
+            advert,
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.advert);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer_path(state: &State, name: &str) -> PathBuf {
+    state.dir().join("mounts").join(format!("{name}.dirty"))
+}
+
+fn advert_path(state: &State, name: &str) -> PathBuf {
+    state.dir().join("mounts").join(format!("{name}.tracker"))
+}
+
+/// Replaces `path` through a new file and a rename: a reader sees the old or the
+/// new contents.
+fn write_replacing(path: &Path, data: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp~");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(data))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+const MAGIC: &[u8] = b"tmpfsctl-dirty 1\n";
+
+/// The answer file: magic, nonce, then either `U` and the reason, or `C` and the
+/// paths, each a kind (`D` directory, `S` subtree), a length and the bytes, and `E`:
+/// an answer cut short is no answer, never one with fewer directories.
+fn encode(nonce: u64, answer: &Answer) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&nonce.to_le_bytes());
+    match answer {
+        Answer::Untracked(why) => {
+            out.push(b'U');
+            out.extend_from_slice(why.as_bytes());
+        }
+        Answer::Changed(d) => {
+            out.push(b'C');
+            for (kind, paths) in [(b'D', &d.dirs), (b'S', &d.subtrees)] {
+                for p in paths {
+                    out.push(kind);
+                    out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+                    out.extend_from_slice(p);
+                }
+            }
+            out.push(b'E');
+        }
+    }
+    out
+}
+
+fn decode(bytes: &[u8]) -> Option<(u64, Answer)> {
+    let rest = bytes.strip_prefix(MAGIC)?;
+    let nonce = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+    let (&kind, mut rest) = rest.get(8..)?.split_first()?;
+    match kind {
+        b'U' => Some((
+            nonce,
+            Answer::Untracked(String::from_utf8_lossy(rest).into_owned()),
+        )),
+        b'C' => {
+            let mut d = Dirty::default();
+            loop {
+                let (&kind, after) = rest.split_first()?;
+                if kind == b'E' {
+                    return after.is_empty().then_some((nonce, Answer::Changed(d)));
+                }
+                let len = u32::from_le_bytes(after.get(..4)?.try_into().ok()?) as usize;
+                let path: Box<[u8]> = after.get(4..4 + len)?.into();
+                match kind {
+                    b'D' => d.dirs.push(path),
+                    b'S' => d.subtrees.push(path),
+                    _ => return None,
+                }
+                rest = &after[4 + len..];
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Asks the tracker of `name`, whose tmpfs root is at `root`, for the changes since
+/// `taken`: `None` (a full pass) when there is no complete answer, with the reason
+/// logged.
+pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Option<Dirty> {
+    let untracked = |why: &str| {
+        tracing::info!("{name}: reading the whole tree: {why}");
+        None
+    };
+    let pid: Option<i32> = std::fs::read_to_string(advert_path(state, name))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let Some(pid) = pid.filter(|p| Path::new(&format!("/proc/{p}")).exists()) else {
+        return untracked("no change tracker runs for it (the agent tracks persisted mounts)");
+    };
+    let nonce = {
+        use std::hash::{BuildHasher, Hasher};
+        // Seeded from the kernel's random source (see copy::temp).
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    let barrier = root.join(OsStr::from_bytes(
+        format!("{TEMP_PREFIX}{BARRIER}{nonce}.{}.{}", taken.0, taken.1).as_bytes(),
+    ));
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&barrier);
+    if let Err(e) = made {
+        return untracked(&format!(
+            "cannot ask the change tracker ({}: {e})",
+            barrier.display()
+        ));
+    }
+    let _ = std::fs::remove_file(&barrier);
+    let answers = answer_path(state, name);
+    let deadline = Instant::now() + ANSWER_WITHIN;
+    while Instant::now() < deadline {
+        if let Some((n, answer)) = std::fs::read(&answers).ok().and_then(|b| decode(&b)) {
+            if n == nonce {
+                return match answer {
+                    Answer::Changed(d) => Some(d),
+                    Answer::Untracked(why) => untracked(&why),
+                };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    untracked(&format!(
+        "the change tracker (pid {pid}) did not answer within {} s",
+        ANSWER_WITHIN.as_secs()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn barriers_are_recognised_by_name_only() {
+        let name = format!("{TEMP_PREFIX}{BARRIER}42.1700000000.5");
+        assert_eq!(parse_barrier(name.as_bytes()), Some((42, (1_700_000_000, 5))));
+        for bad in [
+            format!("{TEMP_PREFIX}{BARRIER}42.1700000000"),
+            format!("{TEMP_PREFIX}{BARRIER}42.1.2.3"),
+            format!("{TEMP_PREFIX}{BARRIER}x.1.2"),
+            format!("{BARRIER}42.1.2"),
+            "barrier".to_string(),
+        ] {
+            assert_eq!(parse_barrier(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn answers_round_trip_and_damage_is_refused() {
+        let changed = Answer::Changed(Dirty {
+            dirs: vec![Box::from(&b""[..]), Box::from(&b"a/odd\nname\xff"[..])],
+            subtrees: vec![Box::from(&b"new"[..])],
+        });
+        let bytes = encode(7, &changed);
+        assert_eq!(decode(&bytes), Some((7, changed)));
+        for cut in 0..bytes.len() {
+            assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let untracked = Answer::Untracked("overflowed".into());
+        assert_eq!(decode(&encode(9, &untracked)), Some((9, untracked)));
+        assert_eq!(decode(b"tmpfsctl-dirty 2\n"), None);
+    }
+}
