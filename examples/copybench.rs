@@ -2,9 +2,15 @@
 //!
 //! ```text
 //! copybench seed SRC DST             copy_tree SRC into the empty directory DST
-//! copybench sync SRC DST [BASE]      sync_tree SRC onto DST, merging against the baseline
+//! copybench sync SRC DST [BASE [STATE NAME]]
+//!                                    sync_tree SRC onto DST, merging against the baseline
 //!                                    file BASE (none if missing; rewritten after), as
-//!                                    `tmpfsctl sync` does
+//!                                    `tmpfsctl sync` does; with STATE and NAME, asking the
+//!                                    change tracker `track` runs for which directories
+//!                                    changed
+//! copybench track SRC STATE NAME     run a change tracker on the tmpfs SRC, as the agent
+//!                                    does for the mount NAME with state directory STATE,
+//!                                    until killed
 //! copybench gen DIR [FILES] [SEED]   write a test tree: 90% 1–8 KiB files, 10% 64 KiB–1 MiB
 //!                                    (log-uniform), 100 files a directory, 10 directories
 //!                                    a group; default 100000 files
@@ -30,8 +36,20 @@ fn main() -> ExitCode {
         (Some("seed"), Some(src), Some(dst)) => {
             timed(|| copy_tree(Path::new(src), Path::new(dst), None).map(|s| format!("{s:?}")))
         }
+        (Some("track"), Some(src), Some(state)) => {
+            let state = tmpfsctl::state::State::new(Path::new(state));
+            let name = arg(3).expect("usage: copybench track SRC STATE NAME");
+            let root = fs::File::open(src).expect("open SRC");
+            let _running = tmpfsctl::dirty::Running::spawn(name, root, &state).expect("change tracker");
+            loop {
+                std::thread::park();
+            }
+        }
         (Some("sync"), Some(src), Some(dst)) => {
             let base_file = arg(3).map(PathBuf::from);
+            let tracker = arg(4)
+                .zip(arg(5))
+                .map(|(s, n)| (tmpfsctl::state::State::new(Path::new(s)), n));
             timed(|| {
                 let err = |e: anyhow::Error| std::io::Error::other(format!("{e:#}"));
                 let base = match &base_file {
@@ -46,6 +64,10 @@ fn main() -> ExitCode {
                     )?),
                     None => None,
                 };
+                let mut ask = || {
+                    let (state, name) = tracker.as_ref()?;
+                    tmpfsctl::dirty::ask(state, name, Path::new(src), base.taken?).ok()
+                };
                 let synced = sync_tree(
                     Path::new(src),
                     Path::new(dst),
@@ -53,7 +75,7 @@ fn main() -> ExitCode {
                         base: &base,
                         journal: journal.as_ref(),
                         deletions: None,
-                        dirty: None,
+                        dirty: Some(&mut ask),
                     },
                     None,
                 )
@@ -79,7 +101,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: copybench seed|sync SRC DST | gen DIR [FILES] [SEED] | mutate DIR PERMILLE SEED"
+                "usage: copybench seed|sync SRC DST [BASE [STATE NAME]] | track SRC STATE NAME | gen DIR [FILES] [SEED] | mutate DIR PERMILLE SEED"
             );
             return ExitCode::from(2);
         }

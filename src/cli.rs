@@ -102,6 +102,11 @@ enum Command {
         spec: PathBuf,
         /// Mount names (default: every persisted mount of the spec).
         names: Vec<String>,
+        /// Read the whole tree, even where the agent's change tracker knows which
+        /// directories changed (it cannot see writes through a shared mapping made
+        /// after the file was closed).
+        #[arg(long)]
+        full: bool,
         #[command(flatten)]
         output: Output,
     },
@@ -210,6 +215,11 @@ pub fn main() -> i32 {
             .code();
         }
     };
+    if !matches!(cli.command, Command::Agent { .. }) {
+        // Warnings of a command (a conflict kept, a watch that overflowed) reach the
+        // operator; the agent sets up its own logging.
+        crate::logging::init("warn");
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -395,11 +405,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             output.print(&r, report::boot)?;
             Ok(ExitCode::Ok)
         }
-        Command::Sync { spec, names, output } => {
+        Command::Sync {
+            spec,
+            names,
+            full,
+            output,
+        } => {
             let s = load_as_written(&spec, &host)?;
             need_root("sync")?;
             let _lock = state.lock(wait)?;
-            let r = sync::sync(&s, &names, &host, &state, "sync")?;
+            let r = sync::sync(&s, &names, &host, &state, "sync", full)?;
             output.print(&r, |r| report::sync(r))?;
             Ok(ExitCode::failed_if(
                 r.iter().any(|x| x.result == sync::SyncOutcome::Failed),

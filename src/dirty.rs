@@ -13,7 +13,7 @@
 //! events in the order they happen, so once the tracker reads the barrier it has
 //! read every change made before it; it answers in `STATE/mounts/NAME.dirty`.
 //!
-//! The answer is a full pass ("not tracked", with the reason logged) when no tracker
+//! The answer is a full pass (with the reason in the write-back's result) when no tracker
 //! runs, it does not answer within [`ANSWER_WITHIN`], it started after the
 //! baseline was taken, or its queue overflowed since.
 //!
@@ -81,6 +81,10 @@ pub struct ChangeTracker {
     dirs: HashMap<Handle, Time>,
     /// Directories created or moved in (by parent handle and name): their time.
     subtrees: HashMap<(Handle, Vec<u8>), Time>,
+    /// Changes before this were dropped: write-backs ask for the changes since
+    /// their baseline, and baselines only move forward, so an answer for a time
+    /// makes what came before it useless.
+    dropped_before: Time,
 }
 
 /// What a tracker answers a barrier with.
@@ -92,19 +96,14 @@ pub enum Answer {
 }
 
 impl ChangeTracker {
-    /// Starts tracking the filesystem whose root is `root`.
-    pub fn start(root: &Path) -> Result<ChangeTracker> {
+    /// Starts tracking the filesystem whose root directory is open at `root`.
+    pub fn start(root: File) -> Result<ChangeTracker> {
         let flags = InitFlags::FAN_CLASS_NOTIF
             | InitFlags::FAN_CLOEXEC
             | InitFlags::FAN_NONBLOCK
             | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME);
         let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)
             .context("fanotify with FAN_REPORT_DFID_NAME (Linux 5.9 or later, CAP_SYS_ADMIN)")?;
-        let root_file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(root)
-            .with_context(|| format!("opening {}", root.display()))?;
         let mask = MaskFlags::FAN_MODIFY
             | MaskFlags::FAN_ATTRIB
             | MaskFlags::FAN_CLOSE_WRITE
@@ -117,17 +116,18 @@ impl ChangeTracker {
             .mark(
                 MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
                 mask,
-                root_file.as_fd(),
+                root.as_fd(),
                 None::<&str>,
             )
-            .with_context(|| format!("fanotify mark on {}", root.display()))?;
+            .context("fanotify mark on the tmpfs")?;
         Ok(ChangeTracker {
             group,
-            root: root_file,
+            root,
             since: now(),
             overflowed: false,
             dirs: HashMap::new(),
             subtrees: HashMap::new(),
+            dropped_before: (0, 0),
         })
     }
 
@@ -178,34 +178,35 @@ impl ChangeTracker {
                 "the change tracker started after the last write-back".into()
             });
         }
+        if taken < self.dropped_before {
+            return Answer::Untracked("asked for changes older than the change tracker keeps".into());
+        }
+        self.dirs.retain(|_, t| *t >= taken);
+        self.subtrees.retain(|_, t| *t >= taken);
+        self.dropped_before = taken;
         let Some(root) = fd_path(self.root.as_fd()) else {
             return Answer::Untracked("the tmpfs root has no path".into());
         };
         let mut dirty = Dirty::default();
         let mut gone = Vec::new();
-        for (handle, &t) in &self.dirs {
+        for handle in self.dirs.keys() {
             match self.relative(&root, handle) {
-                Resolved::At(p) if t >= taken => dirty.dirs.push(p),
-                Resolved::At(_) => {}
+                Resolved::At(p) => dirty.dirs.push(p),
                 Resolved::Gone => gone.push(handle.clone()),
                 Resolved::Unknown => {
                     return Answer::Untracked("a changed directory could not be found".into())
                 }
             }
         }
-        for ((handle, name), &t) in &self.subtrees {
-            if t < taken {
-                continue;
-            }
+        for (handle, name) in self.subtrees.keys() {
             match self.relative(&root, handle) {
-                Resolved::At(mut p) => {
-                    let mut path = p.to_vec();
+                Resolved::At(parent) => {
+                    let mut path = parent.into_vec();
                     if !path.is_empty() {
                         path.push(b'/');
                     }
                     path.extend_from_slice(name);
-                    p = path.into();
-                    dirty.subtrees.push(p);
+                    dirty.subtrees.push(path.into());
                 }
                 Resolved::Gone => {}
                 Resolved::Unknown => return Answer::Untracked("a new directory could not be found".into()),
@@ -271,7 +272,8 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn spawn(name: &str, root: &Path, state: &State) -> Result<Running> {
+    /// Tracks the tmpfs whose root directory is open at `root`.
+    pub fn spawn(name: &str, root: File, state: &State) -> Result<Running> {
         let mut tracker = ChangeTracker::start(root)?;
         state.ensure_dirs()?;
         let answers = answer_path(state, name);
@@ -400,18 +402,13 @@ fn decode(bytes: &[u8]) -> Option<(u64, Answer)> {
 }
 
 /// Asks the tracker of `name`, whose tmpfs root is at `root`, for the changes since
-/// `taken`: `None` (a full pass) when there is no complete answer, with the reason
-/// logged.
-pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Option<Dirty> {
-    let untracked = |why: &str| {
-        tracing::info!("{name}: reading the whole tree: {why}");
-        None
-    };
+/// `taken`; without a complete answer, why the pass reads the whole tree.
+pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty, String> {
     let pid: Option<i32> = std::fs::read_to_string(advert_path(state, name))
         .ok()
         .and_then(|s| s.trim().parse().ok());
     let Some(pid) = pid.filter(|p| Path::new(&format!("/proc/{p}")).exists()) else {
-        return untracked("no change tracker runs for it (the agent tracks persisted mounts)");
+        return Err("no change tracker runs for it (the agent runs one per persisted mount)".into());
     };
     let nonce = {
         use std::hash::{BuildHasher, Hasher};
@@ -430,7 +427,7 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Option<Dirty>
         .custom_flags(libc::O_NOFOLLOW)
         .open(&barrier);
     if let Err(e) = made {
-        return untracked(&format!(
+        return Err(format!(
             "cannot ask the change tracker ({}: {e})",
             barrier.display()
         ));
@@ -442,14 +439,14 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Option<Dirty>
         if let Some((n, answer)) = std::fs::read(&answers).ok().and_then(|b| decode(&b)) {
             if n == nonce {
                 return match answer {
-                    Answer::Changed(d) => Some(d),
-                    Answer::Untracked(why) => untracked(&why),
+                    Answer::Changed(d) => Ok(d),
+                    Answer::Untracked(why) => Err(why),
                 };
             }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    untracked(&format!(
+    Err(format!(
         "the change tracker (pid {pid}) did not answer within {} s",
         ANSWER_WITHIN.as_secs()
     ))

@@ -23,6 +23,7 @@ pub mod execute;
 pub mod failpoint;
 pub mod host;
 pub mod keeper;
+pub mod logging;
 pub mod mount;
 pub mod observe;
 pub mod out;

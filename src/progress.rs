@@ -78,7 +78,7 @@ impl<'a> Progress<'a> {
         let line = describe(&self.name, &self.rec, self.started.elapsed());
         if self.terminal {
             crate::out::eprint(&format!("\r{line}   "));
-        } else if tracing::dispatcher::has_been_set() {
+        } else if tracing::enabled!(tracing::Level::INFO) {
             tracing::info!(mount = self.name.as_str(), "{line}");
         } else {
             crate::out::eprint(&format!("{line}\n"));

@@ -281,7 +281,7 @@ pub fn down(results: &[DownResult]) -> String {
 fn sync_line(r: &SyncResult) -> String {
     match (r.result, &r.stats) {
         (SyncOutcome::Synced, Some(st)) => format!(
-            "synced: {} written ({}), {}, {} deleted, {} unchanged, {} kept as on disk ({}), in {:.2}s",
+            "synced: {} written ({}), {}, {} deleted, {} unchanged, {} kept as on disk ({}), in {:.2}s; {}",
             count(
                 st.files_written + st.links_written + st.specials_written,
                 "file",
@@ -293,7 +293,14 @@ fn sync_line(r: &SyncResult) -> String {
             st.unchanged,
             st.kept_disk,
             count(st.conflicts, "conflict", "conflicts"),
-            r.seconds
+            r.seconds,
+            match &r.whole_tree {
+                Some(why) => format!("read the whole tree: {}", escape(why)),
+                None => format!(
+                    "read only what changed ({} not read)",
+                    count(st.dirs_skipped, "directory", "directories")
+                ),
+            }
         ),
         (SyncOutcome::Failed, _) => format!("sync FAILED: {}", escape(r.reason.as_deref().unwrap_or(""))),
         _ => format!("sync skipped: {}", escape(r.reason.as_deref().unwrap_or(""))),

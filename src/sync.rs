@@ -42,13 +42,25 @@ pub struct SyncResult {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats: Option<SyncStats>,
+    /// Why the pass read the whole tree rather than only what the change tracker
+    /// saw change (see [`crate::dirty`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whole_tree: Option<String>,
     pub seconds: f64,
 }
 
 /// Syncs `names` (every persisted mount of the spec when empty).
 ///
-/// `by` is recorded with each write-back: `sync`, `schedule`, `stop`.
-pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str) -> Result<Vec<SyncResult>> {
+/// `by` is recorded with each write-back: `sync`, `schedule`, `stop`. `full`: read
+/// the whole tree even where the change tracker knows what changed.
+pub fn sync(
+    spec: &Spec,
+    names: &[String],
+    host: &Host,
+    state: &State,
+    by: &str,
+    full: bool,
+) -> Result<Vec<SyncResult>> {
     UnknownName::check(spec, names, |_| false)?;
     let world = observe::observe(spec, host, state)?;
     let mut out = Vec::new();
@@ -63,6 +75,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
             result: SyncOutcome::Skipped,
             reason: Some(reason),
             stats: None,
+            whole_tree: None,
             seconds: 0.0,
         };
         if m.persist != Persist::None && held(&world.table, &m.name, state) {
@@ -84,7 +97,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
                 .top_at(elsewhere)
                 .is_some_and(|e| observe::side_reaches_disk(&world.table, e.dev, &state.side(&m.name)));
             out.push(if reachable && !elsewhere.starts_with(state.dir()) {
-                sync_one(m, elsewhere, state, None, by)?
+                sync_one(m, elsewhere, state, None, by, full)?
             } else {
                 SyncResult {
                     result: SyncOutcome::Failed,
@@ -118,7 +131,7 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
             });
             continue;
         }
-        out.push(sync_one(m, &m.path, state, None, by)?);
+        out.push(sync_one(m, &m.path, state, None, by, full)?);
     }
     Ok(out)
 }
@@ -128,16 +141,28 @@ pub fn sync(spec: &Spec, names: &[String], host: &Host, state: &State, by: &str)
 /// then saves the new baseline and records the outcome.
 ///
 /// `deletions`: names the application deleted on disk since `src` last changed
-/// (a held tmpfs, while the application works in its disk directory).
+/// (a held tmpfs, while the application works in its disk directory). Unless
+/// `full`, the pass reads only what the change tracker saw change, if one runs
+/// (see [`crate::dirty`]).
 pub fn sync_one(
     m: &MountSpec,
     src: &Path,
     state: &State,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
     by: &str,
+    full: bool,
 ) -> Result<SyncResult> {
     let started = Instant::now();
     let base = state.baseline(&m.name)?;
+    let mut whole_tree = None;
+    let mut ask = || {
+        let asked = match base.taken {
+            _ if full => Err("asked for (--full)".to_string()),
+            None => Err("there is no baseline to compare with".to_string()),
+            Some(taken) => crate::dirty::ask(state, &m.name, src, taken),
+        };
+        asked.map_err(|why| whole_tree = Some(why)).ok()
+    };
     let res = state
         .journal(&m.name, &base)
         .and_then(|journal| {
@@ -145,7 +170,7 @@ pub fn sync_one(
                 base: &base,
                 journal: Some(&journal),
                 deletions,
-                dirty: None,
+                dirty: Some(&mut ask),
             };
             let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
             let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);
@@ -158,6 +183,7 @@ pub fn sync_one(
             Ok(synced.stats)
         });
     let seconds = started.elapsed().as_secs_f64();
+    let whole_tree = whole_tree.filter(|_| res.is_ok());
     let (result, reason, stats) = match res {
         Ok(s) => (SyncOutcome::Synced, None, Some(s)),
         Err(e) => (SyncOutcome::Failed, Some(format!("{e:#}")), None),
@@ -189,6 +215,7 @@ pub fn sync_one(
         result,
         reason,
         stats,
+        whole_tree,
         seconds,
     })
 }
@@ -220,6 +247,7 @@ pub fn finish_writeback(
         state,
         watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
         by,
+        false,
     )?;
     if res.result == SyncOutcome::Failed {
         if let Some(w) = watch {

@@ -323,6 +323,7 @@ impl Agent {
                     &self.host,
                     &self.state,
                     "schedule",
+                    false,
                 ),
                 Err(e) => {
                     warn!("{name}: periodic write-back postponed: {e}");

@@ -186,6 +186,8 @@ struct Watched {
     dev: u64,
     usage: Option<Usage>,
     tracker: Tracker,
+    /// What changed in a persisted tmpfs, for its write-backs (see [`crate::dirty`]).
+    changes: Option<crate::dirty::Running>,
     state: MountState,
     metrics: MountMetrics,
     fallback: Option<FallbackRecord>,
@@ -208,6 +210,7 @@ impl Watched {
             dev: 0,
             usage: None,
             tracker: Tracker::default(),
+            changes: None,
             state: MountState::Absent,
             metrics,
             next_sync: None,
@@ -272,63 +275,6 @@ struct Agent {
     last_rescan: Instant,
 }
 
-/// Logs to the journal under systemd (JOURNAL_STREAM set and journald's
-/// socket present), else to stderr. `TMPFSCTL_LOG` filters (default info).
-pub fn init_logging() {
-    use std::io::IsTerminal;
-    use tracing_subscriber::prelude::*;
-    let filter = || {
-        tracing_subscriber::EnvFilter::try_from_env("TMPFSCTL_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-    };
-    let journal =
-        std::env::var_os("JOURNAL_STREAM").is_some() && Path::new("/run/systemd/journal/socket").exists();
-    if journal {
-        if let Ok(layer) = tracing_journald::layer() {
-            let _ = tracing_subscriber::registry()
-                .with(filter())
-                .with(
-                    layer
-                        .with_syslog_identifier("tmpfsctl-agent".into())
-                        .with_field_prefix(Some("TMPFSCTL".into())),
-                )
-                .try_init();
-            return;
-        }
-    }
-    let _ = tracing_subscriber::registry()
-        .with(filter())
-        .with(
-            tracing_subscriber::fmt::layer()
-                .fmt_fields(EscapedFields)
-                .with_writer(crate::out::stderr)
-                .log_internal_errors(false)
-                .with_target(false)
-                .with_ansi(std::io::stderr().is_terminal()),
-        )
-        .try_init();
-}
-
-/// The fields of a log line as the default formatter writes them, with the
-/// host strings in them (paths, process names, error messages) escaped like
-/// all human output ([`crate::out::escape`]): a file name cannot forge a log
-/// line or reach the terminal. (The journal stores fields as they are;
-/// journalctl shows a field with control characters as blob data.)
-struct EscapedFields;
-
-impl<'w> tracing_subscriber::fmt::FormatFields<'w> for EscapedFields {
-    fn format_fields<R: tracing_subscriber::field::RecordFields>(
-        &self,
-        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
-        fields: R,
-    ) -> std::fmt::Result {
-        let mut plain = String::new();
-        tracing_subscriber::fmt::format::DefaultFields::new()
-            .format_fields(tracing_subscriber::fmt::format::Writer::new(&mut plain), fields)?;
-        writer.write_str(&crate::out::escape(&plain))
-    }
-}
-
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
 /// The agent's CPU priority when it starts at the default, nice 0: it must react
 /// within milliseconds while the applications it watches keep every CPU busy. With
@@ -359,7 +305,7 @@ fn raise_priority() {
 
 pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Result<ExitCode> {
     let psi_trigger = psi_trigger(&host);
-    init_logging();
+    crate::logging::init("info");
     raise_priority();
     spec::only_root_can_change(spec_path)?;
     let spec_text = spec::read_text(spec_path)?;
@@ -690,13 +636,16 @@ impl Agent {
             .filter(|w| w.root.is_some() && w.spec.persist != Persist::None)
             .map(|w| w.spec.name.clone())
             .collect();
+        // The change trackers answer the last write-backs, then stop.
+        let _changes: Vec<_> = self.mounts.iter_mut().map(|w| w.changes.take()).collect();
         for i in 0..self.mounts.len() {
             self.unwatch(i);
         }
         let mut code = ExitCode::Ok;
         if !persisted.is_empty() {
             match self.state.lock(self.opts.wait) {
-                Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state, "stop") {
+                Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state, "stop", false)
+                {
                     Ok(results) => {
                         for s in &results {
                             if let Some(i) = self.mounts.iter().position(|w| w.spec.name == s.name) {

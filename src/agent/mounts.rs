@@ -7,6 +7,7 @@ impl Agent {
     pub(super) fn unwatch(&mut self, i: usize) {
         self.mounts[i].scanned = None;
         let w = &mut self.mounts[i];
+        w.changes = None;
         if let Some(root) = w.root.take() {
             if let Some(wake) = &self.wake {
                 wake.remove(root.as_fd());
@@ -97,6 +98,19 @@ impl Agent {
             }
         }
         let w = &mut self.mounts[i];
+        if w.spec.persist != Persist::None {
+            w.changes = root
+                .try_clone()
+                .map_err(anyhow::Error::from)
+                .and_then(|r| crate::dirty::Running::spawn(&w.spec.name, r, &self.state))
+                .map_err(|e| {
+                    warn!(
+                        "{}: no change tracker ({e:#}); every write-back reads the whole tree",
+                        w.spec.name
+                    )
+                })
+                .ok();
+        }
         w.usage = Usage::of_fd(&root).ok();
         w.root = Some(root);
         w.dev = dev;

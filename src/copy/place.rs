@@ -130,7 +130,7 @@ pub(super) fn put_in_place(
                 }
                 Ok(Placed::Yes)
             }
-            Some(false) => give_back(dir, temp, name, ours).map(|()| Placed::Taken),
+            Some(false) => give_back(dir, temp, name, ours),
         },
         // Which side is missing: the name (the application deleted it: its deletion
         // stays), or the temporary (someone removed it: an error, never a deletion).
@@ -180,22 +180,26 @@ const GIVE_BACK_ROUNDS: usize = 10_000;
 /// is stale. Otherwise the exchange is made, and if what comes out is not what was
 /// put in (the application renamed between the look and the exchange), the newest
 /// version is now in `temp`, and the next round puts it back.
-fn give_back(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, placed: OwnedFd) -> nix::Result<()> {
+///
+/// `Taken` when the application's entry ends under the name; `Deleted` when the
+/// application deleted the name meanwhile: its deletion is the newest change.
+fn give_back(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, placed: OwnedFd) -> nix::Result<Placed> {
     let mut placed = placed;
     for _ in 0..GIVE_BACK_ROUNDS {
         match same_inode(&placed, dir, name) {
             Ok(true) => {}
-            Ok(false) | Err(Errno::ENOENT) => return Ok(()),
+            Ok(false) => return Ok(Placed::Taken),
+            Err(Errno::ENOENT) => return Ok(Placed::Deleted),
             Err(e) => return Err(e),
         }
         let going_in = hold(dir, temp)?;
         match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_EXCHANGE) {
             Ok(()) => {}
-            Err(Errno::ENOENT) => return Ok(()),
+            Err(Errno::ENOENT) => return Ok(Placed::Deleted),
             Err(e) => return Err(e),
         }
         if same_inode(&placed, dir, temp)? {
-            return Ok(());
+            return Ok(Placed::Taken);
         }
         placed = going_in;
     }
@@ -311,7 +315,7 @@ mod tests {
         // The exchange put ours under the name; the app's version came out.
         std::fs::write(p("a"), "ours").unwrap();
         std::fs::write(p("t"), "app v1").unwrap();
-        give_back(at, c"t", c"a", held("a")).unwrap();
+        assert_eq!(give_back(at, c"t", c"a", held("a")).unwrap(), Placed::Taken);
         assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app v1");
         assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "ours");
         // Before the undo, the app renamed v2 over the name (over ours).
@@ -320,9 +324,15 @@ mod tests {
         std::fs::write(p("t"), "app v1").unwrap();
         std::fs::write(p("new"), "app v2").unwrap();
         std::fs::rename(p("new"), p("a")).unwrap();
-        give_back(at, c"t", c"a", ours).unwrap();
+        assert_eq!(give_back(at, c"t", c"a", ours).unwrap(), Placed::Taken);
         assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "app v2");
         assert_eq!(std::fs::read_to_string(p("t")).unwrap(), "app v1");
+        // Before the undo, the app deleted the name (ours): its deletion stays.
+        std::fs::write(p("a"), "ours").unwrap();
+        let ours = held("a");
+        std::fs::remove_file(p("a")).unwrap();
+        assert_eq!(give_back(at, c"t", c"a", ours).unwrap(), Placed::Deleted);
+        assert!(!p("a").exists());
     }
 
     /// An application renaming versions over the name as fast as it can, while the

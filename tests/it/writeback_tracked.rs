@@ -140,7 +140,8 @@ fn tracked_passes_end_where_full_passes_do() {
                 }
             }
         }
-        let mut tracker = ChangeTracker::start(src).expect("fanotify with FAN_REPORT_DFID_NAME");
+        let mut tracker =
+            ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME");
         let (a, b) = (tracked.path(), full.path());
         let mut base_a = pass(src, a, &Baseline::none(), None).baseline;
         let mut base_b = pass(src, b, &Baseline::none(), None).baseline;
