@@ -28,3 +28,4 @@ mod writeback_crash;
 mod writeback_symlinks;
 mod writeback_sync;
 mod writeback_trust;
+mod zram;
