@@ -203,8 +203,7 @@ pub struct LiveZram {
 impl LiveZram {
     /// Reads the zram mount `e` at `path`; `None` when it cannot be seen.
     pub fn read(e: &MountEntry, path: &Path) -> Option<LiveZram> {
-        let sys = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", e.dev.0, e.dev.1)).ok()?;
-        let device = sys.file_name()?.to_str()?.strip_prefix("zram")?.parse().ok()?;
+        let (device, sys) = sysfs_of(e.dev)?;
         let text = |f: &str| std::fs::read_to_string(sys.join(f)).ok();
         Some(LiveZram {
             dev: e.dev,
@@ -220,18 +219,28 @@ impl LiveZram {
     }
 
     pub fn compressed(&self) -> Compressed {
-        let mm = self.mm;
-        Compressed {
-            device: format!("zram{}", self.device),
-            compression: self.compression.clone(),
-            data: mm.orig_data_size,
-            compressed: mm.compr_data_size,
-            ram_used: mm.mem_used_total,
-            // Nothing stored, nothing compressed: no ratio rather than 0 or inf.
-            ratio: (mm.mem_used_total > 0)
-                .then(|| (mm.orig_data_size as f64 / mm.mem_used_total as f64 * 100.0).round() / 100.0),
-        }
+        Compressed::new(self.device, self.compression.clone(), self.mm)
     }
+}
+
+/// N and the sysfs directory of the zram device `major:minor`.
+fn sysfs_of(dev: (u32, u32)) -> Option<(u32, std::path::PathBuf)> {
+    let sys = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", dev.0, dev.1)).ok()?;
+    let device = sys.file_name()?.to_str()?.strip_prefix("zram")?.parse().ok()?;
+    Some((device, sys))
+}
+
+/// What the zram device `major:minor` holds now (the agent's metrics, which
+/// know a mount by its device); `None` when it is no zram device.
+pub fn compressed_of(dev: (u32, u32)) -> Option<Compressed> {
+    let (device, sys) = sysfs_of(dev)?;
+    let text = |f: &str| std::fs::read_to_string(sys.join(f)).ok();
+    let mm = MmStat::parse(&text("mm_stat")?)?;
+    Some(Compressed::new(
+        device,
+        device::algorithms(&text("comp_algorithm")?).0,
+        mm,
+    ))
 }
 
 /// The first fields of /sys/block/zramN/mm_stat (Documentation/admin-guide/blockdev/zram.rst).
@@ -269,6 +278,21 @@ pub struct Compressed {
     pub ram_used: u64,
     /// `data / ram_used`, two decimals; `None` while nothing is stored.
     pub ratio: Option<f64>,
+}
+
+impl Compressed {
+    fn new(device: u32, compression: Option<String>, mm: MmStat) -> Compressed {
+        Compressed {
+            device: format!("zram{device}"),
+            compression,
+            data: mm.orig_data_size,
+            compressed: mm.compr_data_size,
+            ram_used: mm.mem_used_total,
+            // Nothing stored, nothing compressed: no ratio rather than 0 or inf.
+            ratio: (mm.mem_used_total > 0)
+                .then(|| (mm.orig_data_size as f64 / mm.mem_used_total as f64 * 100.0).round() / 100.0),
+        }
+    }
 }
 
 /// What it takes to bring the live mount to `m` online: a remount for the

@@ -332,3 +332,33 @@ fn zram_compression_this_kernel_lacks_is_refused_with_its_list() {
     assert!(sb.mounts_at(&cache).is_empty());
     assert!(zb.recorded().is_empty(), "the device made for it was removed");
 }
+
+#[test]
+fn zram_mounts_boot_through_apply_not_fstab() {
+    let sb = Sandbox::new();
+    let root = sb.path("root");
+    crate::common::root_only_users(&root);
+    fs::create_dir_all(root.join("var/cache/app")).unwrap();
+    let spec = sb.one_mount_spec(
+        "cache",
+        Path::new("/var/cache/app"),
+        "32MiB",
+        "    backend: zram\n",
+    );
+    let install = |mode: &str| {
+        sb.run([
+            "boot".as_ref(),
+            "install".as_ref(),
+            spec.as_os_str(),
+            "--mode".as_ref(),
+            mode.as_ref(),
+            "--root".as_ref(),
+            root.as_os_str(),
+        ])
+    };
+    let r = install("fstab");
+    assert_ne!(r.code, Some(0), "{r}");
+    r.stderr_has("`cache` is a zram mount, which fstab cannot express");
+    assert!(!root.join("etc/fstab").exists(), "nothing written");
+    install("systemd").code(0).stdout_has("changed: yes");
+}
