@@ -42,13 +42,14 @@ root, n = sys.argv[1], int(sys.argv[2])
 rnd = random.Random(1)
 # Real words with their real frequencies (Zipf-like), from the English in
 # Python's standard library: per 4 KiB page, text compresses as pages do.
-import collections, glob, re
+import collections, glob, itertools, re
 counts = collections.Counter()
 for f in sorted(glob.glob("/usr/lib/python3*/*.py"))[:300]:
     counts.update(re.findall(r"[a-z]{2,}", open(f, errors="ignore").read().lower()))
 vocab, weights = zip(*counts.most_common(5000))
+cum = list(itertools.accumulate(weights))
 def words(k):
-    return " ".join(rnd.choices(vocab, weights, k=k))
+    return " ".join(rnd.choices(vocab, cum_weights=cum, k=k))
 for i in range(n):
     d = os.path.join(root, f"{i % 256:02x}")
     os.makedirs(d, exist_ok=True)
