@@ -128,6 +128,11 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &ApplyOptions) -> Re
         stop = r.result == Outcome::Failed;
         results.push(r);
     }
+    // Devices of mounts rolled back above, or left half-built by a crash.
+    match backend::release_unused(state) {
+        Ok(freed) => cleanup.extend(freed),
+        Err(e) => cleanup.push(format!("freeing unused devices FAILED: {e:#}")),
+    }
     Ok(ApplyReport {
         // A mount that degraded or failed was tried and rolled back: not "no change"
         // to report, whatever steps are left.
@@ -322,7 +327,7 @@ fn run_step(
             options,
         } => {
             mount::ensure_mount_point(stage)?;
-            backend::mount(source, stage, options)?;
+            backend::mount(source, stage, options, state)?;
             undo.push(Undo::Detach(stage.clone()));
         }
         Step::Seed { from, to } => return seed(from, to, name, state, opts).map(Some),

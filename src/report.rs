@@ -176,6 +176,17 @@ pub fn status(r: &StatusReport) -> String {
         if let Some(reason) = &m.reason {
             let _ = writeln!(s, "{name}: {}", escape(reason));
         }
+        if let Some(c) = &m.compressed {
+            let ratio = c.ratio.map(|r| format!(", ratio {r:.2}")).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{name}: {} {}: {} stored in {} of RAM{ratio}",
+                c.device,
+                escape(c.compression.as_deref().unwrap_or("kernel-default")),
+                format_bytes(c.data),
+                format_bytes(c.ram_used)
+            );
+        }
         if let Some(p) = &m.progress {
             let elapsed = std::time::Duration::from_secs(now.saturating_sub(p.started));
             let _ = writeln!(s, "{}", crate::progress::describe(&m.name, p, elapsed));
@@ -230,9 +241,14 @@ pub fn status(r: &StatusReport) -> String {
         ),
     };
     let mem = &r.memory;
+    let zram = if mem.managed_zram > 0 {
+        format!(", managed zram {}", format_bytes(mem.managed_zram))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "memory: total {}, available {}, shmem {} (managed tmpfs {})",
+        "memory: total {}, available {}, shmem {} (managed tmpfs {}){zram}",
         format_bytes(mem.mem_total),
         format_bytes(mem.mem_available),
         format_bytes(mem.shmem),

@@ -254,6 +254,12 @@ impl State {
         remove_if_present(&self.journal_path(name))
     }
 
+    /// The zram devices tmpfsctl made: one directory per device (see
+    /// `crate::backend::zram`), the only ones it ever resets or removes.
+    pub fn zram_root(&self) -> PathBuf {
+        self.dir.join("zram")
+    }
+
     /// Side path where the on-disk directory stays reachable under the tmpfs.
     pub fn side(&self, name: &str) -> PathBuf {
         self.side_root().join(name)
@@ -549,7 +555,9 @@ fn write_quick(path: &Path, data: &[u8]) -> Result<()> {
 }
 
 /// The directories directly under the state directory.
-const SUBDIRS: [&str; 7] = ["lower", "stage", "restore", "held", "mounts", "baseline", "run"];
+const SUBDIRS: [&str; 8] = [
+    "lower", "stage", "restore", "held", "mounts", "baseline", "run", "zram",
+];
 
 /// One of tmpfsctl's own records, never read through a symlink.
 fn read_text(path: &Path) -> Option<String> {

@@ -23,6 +23,9 @@ pub struct MountStatus {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
+    /// A zram mount's device, what it stores and the RAM that really takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compressed: Option<backend::zram::Compressed>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persist: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -80,6 +83,13 @@ pub struct Memory {
     pub shmem: u64,
     /// Bytes used by the managed tmpfs mounts listed (part of Shmem).
     pub managed_used: u64,
+    /// RAM taken by the managed zram mounts listed (not part of Shmem).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub managed_zram: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -130,8 +140,14 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
     }
     let managed_used = mounts
         .iter()
+        .filter(|m| m.compressed.is_none())
         .filter_map(|m| m.usage.as_ref())
         .map(|u| u.used)
+        .sum();
+    let managed_zram = mounts
+        .iter()
+        .filter_map(|m| m.compressed.as_ref())
+        .map(|c| c.ram_used)
         .sum();
     Ok(StatusReport {
         agent: AgentView {
@@ -145,6 +161,7 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
             mem_available: mem.mem_available,
             shmem: mem.shmem,
             managed_used,
+            managed_zram,
         },
     })
 }
@@ -210,6 +227,10 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
         state: state_now,
         reason,
         usage,
+        compressed: match &o.at_path {
+            AtPath::Ours(live) => live.compressed(),
+            _ => None,
+        },
         persist: Some(m.persist.name()),
         last_sync: state.last_sync(&m.name),
         progress: state.progress(&m.name),
@@ -220,6 +241,7 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
 fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountStatus {
     MountStatus {
         usage: Usage::of(&path).ok().map(Into::into),
+        compressed: None,
         persist: state.record(&name).map(|r| r.persist),
         last_sync: state.last_sync(&name),
         progress: state.progress(&name),

@@ -306,6 +306,8 @@ pub fn clean_up(name: &str, table: &MountTable, state: &State) -> Result<()> {
         }
         remove_side_dir(&side)?;
     }
+    // The mount is gone (or detached while busy: then its device stays, for later).
+    crate::backend::release_unused(state)?;
     state.forget(name)
 }
 

@@ -35,6 +35,9 @@ pub struct MountMetrics {
     pub level: Level,
     /// `None` when not offloaded.
     pub usage: Option<Usage>,
+    /// A zram mount's stored data and real RAM; `None` for tmpfs, or when
+    /// not offloaded.
+    pub compressed: Option<crate::backend::zram::Compressed>,
     /// Actions taken since the agent started, by kind (see [`ACTIONS`]).
     pub actions: BTreeMap<&'static str, u64>,
     pub evicted_files: u64,
@@ -59,6 +62,7 @@ impl MountMetrics {
             state: MountState::Absent,
             level: Level::Ok,
             usage: None,
+            compressed: None,
             actions: ACTIONS.iter().map(|a| (*a, 0)).collect(),
             evicted_files: 0,
             evicted_bytes: 0,
@@ -243,6 +247,20 @@ impl Out {
             "gauge",
             "Inodes in use in the tmpfs.",
             |m| m.usage.map(|u| u.inodes_used.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_zram_stored_bytes",
+            "gauge",
+            "Bytes stored in a zram mount's device, uncompressed (orig_data_size).",
+            |m| m.compressed.as_ref().map(|c| c.data.to_string()),
+        );
+        self.per_mount(
+            s,
+            "tmpfsctl_mount_zram_memory_bytes",
+            "gauge",
+            "RAM a zram mount's device really takes (mem_used_total).",
+            |m| m.compressed.as_ref().map(|c| c.ram_used.to_string()),
         );
     }
 
@@ -496,6 +514,34 @@ mod tests {
         let n = names.len();
         names.dedup();
         assert_eq!(names.len(), n, "a family appears twice");
+    }
+
+    #[test]
+    fn a_zram_mount_exports_what_it_stores_and_the_ram_it_takes() {
+        let mut s = snapshot();
+        s.mounts[0].compressed = Some(crate::backend::zram::Compressed {
+            device: "zram3".into(),
+            compression: Some("lz4".into()),
+            data: 3000,
+            compressed: 900,
+            ram_used: 1200,
+            ratio: Some(2.5),
+        });
+        let text = render(&s, None);
+        for line in [
+            "tmpfsctl_mount_zram_stored_bytes{name=\"nginx\"} 3000",
+            "tmpfsctl_mount_zram_memory_bytes{name=\"nginx\"} 1200",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("zram_memory_bytes{name=\"odd\"}"),
+            "tmpfs mounts have none"
+        );
+        assert!(
+            !render(&snapshot(), None).contains("zram"),
+            "nor a spec without zram"
+        );
     }
 
     #[test]

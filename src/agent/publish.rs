@@ -47,6 +47,16 @@ impl Agent {
                     let mut m = w.metrics.clone();
                     m.state = w.state;
                     m.usage = w.root.as_ref().and(w.usage);
+                    m.compressed = match (w.spec.backend, &w.root) {
+                        (crate::spec::Backend::Zram, Some(_)) => {
+                            let dev = (
+                                nix::sys::stat::major(w.dev) as u32,
+                                nix::sys::stat::minor(w.dev) as u32,
+                            );
+                            crate::backend::zram::compressed_of(dev)
+                        }
+                        _ => None,
+                    };
                     m.evict_exhausted = w.tracker.exhausted;
                     m.persist_every = match w.spec.persist {
                         Persist::Every(secs) => Some(secs),

@@ -47,6 +47,8 @@ fn growth_within_max_size_is_kept_by_the_agents_apply() {
         name: "c".into(),
         path: "/x".into(),
         backend: Default::default(),
+        compression: None,
+        fs: crate::spec::ZramFs::Ext4,
         size: 100 << 20,
         inodes: Some(1000),
         owner: None,

@@ -6,22 +6,26 @@
 //! and one of `spec::Backend` (the spec's `backend:`).
 
 pub mod tmpfs;
+pub mod zram;
 
 use std::path::Path;
 
 use nix::errno::Errno;
+use nix::mount::MsFlags;
 use serde::Serialize;
 
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
-use crate::spec::{self, Backend, MountSpec};
+use crate::spec::{self, Atime, Backend, Flags, MountSpec};
+use crate::state::State;
 
 /// How a mount is built (and rebuilt online).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum MountOptions {
     Tmpfs(tmpfs::TmpfsOptions),
+    Zram(zram::ZramOptions),
 }
 
 impl MountOptions {
@@ -29,6 +33,7 @@ impl MountOptions {
     pub fn desired(m: &MountSpec, root: RootAttrs) -> MountOptions {
         match m.backend {
             Backend::Tmpfs => MountOptions::Tmpfs(tmpfs::TmpfsOptions::desired(m, root)),
+            Backend::Zram => MountOptions::Zram(zram::ZramOptions::desired(m, root)),
         }
     }
 
@@ -36,12 +41,14 @@ impl MountOptions {
     pub fn backend(&self) -> &'static str {
         match self {
             MountOptions::Tmpfs(_) => tmpfs::FSTYPE,
+            MountOptions::Zram(_) => zram::NAME,
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             MountOptions::Tmpfs(o) => o.describe(),
+            MountOptions::Zram(o) => o.describe(),
         }
     }
 
@@ -52,6 +59,9 @@ impl MountOptions {
                 o.size = size;
                 o.nr_inodes = nr_inodes;
             }
+            // Never reached: validation refuses `grow` on zram, so the agent
+            // never resizes one; its device keeps the size it was made with.
+            MountOptions::Zram(_) => {}
         }
         self
     }
@@ -81,10 +91,12 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// Mounts a new filesystem of the options' backend at `target`.
-pub fn mount(source: &str, target: &Path, o: &MountOptions) -> anyhow::Result<()> {
+/// Mounts a new filesystem of the options' backend at `target`. A backend
+/// that needs a device creates it here and records it in `state`.
+pub fn mount(source: &str, target: &Path, o: &MountOptions, state: &State) -> anyhow::Result<()> {
     match o {
         MountOptions::Tmpfs(o) => tmpfs::mount(source, target, o),
+        MountOptions::Zram(o) => zram::mount(source, target, o, state),
     }
 }
 
@@ -92,14 +104,23 @@ pub fn mount(source: &str, target: &Path, o: &MountOptions) -> anyhow::Result<()
 pub fn remount(target: &Path, o: &MountOptions) -> Result<(), Errno> {
     match o {
         MountOptions::Tmpfs(o) => tmpfs::remount(target, o),
+        MountOptions::Zram(o) => zram::remount(target, o),
     }
+}
+
+/// Frees the devices recorded in `state` that no mount uses any more (a
+/// mount taken down, rolled back, or left half-built by a crash); tmpfs has
+/// none. What it freed is described, one line per device. A device still
+/// open (a mount detached while busy) is kept for a later call.
+pub fn release_unused(state: &State) -> anyhow::Result<Vec<String>> {
+    zram::release_unused(state)
 }
 
 /// Whether `e` is the mount with `source` (`tmpfsctl-NAME`, see
 /// `spec::source_for`): how tmpfsctl knows a mount of its own from anybody
 /// else's.
 pub fn is_ours(e: &MountEntry, source: &str) -> bool {
-    tmpfs::is_ours(e, source)
+    tmpfs::is_ours(e, source) || zram::is_ours(e, source)
 }
 
 /// Every mount in `table` with `source`, wherever it is.
@@ -109,8 +130,9 @@ pub fn mounts_of<'a>(table: &'a MountTable, source: &'a str) -> impl Iterator<It
 
 /// The spec name of `e` when it is a mount of tmpfsctl's (of any spec).
 pub fn managed_name(e: &MountEntry) -> Option<&str> {
-    let name = e.source.strip_prefix(spec::SOURCE_PREFIX)?;
-    is_ours(e, &e.source).then_some(name)
+    let source = zram::source_of(e).unwrap_or(&e.source);
+    let name = source.strip_prefix(spec::SOURCE_PREFIX)?;
+    is_ours(e, source).then_some(name)
 }
 
 /// A live mount of ours as the kernel reports it.
@@ -118,29 +140,37 @@ pub fn managed_name(e: &MountEntry) -> Option<&str> {
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum Live {
     Tmpfs(tmpfs::LiveTmpfs),
+    Zram(zram::LiveZram),
 }
 
 impl Live {
     /// Reads the mount `e` of ours at `path`; `None` when it cannot be seen.
     pub fn read(e: &MountEntry, path: &Path) -> Option<Live> {
-        tmpfs::LiveTmpfs::read(e, path).map(Live::Tmpfs)
+        if e.fstype == tmpfs::FSTYPE {
+            tmpfs::LiveTmpfs::read(e, path).map(Live::Tmpfs)
+        } else {
+            zram::LiveZram::read(e, path).map(Live::Zram)
+        }
     }
 
     pub fn dev(&self) -> (u32, u32) {
         match self {
             Live::Tmpfs(l) => l.dev,
+            Live::Zram(l) => l.dev,
         }
     }
 
     pub fn root(&self) -> RootAttrs {
         match self {
             Live::Tmpfs(l) => l.root,
+            Live::Zram(l) => l.root,
         }
     }
 
     pub fn usage(&self) -> Usage {
         match self {
             Live::Tmpfs(l) => l.usage,
+            Live::Zram(l) => l.usage,
         }
     }
 
@@ -156,6 +186,80 @@ impl Live {
             Live::Tmpfs(l) => {
                 Ok(tmpfs::online(m, l, root, page_size)?.map(|(o, c)| (MountOptions::Tmpfs(o), c)))
             }
+            Live::Zram(l) => {
+                Ok(zram::online(m, l, root, page_size)?.map(|(o, c)| (MountOptions::Zram(o), c)))
+            }
         }
+    }
+
+    /// The RAM a compressed mount really takes, and what it holds; `None`
+    /// for tmpfs, whose RAM is its usage.
+    pub fn compressed(&self) -> Option<zram::Compressed> {
+        match self {
+            Live::Tmpfs(_) => None,
+            Live::Zram(l) => Some(l.compressed()),
+        }
+    }
+}
+
+/// The mount(2) flags for `f`: every security flag, every time, because a
+/// bare MS_REMOUNT resets them.
+fn ms_flags(f: Flags) -> MsFlags {
+    let mut ms = MsFlags::empty();
+    ms.set(MsFlags::MS_NOSUID, f.nosuid);
+    ms.set(MsFlags::MS_NODEV, f.nodev);
+    ms.set(MsFlags::MS_NOEXEC, f.noexec);
+    match f.atime {
+        Some(Atime::Relatime) => ms |= MsFlags::MS_RELATIME,
+        Some(Atime::Noatime) => ms |= MsFlags::MS_NOATIME,
+        Some(Atime::Strictatime) => ms |= MsFlags::MS_STRICTATIME,
+        None => {}
+    }
+    ms
+}
+
+/// The flags a live mount has, from its per-mount options.
+fn flags_of(e: &MountEntry) -> Flags {
+    let atime = if e.has_mount_option("noatime") {
+        Atime::Noatime
+    } else if e.has_mount_option("relatime") {
+        Atime::Relatime
+    } else {
+        Atime::Strictatime
+    };
+    Flags {
+        nosuid: e.has_mount_option("nosuid"),
+        nodev: e.has_mount_option("nodev"),
+        noexec: e.has_mount_option("noexec"),
+        atime: Some(atime),
+    }
+}
+
+/// The flag changes from `have` to `want`; an unset atime leaves it alone.
+fn flag_changes(have: Flags, want: Flags) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (what, h, w) in [
+        ("nosuid", have.nosuid, want.nosuid),
+        ("nodev", have.nodev, want.nodev),
+        ("noexec", have.noexec, want.noexec),
+    ] {
+        if h != w {
+            changes.push(Change::new(what, onoff(h), onoff(w)));
+        }
+    }
+    if let Some(w) = want.atime {
+        if have.atime != Some(w) {
+            let from = have.atime.map(|a| a.name()).unwrap_or("default");
+            changes.push(Change::new("atime", from, w.name()));
+        }
+    }
+    changes
+}
+
+fn onoff(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
     }
 }

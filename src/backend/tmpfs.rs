@@ -13,7 +13,7 @@ use crate::host::mountinfo::MountEntry;
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
 use crate::spec::size::format_bytes;
-use crate::spec::{Atime, Flags, Huge, MountSpec};
+use crate::spec::{Flags, Huge, MountSpec};
 
 pub const FSTYPE: &str = "tmpfs";
 
@@ -43,18 +43,7 @@ impl TmpfsOptions {
     }
 
     fn ms_flags(&self) -> MsFlags {
-        let f = self.flags;
-        let mut ms = MsFlags::empty();
-        ms.set(MsFlags::MS_NOSUID, f.nosuid);
-        ms.set(MsFlags::MS_NODEV, f.nodev);
-        ms.set(MsFlags::MS_NOEXEC, f.noexec);
-        match f.atime {
-            Some(Atime::Relatime) => ms |= MsFlags::MS_RELATIME,
-            Some(Atime::Noatime) => ms |= MsFlags::MS_NOATIME,
-            Some(Atime::Strictatime) => ms |= MsFlags::MS_STRICTATIME,
-            None => {}
-        }
-        ms
+        super::ms_flags(self.flags)
     }
 
     /// The data string. The root's uid/gid/mode only matter at mount time
@@ -128,25 +117,13 @@ impl LiveTmpfs {
             None => Some(Huge::Never),
             Some(h) => Huge::ALL.iter().find(|(n, _)| *n == h).map(|(_, v)| *v),
         };
-        let atime = if e.has_mount_option("noatime") {
-            Atime::Noatime
-        } else if e.has_mount_option("relatime") {
-            Atime::Relatime
-        } else {
-            Atime::Strictatime
-        };
         Some(LiveTmpfs {
             dev: e.dev,
             size: usage.size,
             nr_inodes: usage.inodes,
             huge,
             noswap: e.super_option("noswap").is_some(),
-            flags: Flags {
-                nosuid: e.has_mount_option("nosuid"),
-                nodev: e.has_mount_option("nodev"),
-                noexec: e.has_mount_option("noexec"),
-                atime: Some(atime),
-            },
+            flags: super::flags_of(e),
             root,
             usage,
         })
@@ -183,28 +160,13 @@ pub fn online(
         let from = live.huge.map(|h| h.name()).unwrap_or("other");
         changes.push(Change::new("huge", from, m.huge.name()));
     }
-    let f = live.flags;
-    for (what, have, want) in [
-        ("nosuid", f.nosuid, m.flags.nosuid),
-        ("nodev", f.nodev, m.flags.nodev),
-        ("noexec", f.noexec, m.flags.noexec),
-    ] {
-        if have != want {
-            changes.push(Change::new(what, onoff(have), onoff(want)));
-        }
-    }
-    if let Some(want) = m.flags.atime {
-        if f.atime != Some(want) {
-            let from = f.atime.map(|a| a.name()).unwrap_or("default");
-            changes.push(Change::new("atime", from, want.name()));
-        }
-    }
+    changes.extend(super::flag_changes(live.flags, m.flags));
 
     if m.noswap != live.noswap {
         return Err(format!(
             "noswap can only be set when the tmpfs is mounted (now {}, spec {}); run `tmpfsctl down` then `apply`",
-            onoff(live.noswap),
-            onoff(m.noswap)
+            super::onoff(live.noswap),
+            super::onoff(m.noswap)
         ));
     }
     if want_size < live.usage.used && want_size != live.size {
@@ -234,17 +196,10 @@ pub fn online(
     Ok(Some((options, changes)))
 }
 
-fn onoff(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::Atime;
 
     fn opts() -> TmpfsOptions {
         TmpfsOptions {

@@ -302,6 +302,17 @@ pub fn install(cx: &Context, mode: Mode, root: &Path) -> Result<BootReport> {
         removed: vec![],
         notes: vec![],
     };
+    if let Some(m) = cx
+        .spec
+        .mounts
+        .iter()
+        .find(|m| mode == Mode::Fstab && m.backend == crate::spec::Backend::Zram)
+    {
+        bail!(
+            "`{}` is a zram mount, which fstab cannot express (its device is made and formatted before it is mounted); use --mode systemd or sysv, which run `tmpfsctl apply`",
+            m.name
+        );
+    }
     let mut wanted = artifacts(cx, mode);
     if mode == Mode::Fstab {
         wanted.extend(helper_link(cx, root)?);

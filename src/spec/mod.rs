@@ -42,6 +42,11 @@ pub struct MountSpec {
     pub path: PathBuf,
     /// Where the mount's RAM comes from.
     pub backend: Backend,
+    /// `backend: zram` only: the device's compression algorithm; `None`
+    /// keeps the kernel's default.
+    pub compression: Option<String>,
+    /// `backend: zram` only: the filesystem made on the device.
+    pub fs: ZramFs,
     /// Bytes, as given or resolved from a percentage of MemTotal.
     pub size: u64,
     /// nr_inodes; `None` leaves the kernel's choice alone.
@@ -76,6 +81,8 @@ impl MountSpec {
             name: name.into(),
             path: path.into(),
             backend: Backend::Tmpfs,
+            compression: None,
+            fs: ZramFs::Ext4,
             size,
             inodes: None,
             owner: None,
@@ -160,11 +167,39 @@ impl Atime {
 pub enum Backend {
     #[default]
     Tmpfs,
+    /// A compressed RAM block device carrying a filesystem (`fs`).
+    Zram,
 }
 
 impl Backend {
-    pub const ALL: [(&'static str, Backend); 1] = [("tmpfs", Backend::Tmpfs)];
+    pub const ALL: [(&'static str, Backend); 2] = [("tmpfs", Backend::Tmpfs), ("zram", Backend::Zram)];
 }
+
+/// `fs:`, the filesystem on a zram device. Only ext4 for now: without a
+/// journal it writes each block once, and it discards freed blocks, so
+/// deleted files give their compressed memory back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZramFs {
+    #[default]
+    Ext4,
+}
+
+impl ZramFs {
+    pub const ALL: [(&'static str, ZramFs); 1] = [("ext4", ZramFs::Ext4)];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ZramFs::Ext4 => "ext4",
+        }
+    }
+}
+
+/// The algorithms zram can be built with (drivers/block/zram/backend_*.c).
+/// Validation accepts these names; whether this kernel has the one chosen is
+/// known only from a device (`comp_algorithm`), so `apply` checks that on the
+/// device it creates and lists what the kernel offers when it does not.
+pub const ZRAM_COMPRESSIONS: [&str; 7] = ["lzo", "lzo-rle", "lz4", "lz4hc", "zstd", "deflate", "842"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -67,6 +67,10 @@ pub struct RawMount {
     pub path: Option<S<String>>,
     #[schemars(with = "Option<BackendName>")]
     pub backend: Option<S<String>>,
+    #[schemars(with = "Option<CompressionName>")]
+    pub compression: Option<S<String>>,
+    #[schemars(with = "Option<FsName>")]
+    pub fs: Option<S<String>>,
     #[schemars(required)]
     #[schemars(with = "Option<Size>")]
     pub size: Option<S<String>>,
@@ -577,6 +581,8 @@ impl<'a> Reader<'a> {
             name: self.req_text(&mut f, "name"),
             path: self.req_text(&mut f, "path"),
             backend: self.opt_text(&mut f, "backend"),
+            compression: self.opt_text(&mut f, "compression"),
+            fs: self.opt_text(&mut f, "fs"),
             size: self.req_text(&mut f, "size"),
             inodes: self.opt_text(&mut f, "inodes"),
             owner: self.opt_text(&mut f, "owner"),
@@ -601,6 +607,8 @@ impl<'a> Reader<'a> {
                 "name",
                 "path",
                 "backend",
+                "compression",
+                "fs",
                 "size",
                 "inodes",
                 "owner",

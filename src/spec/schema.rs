@@ -15,7 +15,7 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde_json::Value;
 
 use super::raw::RawSpec;
-use super::{Action, Backend, EvictGroup, Huge, PressureAction};
+use super::{Action, Backend, EvictGroup, Huge, PressureAction, ZramFs, ZRAM_COMPRESSIONS};
 
 /// The schema as pretty JSON, with a final newline.
 pub fn json() -> String {
@@ -181,6 +181,16 @@ text_schema!(
     /// `backend`.
     BackendName,
     json_schema!({ "enum": names(Backend::ALL.iter().map(|(n, _)| *n)) })
+);
+text_schema!(
+    /// `compression` (zram).
+    CompressionName,
+    json_schema!({ "enum": names(ZRAM_COMPRESSIONS.iter().copied()) })
+);
+text_schema!(
+    /// `fs` (zram).
+    FsName,
+    json_schema!({ "enum": names(ZramFs::ALL.iter().map(|(n, _)| *n)) })
 );
 text_schema!(
     /// `huge`.

@@ -64,6 +64,24 @@ fn backend_is_read_from_the_mount_or_the_defaults() {
 }
 
 #[test]
+fn zram_takes_compression_and_fs_and_ignores_inherited_tmpfs_options() {
+    let d = dir();
+    let p = d.path().display();
+    let s = parse_ok(&format!(
+        "version: 1\ndefaults:\n  backend: zram\n  huge: always\n  noswap: true\nmounts:\n  - name: a\n    path: {p}/a\n    size: 1MiB\n    create: true\n    compression: zstd\n    fs: ext4\n  - name: b\n    path: {p}/b\n    size: 1MiB\n    create: true\n"
+    ));
+    let (a, b) = (&s.mounts[0], &s.mounts[1]);
+    assert_eq!(
+        (a.backend, a.compression.as_deref(), a.fs),
+        (Backend::Zram, Some("zstd"), ZramFs::Ext4)
+    );
+    assert_eq!(
+        (b.backend, b.compression.as_deref(), b.fs),
+        (Backend::Zram, None, ZramFs::Ext4)
+    );
+}
+
+#[test]
 fn defaults_apply_and_mounts_override_them() {
     let d = dir();
     let p = d.path().display();

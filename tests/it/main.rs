@@ -29,3 +29,4 @@ mod writeback_symlinks;
 mod writeback_sync;
 mod writeback_tracked;
 mod writeback_trust;
+mod zram;

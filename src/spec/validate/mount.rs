@@ -7,7 +7,10 @@ use super::{ids, paths, watchdog, Ctx, MAX_PERIOD_SECS, MAX_UNIT_NAME, MIN_PERIO
 use crate::spec::duration::parse_duration;
 use crate::spec::raw::{RawDefaults, RawMount, RawWatchdog};
 use crate::spec::size::{self, COUNT_ACCEPTED, SIZE_ACCEPTED};
-use crate::spec::{Atime, Backend, Flags, Huge, MountSpec, OnFailure, Persist, Seed};
+use crate::spec::{
+    Action, Atime, Backend, Flags, Huge, MountSpec, OnFailure, Persist, Seed, Watchdog, ZramFs,
+    ZRAM_COMPRESSIONS,
+};
 
 const OPTIONS_ACCEPTED: &str = "nosuid, nodev, noexec, and at most one of relatime, noatime, strictatime";
 const NAME_ACCEPTED: &str = "1 to 48 characters of a-z, 0-9, '_' and '-', starting with a letter or digit";
@@ -130,6 +133,23 @@ pub(super) fn mount(
         Some(b) => backend(cx, &field("backend"), b),
         None => Some(d.backend),
     };
+    let compression = m
+        .compression
+        .as_ref()
+        .and_then(|c| {
+            choice(
+                cx,
+                &field("compression"),
+                c,
+                "compression",
+                &ZRAM_COMPRESSIONS.map(|n| (n, n)),
+            )
+        })
+        .map(str::to_string);
+    let fs = match &m.fs {
+        Some(s) => choice(cx, &field("fs"), s, "filesystem", &ZramFs::ALL),
+        None => Some(ZramFs::default()),
+    };
     let seed = match &m.seed {
         Some(s) => seed(cx, &field("seed"), s),
         None => Some(d.seed),
@@ -157,6 +177,11 @@ pub(super) fn mount(
             max_total,
         },
     );
+    match backend {
+        Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
+        Some(Backend::Tmpfs) => zram_only(cx, i, m),
+        None => {}
+    }
     let before_units = m
         .before
         .as_ref()
@@ -169,6 +194,8 @@ pub(super) fn mount(
         name: name?,
         path: path?,
         backend: backend?,
+        compression,
+        fs: fs?,
         size,
         inodes,
         owner,
@@ -185,6 +212,68 @@ pub(super) fn mount(
         before: before_units,
         watchdog: watchdog?,
     })
+}
+
+/// `compression` and `fs` describe a zram device; on a tmpfs they would be
+/// silently meaningless.
+fn zram_only(cx: &mut Ctx, i: usize, m: &RawMount) {
+    for (name, v) in [("compression", &m.compression), ("fs", &m.fs)] {
+        if let Some(v) = v {
+            cx.at(
+                v,
+                &format!("mounts[{i}].{name}"),
+                format!("`{name}` applies to backend: zram only"),
+                Some("backend: zram with this field, or no such field"),
+            );
+        }
+    }
+}
+
+/// What a zram mount cannot do. `huge` and `noswap` are tmpfs options (zram
+/// memory is never swapped); the mount's own values are refused, inherited
+/// `defaults` are not its concern. `grow` would need a larger device: a
+/// zram device's size is fixed once set.
+fn zram_limits(
+    cx: &mut Ctx,
+    i: usize,
+    m: &RawMount,
+    wd_defaults: Option<&RawWatchdog>,
+    watchdog: Option<&Watchdog>,
+) {
+    if let Some(h) = m.huge.as_ref().filter(|h| h.value != "never") {
+        cx.at(
+            h,
+            &format!("mounts[{i}].huge"),
+            format!(
+                "huge `{}` is a tmpfs option; a zram mount has no huge pages",
+                h.value
+            ),
+            Some("never, or no `huge` on a zram mount"),
+        );
+    }
+    if let Some(n) = m.noswap.as_ref().filter(|n| n.value) {
+        cx.at(
+            n,
+            &format!("mounts[{i}].noswap"),
+            "noswap is a tmpfs option; zram memory is never swapped out".to_string(),
+            Some("false, or no `noswap` on a zram mount"),
+        );
+    }
+    if watchdog.is_some_and(|w| w.actions.contains(&Action::Grow)) {
+        let (at, field) = match m.watchdog.as_ref().and_then(|w| w.action.as_ref()) {
+            Some(a) => (a.referenced, format!("mounts[{i}].watchdog.action")),
+            None => match wd_defaults.and_then(|w| w.action.as_ref()) {
+                Some(a) => (a.referenced, "defaults.watchdog.action".to_string()),
+                None => return,
+            },
+        };
+        cx.at_loc(
+            &at,
+            &field,
+            "`grow` cannot work on a zram mount: a zram device's size is fixed once set; raise `size` and run `down`, then `apply`".to_string(),
+            Some("warn, evict, fallback on a zram mount"),
+        );
+    }
 }
 
 /// A write-back of a tree that started empty would empty the disk directory.

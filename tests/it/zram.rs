@@ -1,0 +1,364 @@
+//! `backend: zram` against real zram devices, each test in its own private
+//! mount namespace. A test only ever resets or removes the devices it made
+//! itself, or that the binary it ran recorded in the test's own state
+//! directory ([`ZramBox`] cleans them up, also when the test fails).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::common::{mode_of, owner_of, Sandbox};
+
+const CONTROL: &str = "/sys/class/zram-control";
+
+/// A sandbox whose zram devices go with it: the mounts first, then each device
+/// recorded in its state directory or added by the test, if it is still the
+/// same device (its `diskseq`).
+struct ZramBox {
+    sb: Sandbox,
+    own: Vec<(u32, u64)>,
+}
+
+fn diskseq(n: u32) -> Option<u64> {
+    fs::read_to_string(format!("/sys/block/zram{n}/diskseq"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn remove_device(n: u32, seq: u64) {
+    if diskseq(n) == Some(seq) {
+        let _ = fs::write(format!("/sys/block/zram{n}/reset"), "1");
+        let _ = fs::write(format!("{CONTROL}/hot_remove"), n.to_string());
+    }
+}
+
+impl ZramBox {
+    fn new() -> ZramBox {
+        assert!(
+            Path::new(CONTROL).exists(),
+            "zram is not loaded: `modprobe zram num_devices=0`"
+        );
+        ZramBox {
+            sb: Sandbox::new(),
+            own: Vec::new(),
+        }
+    }
+
+    /// The devices the binary recorded for this sandbox: (number, diskseq, name).
+    fn recorded(&self) -> Vec<(u32, u64, String)> {
+        let Ok(rd) = fs::read_dir(self.sb.state.join("zram")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&fs::read(e.path().join("device.json")).ok()?).ok()?;
+                Some((
+                    v["device"].as_u64()? as u32,
+                    v["diskseq"].as_u64()?,
+                    v["name"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
+
+    /// A device of the test's own, as somebody else's zram would be.
+    fn add_own(&mut self) -> u32 {
+        let n: u32 = fs::read_to_string(format!("{CONTROL}/hot_add"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        self.own.push((n, diskseq(n).unwrap()));
+        n
+    }
+}
+
+impl Drop for ZramBox {
+    fn drop(&mut self) {
+        let mut points: Vec<PathBuf> = self.sb.mounts().into_iter().map(|e| e.mount_point).collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for (n, seq, _) in self.recorded() {
+            remove_device(n, seq);
+        }
+        for &(n, seq) in &self.own {
+            remove_device(n, seq);
+        }
+    }
+}
+
+/// A text-heavy cache of ~2 MiB, owned by 1234:2345, mode 0750.
+fn text_cache(sb: &Sandbox) -> PathBuf {
+    let cache = sb.cache_dir("var/cache/app", 1234, 2345, 0o750);
+    fs::create_dir(cache.join("sub")).unwrap();
+    for i in 0..200 {
+        let page = format!(
+            "<html><body><p>page {i}</p>{}</body></html>\n",
+            "<li>item</li>".repeat(800)
+        );
+        fs::write(cache.join(format!("sub/p{i}.html")), page).unwrap();
+    }
+    cache
+}
+
+fn zram_spec(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
+    sb.one_mount_spec("cache", cache, "32MiB", &format!("    backend: zram\n{extra}"))
+}
+
+fn gone(n: u32, seq: u64) -> bool {
+    diskseq(n) != Some(seq)
+}
+
+#[test]
+fn zram_apply_mounts_seeded_compressed_ext4_and_down_removes_the_device() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(
+        sb,
+        &cache,
+        "    compression: lz4\n    options: [nosuid, nodev, noexec]\n",
+    );
+    sb.run(["plan".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("mount zram tmpfsctl-cache")
+        .stdout_has("compression=lz4 fs=ext4 (no journal)");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: yes");
+
+    let at = sb.mounts_at(&cache);
+    assert_eq!(at.len(), 1, "one mount, nothing stacked: {at:#?}");
+    let e = &at[0];
+    assert_eq!(e.fstype, "ext4");
+    assert!(
+        e.source.ends_with("/zram/zram") || e.source.contains("/zram/zram"),
+        "{e:?}"
+    );
+    assert!(e.source.ends_with("/tmpfsctl-cache"), "{e:?}");
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(e.has_mount_option(o), "{o}: {e:?}");
+    }
+    assert!(e.super_options.iter().any(|o| o == "discard"), "{e:?}");
+    let recorded = zb.recorded();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let (n, seq, name) = recorded[0].clone();
+    assert_eq!(name, "cache");
+    assert_eq!(e.dev.1, n, "the mount is on the recorded device");
+    let algorithm = fs::read_to_string(format!("/sys/block/zram{n}/comp_algorithm")).unwrap();
+    assert!(algorithm.contains("[lz4]"), "{algorithm}");
+
+    assert_eq!(
+        owner_of(&cache),
+        (1234, 2345),
+        "root owner from the disk directory"
+    );
+    assert_eq!(mode_of(&cache), 0o750, "root mode from the disk directory");
+    assert!(
+        !cache.join("lost+found").exists(),
+        "mkfs's lost+found is not the application's"
+    );
+    assert!(fs::read_to_string(cache.join("sub/p7.html"))
+        .unwrap()
+        .contains("page 7"));
+
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+
+    // Written data reaches the device (and is compressed) when the page cache
+    // writes it back.
+    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
+    let st = sb
+        .run(["status", "--format", "json", spec.to_str().unwrap()])
+        .code(0)
+        .json();
+    let m = &st["mounts"][0];
+    assert_eq!(m["state"], "offloaded", "{st:#}");
+    let c = &m["compressed"];
+    assert_eq!(c["device"], format!("zram{n}"), "{st:#}");
+    assert_eq!(c["compression"], "lz4", "{st:#}");
+    let (data, ram) = (c["data"].as_u64().unwrap(), c["ram_used"].as_u64().unwrap());
+    assert!(data >= 2_000_000 && ram > 0 && ram < data, "{st:#}");
+    assert!(c["ratio"].as_f64().unwrap() > 2.0, "{st:#}");
+    sb.run(["status".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has(&format!("zram{n} lz4"));
+
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("unmounted");
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert!(gone(n, seq), "zram{n} was removed");
+    assert!(zb.recorded().is_empty(), "its record went with it");
+}
+
+#[test]
+fn zram_persisted_mount_is_written_back_on_down() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (n, seq, _) = zb.recorded()[0].clone();
+    fs::write(cache.join("new.json"), r#"{"written":"in RAM"}"#).unwrap();
+    fs::remove_file(cache.join("sub/p3.html")).unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert_eq!(
+        fs::read_to_string(cache.join("new.json")).unwrap(),
+        r#"{"written":"in RAM"}"#
+    );
+    assert!(
+        !cache.join("sub/p3.html").exists(),
+        "the deletion was written back"
+    );
+    assert!(!cache.join("lost+found").exists());
+    assert!(gone(n, seq), "zram{n} was removed after the write-back");
+}
+
+#[test]
+fn zram_seed_that_does_not_fit_is_rolled_back_with_its_device() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    fs::write(cache.join("big"), vec![1u8; 12 << 20]).unwrap();
+    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    backend: zram\n");
+    let before: Vec<String> = zram_names();
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(3)
+        .stdout_has("do not fit");
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert!(zb.recorded().is_empty(), "no device stays recorded");
+    // Other tests add devices meanwhile; only ours must not be among the new ones.
+    let after = zram_names();
+    assert!(
+        after.iter().all(|d| before.contains(d) || !is_named_for(sb, d)),
+        "{after:?}"
+    );
+}
+
+fn zram_names() -> Vec<String> {
+    fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("zram"))
+        .collect()
+}
+
+/// Whether a device is mounted through this sandbox's state directory.
+fn is_named_for(sb: &Sandbox, dev: &str) -> bool {
+    sb.mounts().iter().any(|e| e.source.contains(&format!("/{dev}/")))
+}
+
+#[test]
+fn zram_device_left_by_a_crash_is_removed_by_the_next_apply() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, "");
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", "after-mount-stage");
+    let r = sb.run_with(c, ["apply".as_ref(), spec.as_os_str()]);
+    assert_eq!(r.signal, Some(9), "{r}");
+    let (n, seq, _) = zb.recorded()[0].clone();
+    assert!(!gone(n, seq));
+
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("detach unfinished tmpfs")
+        .stdout_has(&format!("remove zram device zram{n} of `cache`"));
+    assert!(gone(n, seq), "the crashed run's zram{n} is gone");
+    let now = zb.recorded();
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_eq!(sb.mounts_at(&cache)[0].dev.1, now[0].0);
+}
+
+#[test]
+fn someone_elses_zram_is_never_taken_for_ours() {
+    let mut zb = ZramBox::new();
+    let n = zb.add_own();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    fs::write(format!("/sys/block/zram{n}/disksize"), "16M").unwrap();
+    crate::common::run_tool("mkfs.ext4", &["-q".as_ref(), format!("/dev/zram{n}").as_ref()]);
+    nix::mount::mount(
+        Some(format!("/dev/zram{n}").as_str()),
+        &cache,
+        Some("ext4"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let spec = zram_spec(sb, &cache, "");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(3)
+        .stdout_has(&format!("already a mount point (ext4 from /dev/zram{n})"));
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.mounts_at(&cache).len(), 1, "their mount stays");
+    assert_eq!(diskseq(n), Some(zb.own[0].1), "their device stays");
+    assert!(zb.recorded().is_empty());
+}
+
+#[test]
+fn zram_compression_this_kernel_lacks_is_refused_with_its_list() {
+    let mut zb = ZramBox::new();
+    // The kernel's list, from a device of the test's own.
+    let n = zb.add_own();
+    let offered = fs::read_to_string(format!("/sys/block/zram{n}/comp_algorithm")).unwrap();
+    let offered: Vec<String> = offered
+        .split_whitespace()
+        .map(|w| w.trim_matches(['[', ']']).to_string())
+        .collect();
+    let known = ["lzo", "lzo-rle", "lz4", "lz4hc", "zstd", "deflate", "842"];
+    let Some(missing) = known.iter().find(|k| !offered.iter().any(|o| o == *k)) else {
+        eprintln!("this kernel offers every zram algorithm; nothing to refuse");
+        return;
+    };
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, &format!("    compression: {missing}\n"));
+    let r = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    r.code(3)
+        .stdout_has(&format!(
+            "compression `{missing}` is not available in this kernel"
+        ))
+        .stdout_has(&format!("it offers: {}", offered.join(", ")));
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert!(zb.recorded().is_empty(), "the device made for it was removed");
+}
+
+#[test]
+fn zram_mounts_boot_through_apply_not_fstab() {
+    let sb = Sandbox::new();
+    let root = sb.path("root");
+    crate::common::root_only_users(&root);
+    fs::create_dir_all(root.join("var/cache/app")).unwrap();
+    let spec = sb.one_mount_spec(
+        "cache",
+        Path::new("/var/cache/app"),
+        "32MiB",
+        "    backend: zram\n",
+    );
+    let install = |mode: &str| {
+        sb.run([
+            "boot".as_ref(),
+            "install".as_ref(),
+            spec.as_os_str(),
+            "--mode".as_ref(),
+            mode.as_ref(),
+            "--root".as_ref(),
+            root.as_os_str(),
+        ])
+    };
+    let r = install("fstab");
+    assert_ne!(r.code, Some(0), "{r}");
+    r.stderr_has("`cache` is a zram mount, which fstab cannot express");
+    assert!(!root.join("etc/fstab").exists(), "nothing written");
+    install("systemd").code(0).stdout_has("changed: yes");
+}
