@@ -49,6 +49,11 @@ impl Marks {
         self.recs.len()
     }
 
+    /// The bytes of all paths: what a copy of these records needs for them.
+    pub fn path_bytes(&self) -> usize {
+        self.paths.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.recs.is_empty()
     }

@@ -280,7 +280,8 @@ fn sync_pass(
             base,
             journal,
             deletions,
-            marks: baseline::Marks::with_capacity(base.marks.len(), 0),
+            // Most records are carried over or made again: room for all at once.
+            marks: baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes()),
             disk_names: if base.listed_after.is_some() {
                 base.names_by_dir()
             } else {
@@ -443,7 +444,7 @@ struct Syncer<'p, 'b> {
     waiting: HashMap<usize, Left>,
     /// In a tracked pass: the baseline's records by directory, to carry skipped
     /// subtrees over.
-    children: Option<HashMap<&'b [u8], Vec<&'b [u8]>>>,
+    children: Option<tracked::Children<'b>>,
     /// A tracked pass met a multiply-linked file changed since the baseline.
     linked_changed: bool,
 }

@@ -138,8 +138,7 @@ impl Syncer<'_, '_> {
             Some(children) => {
                 let mut todo = vec![path];
                 while let Some(dir) = todo.pop() {
-                    for &p in children.get(dir).map_or(&[][..], Vec::as_slice) {
-                        let m = *base.get(p).expect("the index holds the baseline's paths");
+                    for &(p, m) in children.get(dir).map_or(&[][..], Vec::as_slice) {
                         present += self.carry_mark(p, m);
                         todo.push(p);
                     }

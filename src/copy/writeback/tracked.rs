@@ -111,12 +111,18 @@ fn disk_dir(dst: BorrowedFd<'_>, path: &[u8]) -> Option<FileStat> {
         .filter(|st| file_type(st) == libc::S_IFDIR)
 }
 
+/// The baseline's records by the directory they are in (path and record).
+pub(crate) type Children<'b> = HashMap<&'b [u8], Vec<(&'b [u8], Mark)>>;
+
 /// The baseline's records by the directory they are in, to carry a skipped subtree
 /// over without a scan of every record.
-pub(crate) fn children(base: &Baseline) -> HashMap<&[u8], Vec<&[u8]>> {
-    let mut by_dir: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
-    for (path, _) in base.marks.iter() {
-        by_dir.entry(split_parent(path).0).or_default().push(path);
+pub(crate) fn children(base: &Baseline) -> Children<'_> {
+    let mut by_dir: Children<'_> = HashMap::new();
+    for (path, mark) in base.marks.iter() {
+        by_dir
+            .entry(split_parent(path).0)
+            .or_default()
+            .push((path, *mark));
     }
     by_dir
 }
