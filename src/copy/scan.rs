@@ -34,7 +34,15 @@ pub(super) struct Name {
     pub(super) dtype: Option<Type>,
 }
 
-/// Lists a directory through a second descriptor, keeping `fd` for the `*at` calls.
+/// Lists a directory through a second descriptor, keeping `fd` for the `*at` calls:
+/// its names in byte order, each once.
+///
+/// A directory read while it changes is no snapshot, and may list a name twice: tmpfs
+/// (seen on Linux 6.18) lists hundreds of names a second time, unchanged ones among
+/// them, when the application renames an entry during the read. A merge
+/// that took a repeat for a name of its own would pair it with nothing on the other
+/// side, and record the name as deleted there: the write-back then keeps that side's
+/// copy after the application deletes the name on its own side.
 pub(super) fn read_names(fd: &OwnedFd) -> nix::Result<Vec<Name>> {
     let clone = fd
         .try_clone()
@@ -51,6 +59,10 @@ pub(super) fn read_names(fd: &OwnedFd) -> nix::Result<Vec<Name>> {
             });
         }
     }
+    // A name is in a directory once at any moment; callers look each up by name, so
+    // which of its listings stays does not matter.
+    names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    names.dedup_by(|a, b| a.name == b.name);
     Ok(names)
 }
 
@@ -201,7 +213,6 @@ impl Scan<'_> {
         }
         let mut names = read_names(&fd).map_err(src_err("read directory"))?;
         names.retain(|n| !is_temp(&n.name));
-        names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut entries = Vec::with_capacity(names.len());
         let mut subdirs = Vec::new();
         for Name { name, .. } in names {

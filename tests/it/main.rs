@@ -25,6 +25,7 @@ mod progress;
 mod residency;
 mod schema;
 mod writeback_crash;
+mod writeback_listing;
 mod writeback_symlinks;
 mod writeback_sync;
 mod writeback_tracked;
