@@ -432,13 +432,17 @@ impl Copier<'_> {
     }
 }
 
-/// The whole listing, sorted by inode number.
+/// The whole listing, each name once, sorted by inode number. A directory being
+/// renamed in can list a name twice (tmpfs does, see `scan::read_names`): the copy
+/// would then fail on its own first copy.
 fn by_inode(listing: &mut Listing) -> Result<std::vec::IntoIter<(CString, Option<Type>)>, Failed> {
     let mut entries = Vec::new();
     while let Some(e) = listing.next() {
         let e = e.map_err(src_err("read directory"))?;
         entries.push((e.ino(), e.file_name().to_owned(), e.file_type()));
     }
+    entries.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+    entries.dedup_by(|a, b| a.1 == b.1);
     entries.sort_unstable_by_key(|(ino, _, _)| *ino);
     Ok(entries
         .into_iter()

@@ -16,7 +16,7 @@ use std::path::Path;
 use crate::common::{disk_tempdir, run_tool, LoopFs};
 use crate::common_copy::in_private_mount_ns;
 use tmpfsctl::copy::baseline::Mark;
-use tmpfsctl::copy::{sync_tree, Baseline, Merge, Synced};
+use tmpfsctl::copy::{copy_tree, sync_tree, Baseline, Merge, Synced};
 
 const TWICE: &str = "listed-twice.1";
 /// Renamed to [`TWICE`] in the image: the same length, so only its bytes change.
@@ -93,6 +93,11 @@ fn a_name_listed_twice_is_merged_once_and_its_deletion_written_back() {
                 2,
                 "the image does not list {TWICE} twice: {listed:?}"
             );
+            // A seed from such a directory copies the name once.
+            let seeded = tmp.path().join("seeded");
+            fs::create_dir(&seeded).unwrap();
+            copy_tree(&ram, &seeded, None).expect("a seed of a directory listing a name twice");
+            assert_eq!(names(&seeded), [TWICE, "lost+found"]);
             pass(&ram, &disk, &agreed).baseline
         };
         assert!(
