@@ -39,7 +39,7 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
 
-use crate::copy::baseline::Time;
+use crate::copy::baseline::{read_nofollow, Time};
 use crate::copy::{Dirty, TEMP_PREFIX};
 use crate::host::fanotify::{open_handle, parse, Event, Handle};
 use crate::state::State;
@@ -404,8 +404,9 @@ fn decode(bytes: &[u8]) -> Option<(u64, Answer)> {
 /// Asks the tracker of `name`, whose tmpfs root is at `root`, for the changes since
 /// `taken`; without a complete answer, why the pass reads the whole tree.
 pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty, String> {
-    let pid: Option<i32> = std::fs::read_to_string(advert_path(state, name))
+    let pid: Option<i32> = read_nofollow(&advert_path(state, name))
         .ok()
+        .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| s.trim().parse().ok());
     let Some(pid) = pid.filter(|p| Path::new(&format!("/proc/{p}")).exists()) else {
         return Err("no change tracker runs for it (the agent runs one per persisted mount)".into());
@@ -436,7 +437,7 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
     let answers = answer_path(state, name);
     let deadline = Instant::now() + ANSWER_WITHIN;
     while Instant::now() < deadline {
-        if let Some((n, answer)) = std::fs::read(&answers).ok().and_then(|b| decode(&b)) {
+        if let Some((n, answer)) = read_nofollow(&answers).ok().and_then(|b| decode(&b)) {
             if n == nonce {
                 return match answer {
                     Answer::Changed(d) => Ok(d),

@@ -184,3 +184,67 @@ fn tracked_passes_end_where_full_passes_do() {
         assert!(skipped > 500, "tracked passes skipped only {skipped} directories");
     });
 }
+
+/// What the tracker answers: the directories with a changed entry (written in
+/// place, chmodded, created, deleted, renamed), a directory moved in as a new
+/// subtree, nothing for a directory deleted since; and no answer for a time before
+/// it started, or before what an earlier answer let it drop.
+#[test]
+fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let root = ram.path();
+        for d in ["a/x", "b", "c", "d", "gone", "quiet/deep"] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in ["a/x/f", "b/f", "c/f", "quiet/deep/f"] {
+            fs::write(root.join(f), "seed").unwrap();
+        }
+        let before = tmpfsctl::copy::baseline::now_after_tick();
+        let mut tracker = ChangeTracker::start(fs::File::open(root).unwrap()).unwrap();
+        let taken = tmpfsctl::copy::baseline::now_after_tick();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(root.join("a/x/f"))
+            .unwrap()
+            .write_all(b" more")
+            .unwrap();
+        fs::set_permissions(root.join("b/f"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::remove_file(root.join("c/f")).unwrap();
+        fs::rename(root.join("gone"), root.join("d/moved")).unwrap();
+        fs::create_dir(root.join("d/moved/inner")).unwrap();
+        fs::create_dir(root.join("doomed")).unwrap();
+        fs::write(root.join("doomed/f"), "x").unwrap();
+        fs::remove_dir_all(root.join("doomed")).unwrap();
+        tracker.drain();
+        assert!(
+            matches!(tracker.answer(before), Answer::Untracked(_)),
+            "changes from before it started are unknown to it"
+        );
+        let Answer::Changed(dirty) = tracker.answer(taken) else {
+            panic!("no answer for a time after it started");
+        };
+        let text = |v: &[Box<[u8]>]| {
+            v.iter()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(text(&dirty.dirs), ["", "a/x", "b", "c", "d", "d/moved"]);
+        // A directory made and removed again is still named (by its parent, which is
+        // there): the pass finds nothing under that name.
+        assert_eq!(text(&dirty.subtrees), ["d/moved", "d/moved/inner", "doomed"]);
+        // An answer for a later time drops what came before it.
+        let later = tmpfsctl::copy::baseline::now_after_tick();
+        fs::write(root.join("quiet/deep/f"), "changed").unwrap();
+        tracker.drain();
+        let Answer::Changed(dirty) = tracker.answer(later) else {
+            panic!("no answer for a later time");
+        };
+        assert_eq!(text(&dirty.dirs), ["quiet/deep"]);
+        assert!(
+            matches!(tracker.answer(taken), Answer::Untracked(_)),
+            "what it dropped, it cannot answer for"
+        );
+    });
+}
