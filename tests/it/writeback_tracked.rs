@@ -44,32 +44,21 @@ fn pass(src: &Path, dst: &Path, base: &Baseline, tracker: Option<&mut ChangeTrac
     .expect("write-back")
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-
-    /// A directory: `dN` or `dN/sM` or `dN/sM/tK`.
-    fn dir(&mut self) -> PathBuf {
-        let mut p = PathBuf::from(format!("d{}", self.below(4)));
-        for level in ["s", "t"] {
-            if self.below(3) == 0 {
-                break;
-            }
-            p.push(format!("{level}{}", self.below(3)));
+/// A directory: `dN` or `dN/sM` or `dN/sM/tK`.
+fn dir(rng: &mut Rng) -> PathBuf {
+    let mut p = PathBuf::from(format!("d{}", rng.below(4)));
+    for level in ["s", "t"] {
+        if rng.below(3) == 0 {
+            break;
         }
-        p
+        p.push(format!("{level}{}", rng.below(3)));
     }
+    p
+}
 
-    fn file(&mut self) -> PathBuf {
-        let f = format!("f{}", self.below(6));
-        self.dir().join(f)
-    }
+fn file(rng: &mut Rng) -> PathBuf {
+    let f = format!("f{}", rng.below(6));
+    dir(rng).join(f)
 }
 
 /// One change by the application at `root`; the same `Rng` state makes the same
@@ -77,8 +66,8 @@ impl Rng {
 /// the mix.
 fn change(root: &Path, rng: &mut Rng, round: usize) {
     let op = rng.below(10);
-    let (a, b) = (rng.file(), rng.file());
-    let (da, db) = (rng.dir(), rng.dir());
+    let (a, b) = (file(rng), file(rng));
+    let (da, db) = (dir(rng), dir(rng));
     let at = |p: &Path| root.join(p);
     // Every write gets an mtime of its own: both passes tell files apart by size and
     // mtime, and two writes within one clock tick would look alike to both.
@@ -108,10 +97,6 @@ fn change(root: &Path, rng: &mut Rng, round: usize) {
             fs::Permissions::from_mode(0o750 + 0o5 * (round as u32 % 2)),
         ),
     };
-}
-
-fn tick() {
-    std::thread::sleep(Duration::from_millis(12));
 }
 
 #[test]

@@ -12,7 +12,6 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::common_copy::*;
 use tmpfsctl::copy::{sync_tree, Baseline, Merge, SyncStats, Synced};
@@ -32,26 +31,15 @@ fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
     .expect("write-back")
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-
-    fn file(&mut self) -> PathBuf {
-        PathBuf::from(format!("d{}/f{}", self.below(4), self.below(12)))
-    }
+fn file(rng: &mut Rng) -> PathBuf {
+    PathBuf::from(format!("d{}/f{}", rng.below(4), rng.below(12)))
 }
 
 /// One change by the application at `root`: a write (in place or a new file), a
 /// deletion, a rename or a `chmod`, where it applies. The same `Rng` state makes the
 /// same change.
 fn change(root: &Path, rng: &mut Rng, round: usize) {
-    let (op, a, b) = (rng.below(5), rng.file(), rng.file());
+    let (op, a, b) = (rng.below(5), file(rng), file(rng));
     let (a, b) = (root.join(a), root.join(b));
     let _ = match op {
         0 | 1 => fs::OpenOptions::new()
@@ -66,12 +54,6 @@ fn change(root: &Path, rng: &mut Rng, round: usize) {
         3 => fs::rename(&a, &b),
         _ => fs::set_permissions(&a, fs::Permissions::from_mode(0o600 + 0o40 * (round as u32 % 2))),
     };
-}
-
-/// Lets the coarse clock move on, so the sides' changes are ordered by their ctimes
-/// as they were made.
-fn tick() {
-    std::thread::sleep(Duration::from_millis(12));
 }
 
 #[test]

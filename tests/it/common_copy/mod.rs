@@ -644,3 +644,22 @@ pub fn contents(root: &Path) -> BTreeMap<PathBuf, (bool, Vec<u8>, u32)> {
     }
     out
 }
+
+/// xorshift: the same seed makes the same sequence of changes, so two copies can be
+/// given the same ones.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Lets the coarse clock move on, so the sides' changes are ordered by their ctimes
+/// as they were made.
+pub fn tick() {
+    std::thread::sleep(std::time::Duration::from_millis(12));
+}
