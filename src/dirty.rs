@@ -81,6 +81,9 @@ pub struct ChangeTracker {
     dirs: HashMap<Handle, Time>,
     /// Directories created or moved in (by parent handle and name): their time.
     subtrees: HashMap<(Handle, Vec<u8>), Time>,
+    /// Objects changed without a name (a file whose link count changed), by handle:
+    /// their directories count as changed.
+    objects: HashMap<Handle, Time>,
     /// Changes before this were dropped: write-backs ask for the changes since
     /// their baseline, and baselines only move forward, so an answer for a time
     /// makes what came before it useless.
@@ -101,7 +104,10 @@ impl ChangeTracker {
         let flags = InitFlags::FAN_CLASS_NOTIF
             | InitFlags::FAN_CLOEXEC
             | InitFlags::FAN_NONBLOCK
-            | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME);
+            // FID too: a file whose link count changed through another of its names
+            // (that name deleted or renamed away) is reported by itself, without a
+            // name, and its ctime changed.
+            | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME | libc::FAN_REPORT_FID);
         let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)
             .context("fanotify with FAN_REPORT_DFID_NAME (Linux 5.9 or later, CAP_SYS_ADMIN)")?;
         let mask = MaskFlags::FAN_MODIFY
@@ -127,6 +133,7 @@ impl ChangeTracker {
             overflowed: false,
             dirs: HashMap::new(),
             subtrees: HashMap::new(),
+            objects: HashMap::new(),
             dropped_before: (0, 0),
         })
     }
@@ -163,6 +170,9 @@ impl ChangeTracker {
                         }
                         self.dirs.insert(dir, at);
                     }
+                    Event::Object { fid, .. } => {
+                        self.objects.insert(fid, at);
+                    }
                 }
             }
         }
@@ -183,6 +193,7 @@ impl ChangeTracker {
         }
         self.dirs.retain(|_, t| *t >= taken);
         self.subtrees.retain(|_, t| *t >= taken);
+        self.objects.retain(|_, t| *t >= taken);
         self.dropped_before = taken;
         let Some(root) = fd_path(self.root.as_fd()) else {
             return Answer::Untracked("the tmpfs root has no path".into());
@@ -212,13 +223,35 @@ impl ChangeTracker {
                 Resolved::Unknown => return Answer::Untracked("a new directory could not be found".into()),
             }
         }
+        let mut objects_gone = Vec::new();
+        for handle in self.objects.keys() {
+            match self.relative(&root, handle) {
+                // A file: the directory it is in now (one of its names, if several).
+                Resolved::At(p) if !self.is_dir(handle) => {
+                    dirty.dirs.push(crate::copy::parent_of(&p).into());
+                }
+                Resolved::At(p) => dirty.dirs.push(p),
+                Resolved::Gone => objects_gone.push(handle.clone()),
+                Resolved::Unknown => return Answer::Untracked("a changed file could not be found".into()),
+            }
+        }
+        for handle in objects_gone {
+            self.objects.remove(&handle);
+        }
         for handle in gone {
             self.dirs.remove(&handle);
             self.subtrees.retain(|(h, _), _| *h != handle);
         }
         dirty.dirs.sort();
+        dirty.dirs.dedup();
         dirty.subtrees.sort();
         Answer::Changed(dirty)
+    }
+
+    fn is_dir(&self, handle: &Handle) -> bool {
+        open_handle(self.root.as_fd(), handle)
+            .and_then(|fd| nix::sys::stat::fstat(&fd))
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
     }
 
     fn relative(&self, root: &[u8], handle: &Handle) -> Resolved {

@@ -44,3 +44,8 @@ pub use place::DiskDeletions;
 pub use seed::{copy_tree, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
 pub use writeback::{sync_tree, Dirty, Merge, SyncStats, Synced};
+
+/// The directory part of a relative path (`""` at the top).
+pub fn parent_of(path: &[u8]) -> &[u8] {
+    ops::split_parent(path).0
+}

@@ -136,7 +136,7 @@ impl Deletions {
                                     new.push(key);
                                 }
                             }
-                            Event::Named { .. } => {}
+                            Event::Named { .. } | Event::Object { .. } => {}
                         }
                     }
                 }

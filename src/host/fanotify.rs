@@ -25,6 +25,10 @@ pub enum Event {
         dir: Handle,
         name: Vec<u8>,
     },
+    /// `mask` happened to the object `fid` itself, with no name to report: for a
+    /// group that also asked for `FAN_REPORT_FID`, the link count of a file changed
+    /// through another of its names.
+    Object { mask: u64, pid: i32, fid: Handle },
 }
 
 /// The file handle of the directory open at `dir`.
@@ -52,7 +56,7 @@ pub fn handle_of(dir: BorrowedFd<'_>) -> Result<Handle, Errno> {
     Ok((buf[1] as i32, bytes))
 }
 
-/// Opens the directory `handle` names on the filesystem `mount` is on (`O_PATH`):
+/// Opens what `handle` names (a directory or a file) on the filesystem `mount` is on (`O_PATH`):
 /// `ESTALE` when it was deleted since.
 pub fn open_handle(mount: BorrowedFd<'_>, handle: &Handle) -> Result<OwnedFd, Errno> {
     let (kind, bytes) = handle;
@@ -112,33 +116,44 @@ pub fn parse(buf: &[u8]) -> Vec<Event> {
             out.push(Event::Overflow);
         }
         let mut info = meta_len as usize;
+        let (mut named, mut object) = (false, None);
         while let (Some(&kind), Some(info_len)) = (event.get(info), u16_at(event, info + 2)) {
             let record = event.get(info..info + info_len as usize).unwrap_or_default();
             if kind == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
                 if let Some(e) = dfid_name(record, mask, pid) {
+                    named = true;
                     out.push(e);
                 }
+            } else if kind == libc::FAN_EVENT_INFO_TYPE_FID {
+                object = handle_in(record);
             }
             if info_len == 0 {
                 break;
             }
             info += info_len as usize;
         }
+        if let (false, Some(fid)) = (named, object) {
+            out.push(Event::Object { mask, pid, fid });
+        }
         at += len;
     }
     out
 }
 
-fn dfid_name(record: &[u8], mask: u64, pid: i32) -> Option<Event> {
-    // Header (4), fsid (8), then the handle.
+/// The handle of an info record: header (4), fsid (8), then `struct file_handle`.
+fn handle_in(record: &[u8]) -> Option<Handle> {
     let bytes = u32_at(record, 12)? as usize;
     let kind = u32_at(record, 16)? as i32;
-    let handle = record.get(20..20 + bytes)?.to_vec();
-    let name = CStr::from_bytes_until_nul(record.get(20 + bytes..)?).ok()?;
+    Some((kind, record.get(20..20 + bytes)?.to_vec()))
+}
+
+fn dfid_name(record: &[u8], mask: u64, pid: i32) -> Option<Event> {
+    let dir = handle_in(record)?;
+    let name = CStr::from_bytes_until_nul(record.get(20 + dir.1.len()..)?).ok()?;
     Some(Event::Named {
         mask,
         pid,
-        dir: (kind, handle),
+        dir,
         name: name.to_bytes().to_vec(),
     })
 }
@@ -191,6 +206,21 @@ mod tests {
                     name: b"odd\nname".to_vec()
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn an_event_without_a_name_reports_its_object() {
+        let mut ev = event(libc::FAN_ATTRIB, 5, &[4; 8], b"x");
+        // The same layout with the record type of a bare FID, and no name in use.
+        ev[24] = libc::FAN_EVENT_INFO_TYPE_FID;
+        assert_eq!(
+            parse(&ev),
+            vec![Event::Object {
+                mask: libc::FAN_ATTRIB,
+                pid: 5,
+                fid: (1, vec![4; 8])
+            }]
         );
     }
 
