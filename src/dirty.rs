@@ -4,8 +4,10 @@
 //! The agent runs a [`ChangeTracker`] per persisted mount on a thread of its own: a
 //! fanotify group with a filesystem mark on the tmpfs, reporting directory handles
 //! and names (`FAN_REPORT_DFID_NAME`) for every write, attribute change, creation,
-//! deletion and rename. It keeps each changed directory with the time of its last
-//! event; a directory created or moved in is kept as a new subtree.
+//! deletion and rename, and file ids (`FAN_REPORT_FID`) for what happens to a file
+//! without a name (its link count changed through another name). It keeps each
+//! changed directory with the time of its last event; a directory created or moved
+//! in is kept as a new subtree.
 //!
 //! A write-back (`sync`, the agent's schedule, `down`, in any process) asks for the
 //! changes since its baseline with a barrier: it creates and removes a reserved name
