@@ -276,3 +276,41 @@ fn a_name_remembered_deleted_and_back_on_disk_keeps_its_directory_listed() {
         );
     });
 }
+
+/// The pass's own unlink of one name of a hard-linked disk inode changes the ctime of
+/// the others: that is no change of the application's, also where the disk's version
+/// of such a name had won before (a `DiskWon` record). Taken for one, a later RAM
+/// write of that name lost to the pass's own ctime. (In the root, which is always
+/// compared name by name; `c` comes before `x`.)
+#[test]
+fn a_ram_write_wins_over_a_ctime_the_pass_itself_gave_a_linked_disk_file() {
+    with_trees(|src, dst| {
+        fs::write(src.join("x"), "ram 1").unwrap();
+        fs::write(src.join("c"), "c").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        // On disk, x gets another mode and c becomes another name of it: the disk's
+        // change of both wins.
+        fs::set_permissions(dst.join("x"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::remove_file(dst.join("c")).unwrap();
+        fs::hard_link(dst.join("x"), dst.join("c")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert!(
+            matches!(base.get(b"x"), Some(tmpfsctl::copy::baseline::Mark::DiskWon(_))),
+            "{:?}",
+            base.get(b"x")
+        );
+        tick();
+        // The RAM deletes c, then writes x: c goes from the disk (an unlink of one of
+        // x's names), and x is the RAM's.
+        fs::remove_file(src.join("c")).unwrap();
+        tick();
+        fs::write(src.join("x"), "ram 2, the latest").unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert!(!dst.join("c").exists());
+        assert_eq!(fs::read(dst.join("x")).unwrap(), b"ram 2, the latest");
+    });
+}

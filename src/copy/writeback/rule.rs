@@ -76,7 +76,9 @@ impl Syncer<'_, '_> {
         if !self.touched.contains(&sig.ino) {
             return sig;
         }
-        if let Some(Mark::Entry(base)) = self.base.get(path) {
+        // Whether agreed on or the disk's version that won: the record's ctime is the
+        // one the application gave it.
+        if let Some(Mark::Entry(base) | Mark::DiskWon(base)) = self.base.get(path) {
             if base.ino == sig.ino {
                 sig.ctime = base.ctime;
             }
