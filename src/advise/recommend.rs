@@ -15,8 +15,10 @@ pub const REACTION_FACTOR: f64 = 2.0;
 /// The peak tree should sit at this share of the size: below `high`, with room
 /// for a busier hour than the one watched.
 const PEAK_SHARE: f64 = 0.75;
-/// How far ahead a growing tree is projected.
-const GROWTH_HORIZON_SECS: f64 = 3600.0;
+/// How far ahead a growing tree is projected: as long again as it was watched,
+/// up to an hour. Whatever the application's own limit is, it is not in the
+/// figures; a watch that ends before the tree stops growing says so in a warning.
+const GROWTH_HORIZON_MAX_SECS: f64 = 3600.0;
 const MIN_SIZE: u64 = 4 << 20;
 const MIN_INODES: u64 = 1024;
 const HUGE_PAGE: u64 = 2 << 20;
@@ -146,13 +148,15 @@ pub fn recommend(path: &str, f: &Figures) -> Advice {
 
     // size
     let growth = (f.bytes_end as f64 - f.bytes_start as f64) / f.seconds.max(1e-3);
-    let projected = f.bytes_end as f64 + growth.max(0.0) * GROWTH_HORIZON_SECS;
+    let horizon = f.seconds.min(GROWTH_HORIZON_MAX_SECS);
+    let projected = f.bytes_end as f64 + growth.max(0.0) * horizon;
     let base = (f.bytes_peak as f64).max(projected);
     let mut size = round_up(base / PEAK_SHARE, 1 << 20).max(MIN_SIZE);
     let size_why = if growth > 0.0 && projected > f.bytes_peak as f64 {
         format!(
-            "the tree grew {}/s; one more hour at that rate makes {}, which sits at {:.0}% of this size",
+            "the tree grew {}/s; as long again as the watch ({:.0} s, at most an hour) at that rate makes {}, which sits at {:.0}% of this size",
             format_bytes(growth as u64),
+            horizon,
             format_bytes(projected as u64),
             PEAK_SHARE * 100.0
         )
@@ -217,8 +221,7 @@ pub fn recommend(path: &str, f: &Figures) -> Advice {
 
     // inodes
     let inode_growth = (f.inodes_end as f64 - f.inodes_start as f64) / f.seconds.max(1e-3);
-    let inode_base =
-        (f.inodes_peak as f64).max(f.inodes_end as f64 + inode_growth.max(0.0) * GROWTH_HORIZON_SECS);
+    let inode_base = (f.inodes_peak as f64).max(f.inodes_end as f64 + inode_growth.max(0.0) * horizon);
     let inodes = round_up(inode_base * 2.0, 1024).max(MIN_INODES);
     why(
         "inodes",
@@ -334,7 +337,7 @@ pub fn recommend(path: &str, f: &Figures) -> Advice {
     }
     if growth > 0.0 && projected > f.bytes_peak as f64 {
         warnings.push(format!(
-            "the tree grew during the watch ({}/s): cap the application's own cache below size × high ({}), so that it expires entries before the agent acts",
+            "the tree was still growing when the watch ended ({}/s): watch longer, and cap the application's own cache below size × high ({}), so that it expires entries before the agent acts",
             format_bytes(growth as u64),
             format_bytes(size * u64::from(high) / 100)
         ));

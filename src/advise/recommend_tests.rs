@@ -87,7 +87,8 @@ fn a_growing_tree_without_deletions_grows_then_falls_back_and_is_persisted() {
         ..cache()
     };
     let a = recommend("/srv/app/state", &f);
-    // 60 MiB + one hour at 10 MiB/h = 70 MiB, at 75%: 93.3 → 94 MiB.
+    // 60 MiB + as long again as the watch (an hour) at 10 MiB/h = 70 MiB, at 75%:
+    // 93.3 → 94 MiB.
     assert_eq!(a.entry.size, 94 * MIB);
     assert_eq!(a.entry.action, vec!["grow", "fallback"]);
     assert_eq!(a.entry.max_size, Some(188 * MIB));
