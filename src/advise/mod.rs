@@ -170,7 +170,7 @@ pub fn run(args: &AdviseArgs, json: bool) -> Result<ExitCode> {
         advice: recommend(&path, &figures),
     };
     if args.spec {
-        out::print(&spec_yaml(&report));
+        out::print(&spec_yaml(report.seconds, &report.advice));
     } else if json {
         let mut text = serde_json::to_string_pretty(&report).context("writing the JSON report")?;
         text.push('\n');

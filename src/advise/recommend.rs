@@ -221,19 +221,21 @@ pub fn recommend(path: &str, f: &Figures) -> Advice {
 
     // inodes
     let inode_growth = (f.inodes_end as f64 - f.inodes_start as f64) / f.seconds.max(1e-3);
-    let inode_base = (f.inodes_peak as f64).max(f.inodes_end as f64 + inode_growth.max(0.0) * horizon);
-    let inodes = round_up(inode_base * 2.0, 1024).max(MIN_INODES);
+    let inodes_projected = f.inodes_end as f64 + inode_growth.max(0.0) * horizon;
+    let inodes = round_up((f.inodes_peak as f64).max(inodes_projected) * 2.0, 1024).max(MIN_INODES);
     why(
         "inodes",
-        format!(
-            "{} inodes at the peak (files and directories){}; twice that",
-            f.inodes_peak,
-            if inode_growth > 0.0 {
-                ", plus one more hour of growth"
-            } else {
-                ""
-            }
-        ),
+        if inodes_projected > f.inodes_peak as f64 {
+            format!(
+                "{} inodes (files and directories) at the end, growing: {:.0} as long again as the watch; twice that",
+                f.inodes_end, inodes_projected
+            )
+        } else {
+            format!(
+                "{} inodes at the peak (files and directories); twice that",
+                f.inodes_peak
+            )
+        },
     );
 
     // huge

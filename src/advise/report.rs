@@ -210,11 +210,9 @@ fn fields(e: &Entry) -> Vec<(&'static str, String)> {
 /// A spec holding the recommended entry, each value after a comment with its
 /// reason. The path is a double-quoted scalar (JSON's escaping is YAML's); the
 /// comments hold figures only, never a host string.
-pub fn spec_yaml(r: &AdviseReport) -> String {
-    let adv = &r.advice;
+pub fn spec_yaml(seconds: f64, adv: &Advice) -> String {
     let mut s = format!(
-        "# Recommended by `tmpfsctl advise` after watching for {:.0}s; check it with `tmpfsctl validate`.\n",
-        r.seconds
+        "# Recommended by `tmpfsctl advise` after watching for {seconds:.0}s; check it with `tmpfsctl validate`.\n"
     );
     for w in &adv.warnings {
         let _ = writeln!(s, "# warning: {w}");
@@ -245,4 +243,72 @@ pub fn spec_yaml(r: &AdviseReport) -> String {
     }
     s.push_str(&watchdog);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::advise::recommend::{recommend, Figures};
+
+    /// Every kind of entry the recommendation makes is a spec that validates, with
+    /// the values it recommends.
+    #[test]
+    fn every_kind_of_entry_is_a_valid_spec() {
+        let dir = tempfile::Builder::new()
+            .prefix("tmpfsctl-advise-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let path = dir.path().to_str().unwrap();
+        let base = Figures {
+            seconds: 600.0,
+            bytes_start: 50 << 20,
+            bytes_end: 60 << 20,
+            bytes_peak: 60 << 20,
+            inodes_start: 1000,
+            inodes_end: 1000,
+            inodes_peak: 1000,
+            median_file: 16 << 10,
+            creates: 10,
+            writes: 10,
+            deletes: 10,
+            bytes_written: 1 << 20,
+            peak_bytes_per_sec: 1 << 20,
+            mem_total: 16 << 30,
+            ..Figures::default()
+        };
+        let variants = [
+            base.clone(),
+            Figures {
+                deletes: 0,
+                ..base.clone()
+            },
+            Figures {
+                deletes: 0,
+                bytes_start: 60 << 20,
+                ..base.clone()
+            },
+            Figures {
+                median_file: 8 << 20,
+                peak_bytes_per_sec: 4 << 30,
+                ..base
+            },
+        ];
+        let mut actions = Vec::new();
+        for f in &variants {
+            let adv = recommend(path, f);
+            let text = spec_yaml(f.seconds, &adv);
+            let spec = crate::spec::parse(std::path::Path::new("advised.yaml"), &text, f.mem_total)
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let m = &spec.mounts[0];
+            assert_eq!(
+                (m.size, m.inodes),
+                (adv.entry.size, Some(adv.entry.inodes)),
+                "{text}"
+            );
+            assert_eq!(m.watchdog.bytes.high, f64::from(adv.entry.high), "{text}");
+            assert_eq!(m.watchdog.max_size, adv.entry.max_size, "{text}");
+            actions.push(adv.entry.action.join(","));
+        }
+        assert_eq!(actions, ["evict", "grow,fallback", "fallback", "evict"]);
+    }
 }
