@@ -6,7 +6,7 @@
 //!
 //! What is counted, per event read (fanotify merges identical events on one file
 //! that were not read yet, so these are lower bounds for a file changed many times
-//! between two reads, every 100 ms at most):
+//! before its events were read; they are read as they come):
 //! - creates: `FAN_CREATE` (files, directories, symlinks);
 //! - writes: `FAN_CLOSE_WRITE`, a file closed after writing: one per file written,
 //!   not per `write(2)`;
