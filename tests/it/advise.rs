@@ -387,3 +387,27 @@ fn advise_refuses_bad_input_with_exit_2() {
         .stderr_has("from 1s to 24h");
     sb.run(["advise", "/tmp", "--spec", "--format", "json"]).code(2);
 }
+
+/// On a terminal, a progress line is kept up to date on stderr and erased before
+/// the report.
+#[test]
+fn advise_shows_progress_on_a_terminal() {
+    let sb = Sandbox::new();
+    let dir = sb.path("cache");
+    prefill(&dir);
+    let cmd = format!(
+        "{} advise {} --for 2s",
+        env!("CARGO_BIN_EXE_tmpfsctl"),
+        dir.display()
+    );
+    // script(1) gives the command a pseudo-terminal and copies what it wrote.
+    let r = sb.run_with(
+        std::process::Command::new("script"),
+        ["-qec", cmd.as_str(), "/dev/null"],
+    );
+    r.code(0)
+        .stdout_has("\rwatching ")
+        .stdout_has("s of 2s, 0 creates, 0B written, 0 deletes")
+        .stdout_has("\r\x1b[K")
+        .stdout_has("RECOMMENDED MOUNT ENTRY");
+}
