@@ -20,6 +20,10 @@
 //!   in a tmpfs, which is what sizing needs, and fanotify does not say how much a
 //!   `write(2)` wrote;
 //! - files touched: distinct files (by handle) created, written or renamed into place.
+//!
+//! Whether a directory is below DIR is decided at its first event: one moved into
+//! or out of DIR during the watch keeps that verdict (a lookup per event would cost
+//! a path resolution for every event on a busy filesystem).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
