@@ -12,7 +12,9 @@ use crate::host::Host;
 use crate::out::{self, escape};
 use crate::spec::{self, Spec, SpecLoadError};
 use crate::state::{self, LockError, State};
-use crate::{agent, boot, diskbench, down, execute, keeper, observe, plan, report, residency, status, sync};
+use crate::{
+    advise, agent, boot, diskbench, down, execute, keeper, observe, plan, report, residency, status, sync,
+};
 
 #[derive(Parser)]
 #[command(
@@ -152,6 +154,14 @@ enum Command {
     Bench {
         #[command(flatten)]
         args: diskbench::BenchArgs,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Watch a directory while the application runs and recommend a mount entry
+    /// for it (size, inodes, watchdog), with the disk writes it would save.
+    Advise {
+        #[command(flatten)]
+        args: advise::AdviseArgs,
         #[command(flatten)]
         output: Output,
     },
@@ -430,6 +440,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Residency { args, output } => residency::run(&args, output.json()),
         Command::Bench { args, output } => diskbench::run(&args, output.json()),
+        Command::Advise { args, output } => advise::run(&args, output.json()),
         Command::Agent {
             spec,
             interval,

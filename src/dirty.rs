@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -43,7 +43,7 @@ use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags}
 
 use crate::copy::baseline::{read_nofollow, Time};
 use crate::copy::{Dirty, TEMP_PREFIX};
-use crate::host::fanotify::{open_handle, parse, Event, Handle};
+use crate::host::fanotify::{fd_path, open_handle, parse, Event, Handle};
 use crate::state::State;
 
 /// How long a write-back waits for the tracker's answer before it reads everything.
@@ -289,13 +289,6 @@ enum Resolved {
     At(Box<[u8]>),
     Gone,
     Unknown,
-}
-
-/// Where the descriptor's directory is, as this process sees it.
-fn fd_path(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
-    let p = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
-    let bytes = p.as_os_str().as_bytes();
-    bytes.starts_with(b"/").then(|| bytes.to_vec())
 }
 
 /// A tracker running on its own thread for the mount `name`, answering barriers

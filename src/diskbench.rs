@@ -29,14 +29,13 @@
 //! preconditions; diskbench/private.rs: the namespace, work directory and
 //! tmpfs; diskbench/rows.rs: the rows, each run on both sides;
 //! diskbench/measure.rs: one measurement; diskbench/report.rs: the report
-//! and its human form; diskbench/signals.rs: interrupts.
+//! and its human form; src/signals.rs: interrupts.
 
 mod measure;
 mod private;
 mod report;
 mod room;
 mod rows;
-mod signals;
 #[cfg(test)]
 mod tests;
 
@@ -52,10 +51,10 @@ use crate::host::Host;
 use crate::out::{self, escape};
 use crate::spec::size::{parse_size, SizeLit};
 
+use crate::signals::{Interrupted, SignalGuard};
 pub use measure::Scatter;
-pub use report::{fmt_sig, human, BenchReport, FsInfo, HostInfo, Row, Side};
+pub use report::{filesystem_of, fmt_sig, human, BenchReport, FsInfo, HostInfo, Row, Side};
 pub use room::{refusals, small_counts, HostRoom};
-use signals::{Interrupted, SignalGuard};
 
 /// Request sizes of the sequential write sweep.
 pub const REQUEST_SIZES: [u64; 4] = [512, 4096, 64 << 10, 1 << 20];

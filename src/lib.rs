@@ -10,6 +10,7 @@
 //! carried out by `execute`; `sync` and eviction write through `copy`.
 //! `status` and `down` reuse the same observation; `state` is /run/tmpfsctl.
 
+pub mod advise;
 pub mod agent;
 pub mod backend;
 pub mod boot;
@@ -32,6 +33,7 @@ pub mod plural;
 pub mod progress;
 pub mod report;
 pub mod residency;
+pub mod signals;
 pub mod spec;
 pub mod state;
 pub mod status;

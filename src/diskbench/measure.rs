@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 use super::report::Side;
-use super::signals::check_interrupt;
 use super::{PAGE, READ_CHUNK, SMALL_FILE};
+use crate::signals::check_interrupt;
 
 /// Deterministic filler so no filesystem can special-case zeros.
 fn pattern(len: usize) -> Vec<u8> {

@@ -73,7 +73,7 @@ pub struct BenchReport {
 }
 
 /// The mount DIR lives on, for the report header.
-pub(super) fn filesystem_of(dir: &Path, host: &Host) -> Option<FsInfo> {
+pub fn filesystem_of(dir: &Path, host: &Host) -> Option<FsInfo> {
     let dev = fs::metadata(dir).ok()?.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let table = host.mounts().ok()?;

@@ -1,7 +1,8 @@
 //! fanotify events that name a directory entry (`FAN_REPORT_DFID_NAME`, Linux ≥ 5.9):
-//! the directory as a file handle, and the name. Parsed here for both of their users:
-//! the deletion watch on a disk directory ([`super::deletions`]) and the tracker of
-//! changed RAM directories ([`crate::track`]).
+//! the directory as a file handle, and the name; with `FAN_REPORT_FID` as well, the
+//! object's own handle. Parsed here for all of their users: the deletion watch on a
+//! disk directory ([`super::deletions`]), the tracker of changed RAM directories
+//! ([`crate::dirty`]) and `advise`'s sampling ([`crate::advise`]).
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -24,6 +25,10 @@ pub enum Event {
         pid: i32,
         dir: Handle,
         name: Vec<u8>,
+        /// The object itself (a `FAN_EVENT_INFO_TYPE_FID` record), when the group
+        /// asked for it with `FAN_REPORT_FID`: it names a file whatever it is called
+        /// by the time the event is read.
+        object: Option<Handle>,
     },
     /// `mask` happened to the object `fid` itself, with no name to report: for a
     /// group that also asked for `FAN_REPORT_FID`, the link count of a file changed
@@ -56,8 +61,8 @@ pub fn handle_of(dir: BorrowedFd<'_>) -> Result<Handle, Errno> {
     Ok((buf[1] as i32, bytes))
 }
 
-/// Opens what `handle` names (a directory or a file) on the filesystem `mount` is on (`O_PATH`):
-/// `ESTALE` when it was deleted since.
+/// Opens the directory (or file) `handle` names on the filesystem `mount` is on
+/// (`O_PATH`): `ESTALE` when it was deleted since.
 pub fn open_handle(mount: BorrowedFd<'_>, handle: &Handle) -> Result<OwnedFd, Errno> {
     let (kind, bytes) = handle;
     if bytes.len() > MAX_HANDLE {
@@ -86,6 +91,15 @@ pub fn open_handle(mount: BorrowedFd<'_>, handle: &Handle) -> Result<OwnedFd, Er
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Where the descriptor's directory is, as this process sees it (`/proc/self/fd`);
+/// `None` when that is no absolute path (a directory outside this process's root).
+/// A deleted directory's path ends in ` (deleted)`.
+pub fn fd_path(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
+    let p = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str());
+    bytes.starts_with(b"/").then(|| bytes.to_vec())
+}
+
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
 }
@@ -100,7 +114,8 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 /// The events of one `read` of the group: `struct fanotify_event_metadata` (24 bytes),
 /// each followed by info records; a `FAN_EVENT_INFO_TYPE_DFID_NAME` record holds the
-/// fsid (8 bytes), a `struct file_handle` and the NUL-terminated name.
+/// fsid (8 bytes), a `struct file_handle` and the NUL-terminated name, a
+/// `FAN_EVENT_INFO_TYPE_FID` record the fsid and the object's handle.
 pub fn parse(buf: &[u8]) -> Vec<Event> {
     let mut out = Vec::new();
     let mut at = 0;
@@ -115,47 +130,50 @@ pub fn parse(buf: &[u8]) -> Vec<Event> {
         if mask & libc::FAN_Q_OVERFLOW != 0 {
             out.push(Event::Overflow);
         }
+        let mut named = None;
+        let mut object = None;
         let mut info = meta_len as usize;
-        let (mut named, mut object) = (false, None);
         while let (Some(&kind), Some(info_len)) = (event.get(info), u16_at(event, info + 2)) {
             let record = event.get(info..info + info_len as usize).unwrap_or_default();
             if kind == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
-                if let Some(e) = dfid_name(record, mask, pid) {
-                    named = true;
-                    out.push(e);
-                }
+                named = named.or_else(|| dfid_name(record));
             } else if kind == libc::FAN_EVENT_INFO_TYPE_FID {
-                object = handle_in(record);
+                object = object.or_else(|| handle_at(record).map(|(h, _)| h));
             }
             if info_len == 0 {
                 break;
             }
             info += info_len as usize;
         }
-        if let (false, Some(fid)) = (named, object) {
-            out.push(Event::Object { mask, pid, fid });
+        match (named, object) {
+            (Some((dir, name)), object) => out.push(Event::Named {
+                mask,
+                pid,
+                dir,
+                name,
+                object,
+            }),
+            (None, Some(fid)) => out.push(Event::Object { mask, pid, fid }),
+            (None, None) => {}
         }
         at += len;
     }
     out
 }
 
-/// The handle of an info record: header (4), fsid (8), then `struct file_handle`.
-fn handle_in(record: &[u8]) -> Option<Handle> {
+/// The handle of a FID or DFID_NAME record: header (4), fsid (8), then a
+/// `struct file_handle`; with the offset just past it.
+fn handle_at(record: &[u8]) -> Option<(Handle, usize)> {
     let bytes = u32_at(record, 12)? as usize;
     let kind = u32_at(record, 16)? as i32;
-    Some((kind, record.get(20..20 + bytes)?.to_vec()))
+    let handle = record.get(20..20 + bytes)?.to_vec();
+    Some(((kind, handle), 20 + bytes))
 }
 
-fn dfid_name(record: &[u8], mask: u64, pid: i32) -> Option<Event> {
-    let dir = handle_in(record)?;
-    let name = CStr::from_bytes_until_nul(record.get(20 + dir.1.len()..)?).ok()?;
-    Some(Event::Named {
-        mask,
-        pid,
-        dir,
-        name: name.to_bytes().to_vec(),
-    })
+fn dfid_name(record: &[u8]) -> Option<(Handle, Vec<u8>)> {
+    let (dir, end) = handle_at(record)?;
+    let name = CStr::from_bytes_until_nul(record.get(end..)?).ok()?;
+    Some((dir, name.to_bytes().to_vec()))
 }
 
 #[cfg(test)]
@@ -197,15 +215,43 @@ mod tests {
                     mask: libc::FAN_DELETE,
                     pid: 42,
                     dir: (1, vec![1, 2, 3, 4, 5, 6, 7, 8]),
-                    name: b"w-1".to_vec()
+                    name: b"w-1".to_vec(),
+                    object: None,
                 },
                 Event::Named {
                     mask: libc::FAN_MOVED_FROM,
                     pid: 43,
                     dir: (1, vec![8; 12]),
-                    name: b"odd\nname".to_vec()
+                    name: b"odd\nname".to_vec(),
+                    object: None,
                 },
             ]
+        );
+    }
+
+    /// With `FAN_REPORT_FID` the object's own handle follows (or precedes) the name.
+    #[test]
+    fn the_object_handle_is_kept_when_reported() {
+        let mut ev = event(libc::FAN_MODIFY, 7, &[1; 8], b"f");
+        let mut fid = vec![libc::FAN_EVENT_INFO_TYPE_FID, 0, 0, 0];
+        fid.extend_from_slice(&[9; 8]);
+        fid.extend_from_slice(&8u32.to_ne_bytes());
+        fid.extend_from_slice(&1i32.to_ne_bytes());
+        fid.extend_from_slice(&[5; 8]);
+        let fid_len = fid.len() as u16;
+        fid[2..4].copy_from_slice(&fid_len.to_ne_bytes());
+        ev.extend_from_slice(&fid);
+        let len = ev.len() as u32;
+        ev[..4].copy_from_slice(&len.to_ne_bytes());
+        assert_eq!(
+            parse(&ev),
+            vec![Event::Named {
+                mask: libc::FAN_MODIFY,
+                pid: 7,
+                dir: (1, vec![1; 8]),
+                name: b"f".to_vec(),
+                object: Some((1, vec![5; 8])),
+            }]
         );
     }
 

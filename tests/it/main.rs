@@ -8,6 +8,7 @@
 mod common;
 mod common_copy;
 
+mod advise;
 mod agent_integration;
 mod apply;
 mod bad_specs;

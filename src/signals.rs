@@ -1,5 +1,6 @@
-//! SIGINT, SIGTERM and SIGHUP during a run: a flag the measurement loops
-//! check, so that cleanup runs before the exit.
+//! SIGINT, SIGTERM and SIGHUP during a run of `bench` or `advise`: a flag their
+//! loops check, so that `bench` cleans up and `advise` reports what it has
+//! before the exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,10 +17,10 @@ const SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
 /// While alive, SIGINT/SIGTERM/SIGHUP only set a flag the loops check, so
 /// cleanup runs; the previous dispositions come back on drop.
-pub(super) struct SignalGuard(Vec<(Signal, SigAction)>);
+pub struct SignalGuard(Vec<(Signal, SigAction)>);
 
 impl SignalGuard {
-    pub(super) fn install() -> Result<SignalGuard> {
+    pub(crate) fn install() -> Result<SignalGuard> {
         INTERRUPTED.store(false, Ordering::SeqCst);
         let act = SigAction::new(
             SigHandler::Handler(on_signal),
@@ -47,10 +48,14 @@ impl Drop for SignalGuard {
 
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted")]
-pub(super) struct Interrupted;
+pub struct Interrupted;
 
-pub(super) fn check_interrupt() -> Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+pub fn check_interrupt() -> Result<()> {
+    if interrupted() {
         return Err(Interrupted.into());
     }
     Ok(())
