@@ -39,11 +39,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
+use nix::sys::fanotify::{Fanotify, MaskFlags};
 
 use crate::copy::baseline::{read_nofollow, Time};
 use crate::copy::{Dirty, TEMP_PREFIX};
-use crate::host::fanotify::{fd_path, open_handle, parse, Event, Handle};
+use crate::host::fanotify::{fd_path, filesystem_group, open_handle, parse, Event, Handle};
 use crate::state::State;
 
 /// How long a write-back waits for the tracker's answer before it reads everything.
@@ -103,15 +103,6 @@ pub enum Answer {
 impl ChangeTracker {
     /// Starts tracking the filesystem whose root directory is open at `root`.
     pub fn start(root: File) -> Result<ChangeTracker> {
-        let flags = InitFlags::FAN_CLASS_NOTIF
-            | InitFlags::FAN_CLOEXEC
-            | InitFlags::FAN_NONBLOCK
-            // FID too: a file whose link count changed through another of its names
-            // (that name deleted or renamed away) is reported by itself, without a
-            // name, and its ctime changed.
-            | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME | libc::FAN_REPORT_FID);
-        let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)
-            .context("fanotify with FAN_REPORT_DFID_NAME (Linux 5.9 or later, CAP_SYS_ADMIN)")?;
         let mask = MaskFlags::FAN_MODIFY
             | MaskFlags::FAN_ATTRIB
             | MaskFlags::FAN_CLOSE_WRITE
@@ -120,14 +111,15 @@ impl ChangeTracker {
             | MaskFlags::FAN_MOVED_FROM
             | MaskFlags::FAN_MOVED_TO
             | MaskFlags::FAN_ONDIR;
-        group
-            .mark(
-                MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-                mask,
-                root.as_fd(),
-                None::<&str>,
-            )
-            .context("fanotify mark on the tmpfs")?;
+        // FID too: a file whose link count changed through another of its names
+        // (that name deleted or renamed away) is reported by itself, without a name,
+        // and its ctime changed.
+        let group = filesystem_group(
+            libc::FAN_REPORT_DFID_NAME | libc::FAN_REPORT_FID,
+            mask,
+            root.as_fd(),
+            "FAN_REPORT_DFID_NAME (Linux 5.9 or later, CAP_SYS_ADMIN)",
+        )?;
         Ok(ChangeTracker {
             group,
             root,

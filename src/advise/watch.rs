@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
+use nix::sys::fanotify::{Fanotify, MaskFlags};
 use serde::Serialize;
 
-use crate::host::fanotify::{fd_path, open_handle, parse, Event, Handle};
+use crate::host::fanotify::{fd_path, filesystem_group, open_handle, parse, Event, Handle};
 
 /// Events of one kind, over the watch or over one window.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -93,29 +93,18 @@ pub struct Watch {
 impl Watch {
     /// Marks the filesystem DIR (open at `root`) is on; the clock starts now.
     pub fn start(root: File) -> Result<Watch> {
-        let flags = InitFlags::FAN_CLASS_NOTIF
-            | InitFlags::FAN_CLOEXEC
-            | InitFlags::FAN_NONBLOCK
-            | InitFlags::from_bits_retain(
-                libc::FAN_REPORT_DFID_NAME | libc::FAN_REPORT_FID | libc::FAN_REPORT_TARGET_FID,
-            );
-        let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC).context(
-            "fanotify with FAN_REPORT_DFID_NAME and FAN_REPORT_TARGET_FID (Linux 5.17 or later, CAP_SYS_ADMIN)",
-        )?;
         let mask = MaskFlags::FAN_MODIFY
             | MaskFlags::FAN_CLOSE_WRITE
             | MaskFlags::FAN_CREATE
             | MaskFlags::FAN_DELETE
             | MaskFlags::FAN_MOVED_TO
             | MaskFlags::FAN_ONDIR;
-        group
-            .mark(
-                MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-                mask,
-                root.as_fd(),
-                None::<&str>,
-            )
-            .context("fanotify mark on the directory's filesystem")?;
+        let group = filesystem_group(
+            libc::FAN_REPORT_DFID_NAME | libc::FAN_REPORT_FID | libc::FAN_REPORT_TARGET_FID,
+            mask,
+            root.as_fd(),
+            "FAN_REPORT_DFID_NAME and FAN_REPORT_TARGET_FID (Linux 5.17 or later, CAP_SYS_ADMIN)",
+        )?;
         let root_path = fd_path(root.as_fd()).context("the watched directory has no path")?;
         Ok(Watch {
             group,

@@ -36,6 +36,34 @@ pub enum Event {
     Object { mask: u64, pid: i32, fid: Handle },
 }
 
+/// A non-blocking notification group reporting `report` (`FAN_REPORT_*` bits), with
+/// a mark for the events of `mask` on the whole filesystem `root` is on. `needs`
+/// says what the kernel must offer, for the error when it does not.
+pub fn filesystem_group(
+    report: libc::c_uint,
+    mask: nix::sys::fanotify::MaskFlags,
+    root: BorrowedFd<'_>,
+    needs: &str,
+) -> anyhow::Result<nix::sys::fanotify::Fanotify> {
+    use anyhow::Context;
+    use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags};
+    let flags = InitFlags::FAN_CLASS_NOTIF
+        | InitFlags::FAN_CLOEXEC
+        | InitFlags::FAN_NONBLOCK
+        | InitFlags::from_bits_retain(report);
+    let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)
+        .with_context(|| format!("fanotify with {needs}"))?;
+    group
+        .mark(
+            MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
+            mask,
+            root,
+            None::<&str>,
+        )
+        .context("fanotify mark on the filesystem")?;
+    Ok(group)
+}
+
 /// The file handle of the directory open at `dir`.
 pub fn handle_of(dir: BorrowedFd<'_>) -> Result<Handle, Errno> {
     // `struct file_handle`: handle_bytes (u32), handle_type (i32), then the bytes;
