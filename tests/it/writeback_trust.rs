@@ -314,3 +314,31 @@ fn a_ram_write_wins_over_a_ctime_the_pass_itself_gave_a_linked_disk_file() {
         assert_eq!(fs::read(dst.join("x")).unwrap(), b"ram 2, the latest");
     });
 }
+
+/// A link the pass itself makes to a disk inode (a new name of a hard-linked RAM
+/// file) gives that inode a new ctime: no change of the application's on its other
+/// names either. Taken for one, a name the RAM deleted stayed on disk.
+#[test]
+fn a_name_deleted_in_ram_goes_although_the_pass_linked_its_inode_anew() {
+    with_trees(|src, dst| {
+        fs::create_dir_all(src.join("z/old")).unwrap();
+        fs::write(src.join("a"), "linked").unwrap();
+        fs::hard_link(src.join("a"), src.join("z/old/f")).unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        stats_of(src, dst, &mut base);
+        tick();
+        // The RAM gives the inode a new name (after `a`, before `z`) and deletes one.
+        fs::create_dir(src.join("m")).unwrap();
+        fs::hard_link(src.join("a"), src.join("m/new")).unwrap();
+        fs::remove_file(src.join("z/old/f")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert_eq!(fs::read(dst.join("m/new")).unwrap(), b"linked");
+        assert!(
+            !dst.join("z/old/f").exists(),
+            "the name the RAM deleted stayed on disk"
+        );
+    });
+}

@@ -149,6 +149,9 @@ impl Syncer<'_, '_> {
         if let Some(d) = &d {
             self.touch(d);
         }
+        // The new link gives the group's inode a new ctime: no sign of the
+        // application's change on its other names either.
+        self.touched.insert(ino);
         if !self.write_hard_link(stack, name, &first, d.as_ref())? {
             self.reporter.stats.kept_disk += 1;
             return Ok(outcome);
