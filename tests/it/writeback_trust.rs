@@ -148,10 +148,11 @@ fn a_directory_the_pass_changed_is_trusted_by_the_next() {
         // `a` got two names in that pass; it was read again afterwards.
         assert_eq!(stats_of(src, dst, &mut base).dirs_trusted, 3);
         assert_eq!(fs::read(dst.join("a/g")).unwrap(), b"new");
-        // The application's change on the disk side makes the directory listed again.
+        // The application's change on the disk side makes the directory listed again;
+        // the directory's own times, which that change set, stay the disk's.
         fs::write(dst.join("b/own"), "disk").unwrap();
         let st = stats_of(src, dst, &mut base);
-        assert_eq!((st.dirs_trusted, st.kept_disk), (2, 0), "{st:?}");
+        assert_eq!((st.dirs_trusted, st.kept_disk), (2, 1), "{st:?}");
         assert_eq!(fs::read(dst.join("b/own")).unwrap(), b"disk");
     });
 }
@@ -340,5 +341,32 @@ fn a_name_deleted_in_ram_goes_although_the_pass_linked_its_inode_anew() {
             !dst.join("z/old/f").exists(),
             "the name the RAM deleted stayed on disk"
         );
+    });
+}
+
+/// A directory's own metadata the disk changed stays the disk's while the RAM's
+/// directory does not change, in every pass after the change (before, a pass gave
+/// the RAM's back: "the disk did not change since" was taken as "follow the RAM").
+#[test]
+fn a_directory_mode_changed_on_disk_stays_through_later_passes() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/f"), "f").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::set_permissions(dst.join("d"), fs::Permissions::from_mode(0o700)).unwrap();
+        tick();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        for pass in 0..3 {
+            stats_of(src, dst, &mut base);
+            assert_eq!(mode(&dst.join("d")), 0o700, "pass {pass}");
+            tick();
+        }
+        // A later change of the RAM directory's own takes it back.
+        fs::set_permissions(src.join("d"), fs::Permissions::from_mode(0o750)).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert_eq!(mode(&dst.join("d")), 0o750);
     });
 }

@@ -220,8 +220,12 @@ impl Syncer<'_, '_> {
                     Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
                     Some(_) => stats.metadata_updated += 1,
                 }
+            } else if same_meta(s, &now) {
+                self.reporter.stats.unchanged += 1;
             } else {
-                // Replaced on disk since the baseline: its owner, mode and times stay.
+                // Replaced or changed on disk since the baseline, or its metadata won
+                // before while the RAM's did not change since: owner, mode and times
+                // stay.
                 self.reporter.stats.kept_disk += 1;
             }
             self.record(left.rel.clone(), &now);

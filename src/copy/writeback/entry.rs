@@ -110,7 +110,13 @@ impl Syncer<'_, '_> {
                     Verdict::Disk(Some(at)) if d.is_none() => Some(at),
                     _ => None,
                 };
-                let ram_meta = verdict == Verdict::Ram || tentative.is_some();
+                // The RAM's metadata only where the RAM directory changed since the
+                // baseline (or the disk lacks it): a disk directory whose own metadata
+                // won before is recorded as agreed on, and "the disk did not change
+                // since" must not hand it back to a RAM directory that did not either.
+                let ram_changed = self.base.taken.is_none_or(|t| ctime(&s) >= t);
+                let ram_meta =
+                    (verdict == Verdict::Ram && (ram_changed || d.is_none())) || tentative.is_some();
                 self.sync_dir(
                     parent,
                     name,
