@@ -121,7 +121,8 @@ pub struct Synced {
 /// deleted; when both changed, the later change wins and it is counted as a conflict.
 /// With [`Baseline::none`] (a mount of an older tmpfsctl, a lost state directory) the
 /// pass deletes nothing. Directories present on both sides are always entered and
-/// their contents merged name by name; their own metadata follows the RAM's.
+/// their contents merged name by name; their own metadata follows the RAM's where the
+/// RAM directory changed since the baseline, and stays the disk's otherwise.
 ///
 /// Source entries that vanish while the sync runs are skipped (left as they are on
 /// disk, their baseline records kept), so a busy application cannot fail it; any other
