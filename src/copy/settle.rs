@@ -64,7 +64,7 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
             changed
                 .iter()
                 .filter_map(|path| {
-                    let Some(Mark::Entry(walked)) = base.get(path).copied() else {
+                    let Some(Mark::Entry(walked)) = base.get(path) else {
                         return None;
                     };
                     let names = expected.get(&**path).map_or(&[][..], Vec::as_slice);
