@@ -7,8 +7,9 @@
 //! A tree of a million files keeps a million records, twice during a write-back (the
 //! old baseline and the next): each record is its path and its mark packed into
 //! variable-length integers, about 20 bytes besides the path where a [`Mark`] takes
-//! 64 (see docs/benchmarks.md, "Memory"). Paths are not hashed again for a lookup's
-//! probes; a probe compares the path bytes, which differ within the first few.
+//! 64 (see docs/benchmarks.md, "Memory"). No hash is kept per record: an index slot
+//! holds high bits of its path's hash beside the record number, so a probe rarely
+//! reads another path's record, and a larger index hashes every path again.
 //!
 //! The index hashes with std's `RandomState` (keyed SipHash): names come from the
 //! application, and a hash a local user could collide on purpose would make every
@@ -32,8 +33,9 @@ pub struct Marks {
     /// Where each record starts in `bytes`, in the order their paths were first
     /// recorded.
     starts: Vec<u64>,
-    /// Index into `starts` plus one, 0 for a free slot; a power of two long (or
-    /// empty), at most half full.
+    /// Index into `starts` plus one in the bits below the length, the high bits of
+    /// the path's hash above them ([`Marks::tag`]), 0 for a free slot; a power of two
+    /// long (or empty), at most half full.
     slots: Vec<u32>,
 }
 
@@ -70,10 +72,16 @@ impl Marks {
 
     /// Records `mark` for `path`, in place of an earlier record of it.
     pub fn insert(&mut self, path: &[u8], mark: Mark) {
+        // The index is then at most 2^32 slots, numbered by a u32.
+        assert!(
+            self.len() < 1 << 31,
+            "fewer than 2^31 records: a tree cannot hold that many names"
+        );
         if (self.len() + 1) * 2 > self.slots.len() {
             self.resize_index(self.len() + 1);
         }
-        match self.find(self.hasher.hash_one(path), path) {
+        let hash = self.hasher.hash_one(path);
+        match self.find(hash, path) {
             Ok(i) => {
                 let (_, at) = read_path(&self.bytes, self.start(i));
                 let old_end = read_mark(&self.bytes, at).1;
@@ -90,11 +98,10 @@ impl Marks {
                 }
             }
             Err(slot) => {
-                let index = u32::try_from(self.len() + 1)
-                    .expect("fewer than 2^32 records: a tree cannot hold that many names");
+                // Below the index's length, which is at most 2^32.
+                self.slots[slot] = self.tag(hash) | (self.len() + 1) as u32;
                 self.starts.push(self.bytes.len() as u64);
                 self.push_record(path, &mark);
-                self.slots[slot] = index;
             }
         }
     }
@@ -146,19 +153,29 @@ impl Marks {
             return Err(0);
         }
         let mask = self.slots.len() - 1;
+        let tag = self.tag(hash);
         let mut i = hash as usize & mask;
         loop {
             match self.slots[i] {
                 0 => return Err(i),
-                s => {
-                    let n = s as usize - 1;
+                s if s & !(mask as u32) == tag => {
+                    let n = (s & mask as u32) as usize - 1;
                     if read_path(&self.bytes, self.start(n)).0 == path {
                         return Ok(n);
                     }
                 }
+                _ => {}
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// The bits of a slot above the record number: the high half of `hash`, whose
+    /// low bits pick the slot, masked to what the index's length leaves (11 bits for
+    /// a million records).
+    fn tag(&self, hash: u64) -> u32 {
+        // The index is at most 2^32 long: its mask fits.
+        (hash >> 32) as u32 & !((self.slots.len() - 1) as u32)
     }
 
     /// An index for at least `records` records at most half full, rebuilt by hashing
@@ -172,12 +189,13 @@ impl Marks {
         self.slots = vec![0; want];
         let mask = want - 1;
         for n in 0..self.len() {
-            let path = read_path(&self.bytes, self.start(n)).0;
-            let mut i = self.hasher.hash_one(path) as usize & mask;
+            let hash = self.hasher.hash_one(read_path(&self.bytes, self.start(n)).0);
+            let mut i = hash as usize & mask;
             while self.slots[i] != 0 {
                 i = (i + 1) & mask;
             }
-            self.slots[i] = n as u32 + 1;
+            // Below `want`, which is at most 2^32.
+            self.slots[i] = self.tag(hash) | (n + 1) as u32;
         }
     }
 }

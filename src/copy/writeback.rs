@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use nix::errno::Errno;
 use nix::sys::stat::{self, FileStat};
 
-use super::baseline::{self, Baseline, Mark, Sig, Time};
+use super::baseline::{self, Baseline, Sig, Time};
 use super::durable::{DstDir, Durable};
 use super::error::{dst_err, src_err, CopyError, Failed};
 use super::journal::Journal;
@@ -315,11 +315,8 @@ fn sync_pass(
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
         reporter.stats.kept_disk += finished.not_placed;
-        for (path, sig) in finished.placed {
-            marks.insert(&path, Mark::Entry(sig));
-        }
-        for (path, mark) in finished.kept {
-            marks.insert(&path, mark);
+        for (path, mark) in finished.placed.iter().chain(finished.kept.iter()) {
+            marks.insert(path, mark);
         }
         reporter.report();
         let mut baseline = Baseline {
