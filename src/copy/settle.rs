@@ -16,7 +16,7 @@
 //! Only trust is at stake: the merge itself compares directories by inode, never by
 //! their ctime, so an untrusted mark costs the next pass a listing and nothing else.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -45,31 +45,26 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
     let settled = baseline::now_after_tick();
     if !changed.is_empty() {
         let fresh: Vec<(&[u8], Sig)> = {
-            // Per directory to read again: the names the new baseline puts in it, and
-            // those it remembers as deleted (back on the disk, the next pass must see
-            // them to merge the RAM's side against that record).
-            let mut expected: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
-            let mut deleted: HashMap<&[u8], HashSet<&[u8]>> = HashMap::new();
-            for (path, mark) in base.marks.iter() {
-                let (dir, name) = split_parent(path);
-                if !changed.contains(dir) {
-                    continue;
-                }
-                if matches!(mark, Mark::Deleted(_)) {
-                    deleted.entry(dir).or_default().insert(name);
-                } else {
-                    expected.entry(dir).or_default().push(name);
-                }
-            }
+            let by_dir = base.marks.by_dir();
             changed
                 .iter()
                 .filter_map(|path| {
                     let Some(Mark::Entry(walked)) = base.get(path) else {
                         return None;
                     };
-                    let names = expected.get(&**path).map_or(&[][..], Vec::as_slice);
-                    let gone = deleted.get(&**path);
-                    let sig = match reread(root, path, names, gone, settled) {
+                    // The names the new baseline puts in it, and those it remembers as
+                    // deleted (back on the disk, the next pass must see them to merge
+                    // the RAM's side against that record).
+                    let (mut names, mut gone) = (Vec::new(), HashSet::new());
+                    for (p, mark) in by_dir.records(path) {
+                        let name = split_parent(p).1;
+                        if matches!(mark, Mark::Deleted(_)) {
+                            gone.insert(name);
+                        } else {
+                            names.push(name);
+                        }
+                    }
+                    let sig = match reread(root, path, &names, &gone, settled) {
                         Some(now) if now.ino == walked.ino => now,
                         _ => Sig {
                             ctime: UNTRUSTED,
@@ -94,7 +89,7 @@ fn reread(
     root: BorrowedFd<'_>,
     path: &[u8],
     names: &[&[u8]],
-    gone: Option<&HashSet<&[u8]>>,
+    gone: &HashSet<&[u8]>,
     settled: Time,
 ) -> Option<Sig> {
     let fd = beneath(root, Path::new(OsStr::from_bytes(path))).ok()?;
@@ -108,7 +103,7 @@ fn reread(
         return None;
     }
     let listed: HashSet<&[u8]> = listed.iter().map(|n| n.name.to_bytes()).collect();
-    let back = gone.is_some_and(|g| listed.iter().any(|n| g.contains(n)));
+    let back = listed.iter().any(|n| gone.contains(n));
     (!back && names.iter().all(|n| listed.contains(n))).then_some(before)
 }
 

@@ -304,7 +304,7 @@ fn sync_pass(
             mut reporter,
             durable,
             scan,
-            mut marks,
+            marks,
             linked_changed,
             touched,
             ..
@@ -315,7 +315,25 @@ fn sync_pass(
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
         reporter.stats.kept_disk += finished.not_placed;
-        for (path, mark) in finished.placed.iter().chain(finished.kept.iter()) {
+        // The files put in place hold over the walk's records (a file is recorded
+        // once there). A full first pass puts nearly every record there: the walk's
+        // are then added to those, not copied.
+        let mut marks = if finished.placed.len() > marks.len() {
+            let mut placed = finished.placed;
+            for (path, mark) in marks.iter() {
+                if placed.get(path).is_none() {
+                    placed.insert(path, mark);
+                }
+            }
+            placed
+        } else {
+            let mut marks = marks;
+            for (path, mark) in finished.placed.iter() {
+                marks.insert(path, mark);
+            }
+            marks
+        };
+        for (path, mark) in finished.kept.iter() {
             marks.insert(path, mark);
         }
         reporter.report();
