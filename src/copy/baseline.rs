@@ -226,6 +226,8 @@ impl Baseline {
         out.out.write_all(&sum.to_le_bytes())
     }
 
+    /// Reads what [`Baseline::encode`] wrote.
+    #[cfg(test)]
     pub fn decode(data: &[u8]) -> Result<Baseline, BaselineError> {
         Baseline::read_from(data, data.len() as u64)
     }
