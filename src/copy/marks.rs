@@ -6,7 +6,7 @@
 //!
 //! A tree of a million files keeps a million records, twice during a write-back (the
 //! old baseline and the next): each record is its path and its mark packed into
-//! variable-length integers, about 20 bytes besides the path where a [`Mark`] takes
+//! variable-length integers, about 25 bytes besides the path where a [`Mark`] takes
 //! 64 (see docs/benchmarks.md, "Memory"). No hash is kept per record: an index slot
 //! holds high bits of its path's hash beside the record number, so a probe rarely
 //! reads another path's record, and a larger index hashes every path again.
