@@ -26,7 +26,10 @@ BENCH=${BENCH:-${CARGO_TARGET_DIR:-$PWD/target}/release/examples/copybench}
 WORK=$(mktemp -d /tmp/tmpfsctl-mem-bench-XXXXXX)
 TRACKER=""
 cleanup() {
-    [ -n "$TRACKER" ] && kill "$TRACKER" 2>/dev/null && wait "$TRACKER" 2>/dev/null
+    if [ -n "$TRACKER" ]; then
+        kill "$TRACKER" 2>/dev/null || true
+        wait "$TRACKER" 2>/dev/null || true
+    fi
     for m in disk ram dst state; do umount -l "$WORK/$m" 2>/dev/null || true; done
     rm -rf "$WORK"
 }
