@@ -186,19 +186,10 @@ impl Baseline {
     /// Writes the saved form to `out` a record at a time: a million records take
     /// about 70 MiB saved, which need not be in memory beside them.
     fn write_to(&self, out: impl Write) -> std::io::Result<()> {
-        // The checksum starts from the length, so that comes first.
-        let records: usize = self
-            .marks
-            .iter()
-            .map(|(path, mark)| {
-                4 + path.len()
-                    + 1
-                    + match mark {
-                        Mark::Deleted(_) => 16,
-                        _ => SIG_LEN,
-                    }
-            })
-            .sum();
+        // The checksum starts from the length: each record is its path's length, the
+        // path, a kind and a time or a `Sig`.
+        let (n, deleted) = (self.marks.len(), self.marks.deleted());
+        let records = 5 * n + self.marks.path_bytes() + 16 * deleted + SIG_LEN * (n - deleted);
         let mut out = Summing {
             out,
             sum: Sum64::new((HEADER_LEN + records) as u64),
@@ -217,11 +208,16 @@ impl Baseline {
         buf.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
         out.write_all(&buf)?;
         // In the order they were made, which the next pass's walk nearly repeats.
+        // In pieces of 64 KiB: the checksum is fastest over long runs.
+        buf.clear();
         for (path, mark) in self.marks.iter() {
-            buf.clear();
             put_record(&mut buf, path, &mark);
-            out.write_all(&buf)?;
+            if buf.len() >= 1 << 16 {
+                out.write_all(&buf)?;
+                buf.clear();
+            }
         }
+        out.write_all(&buf)?;
         let sum = out.sum.finish();
         out.out.write_all(&sum.to_le_bytes())
     }
@@ -293,24 +289,29 @@ impl Baseline {
         // Paths and payloads: more than the records take packed (see `Marks`).
         let bytes = usize::try_from(r.left).unwrap_or(usize::MAX) - count * 21;
         let mut marks = Marks::with_capacity(count, bytes);
-        let mut record = Vec::new();
+        // Read in pieces of 64 KiB (the checksum is fastest over long runs), a record
+        // that runs over the end of one completed from the next.
+        let (mut piece, mut at) = (Vec::new(), 0);
         for _ in 0..count {
-            record.clear();
-            let len: [u8; 4] = r.array()?;
-            record.extend_from_slice(&len);
-            let len = u32::from_le_bytes(len) as usize;
-            record.extend_from_slice(r.take(len + 1)?);
-            let payload = match record[record.len() - 1] {
-                1 => 16,
-                _ => SIG_LEN,
-            };
-            // An unknown kind is found by `RecordReader`; its payload length does not
-            // matter then.
-            record.extend_from_slice(r.take(payload)?);
-            let (path, mark) = RecordReader(&record).record()?;
-            marks.insert(path, mark);
+            loop {
+                let mut rr = RecordReader(&piece[at..]);
+                match rr.record() {
+                    Ok((path, mark)) => {
+                        at = piece.len() - rr.0.len();
+                        marks.insert(path, mark);
+                        break;
+                    }
+                    Err(BaselineError::Corrupt("truncated")) if r.left > 0 => {
+                        piece.drain(..at);
+                        at = 0;
+                        let more = r.left.min(1 << 16) as usize;
+                        piece.extend_from_slice(r.take(more)?);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
-        if r.left > 0 {
+        if at < piece.len() || r.left > 0 {
             return Err(BaselineError::Corrupt("trailing bytes"));
         }
         Ok(Baseline {

@@ -37,6 +37,10 @@ pub struct Marks {
     /// the path's hash above them ([`Marks::tag`]), 0 for a free slot; a power of two
     /// long (or empty), at most half full.
     slots: Vec<u32>,
+    /// The length of all paths, and how many records are [`Mark::Deleted`]: the
+    /// length of the saved form, which its checksum starts from.
+    path_bytes: usize,
+    deleted: usize,
 }
 
 impl Marks {
@@ -61,6 +65,16 @@ impl Marks {
         self.bytes.len()
     }
 
+    /// The length of all paths.
+    pub fn path_bytes(&self) -> usize {
+        self.path_bytes
+    }
+
+    /// How many records are [`Mark::Deleted`].
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+
     pub fn is_empty(&self) -> bool {
         self.starts.is_empty()
     }
@@ -81,10 +95,12 @@ impl Marks {
             self.resize_index(self.len() + 1);
         }
         let hash = self.hasher.hash_one(path);
+        let deleted = usize::from(matches!(mark, Mark::Deleted(_)));
         match self.find(hash, path) {
             Ok(i) => {
                 let (_, at) = read_path(&self.bytes, self.start(i));
-                let old_end = read_mark(&self.bytes, at).1;
+                let (old, old_end) = read_mark(&self.bytes, at);
+                self.deleted = self.deleted + deleted - usize::from(matches!(old, Mark::Deleted(_)));
                 // Encoded at the end first: kept there only when it does not fit.
                 let end = self.bytes.len();
                 put_mark(&mut self.bytes, &mark);
@@ -102,6 +118,8 @@ impl Marks {
                 self.slots[slot] = self.tag(hash) | (self.len() + 1) as u32;
                 self.starts.push(self.bytes.len() as u64);
                 self.push_record(path, &mark);
+                self.path_bytes += path.len();
+                self.deleted += deleted;
             }
         }
     }
@@ -387,6 +405,16 @@ mod tests {
             ]
         );
         assert_eq!(marks.get(b"a/x"), Some(m(4)));
+        assert_eq!((marks.path_bytes(), marks.deleted()), (5, 3));
+        let sig = Sig {
+            ino: 1,
+            mode: 0o40755,
+            size: 0,
+            mtime: (0, 0),
+            ctime: (0, 0),
+        };
+        marks.insert(b"a", Mark::Entry(sig));
+        assert_eq!((marks.path_bytes(), marks.deleted()), (5, 2));
         assert_eq!(marks.get(b"a/"), None);
         assert_eq!(marks.get(b""), None);
     }

@@ -374,3 +374,21 @@ fn the_checksum_fed_in_pieces_is_the_checksum_of_the_whole() {
         }
     }
 }
+
+#[test]
+fn records_across_the_pieces_read_are_read_whole() {
+    let mut b = Baseline {
+        taken: Some(T1),
+        ..Baseline::none()
+    };
+    for i in 0..5000u64 {
+        b.marks
+            .insert(format!("d{}/f{i}", i % 7).as_bytes(), Mark::Entry(file(i, T0)));
+        if i == 2500 {
+            b.marks.insert(&vec![b'x'; 100_000], Mark::Deleted(T2));
+        }
+    }
+    let data = b.encode();
+    assert!(data.len() > 4 << 16);
+    assert_eq!(Baseline::decode(&data).unwrap(), b);
+}
