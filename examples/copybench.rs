@@ -11,9 +11,10 @@
 //! copybench track SRC STATE NAME     run a change tracker on the tmpfs SRC, as the agent
 //!                                    does for the mount NAME with state directory STATE,
 //!                                    until killed
-//! copybench gen DIR [FILES] [SEED]   write a test tree: 90% 1–8 KiB files, 10% 64 KiB–1 MiB
-//!                                    (log-uniform), 100 files a directory, 10 directories
-//!                                    a group; default 100000 files
+//! copybench gen DIR [FILES] [SEED] [SIZE]
+//!                                    write a test tree: 90% 1–8 KiB files, 10% 64 KiB–1 MiB
+//!                                    (log-uniform), or all of SIZE bytes; 100 files a
+//!                                    directory, 10 directories a group; default 100000 files
 //! copybench mutate DIR PERMILLE SEED rewrite PERMILLE/1000 of the files below DIR with
 //!                                    new contents of another size
 //! ```
@@ -90,7 +91,8 @@ fn main() -> ExitCode {
         (Some("gen"), Some(dir), _) => {
             let files = arg(2).map_or(100_000, |n| n.parse().expect("FILES is a number"));
             let seed = arg(3).map_or(1, |n| n.parse().expect("SEED is a number"));
-            generate(Path::new(dir), files, seed);
+            let size = arg(4).map(|n| n.parse().expect("SIZE is a number"));
+            generate(Path::new(dir), files, seed, size);
             Ok(())
         }
         (Some("mutate"), Some(dir), Some(permille)) => {
@@ -101,7 +103,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: copybench seed|sync SRC DST [BASE [STATE NAME]] | track SRC STATE NAME | gen DIR [FILES] [SEED] | mutate DIR PERMILLE SEED"
+                "usage: copybench seed|sync SRC DST [BASE [STATE NAME]] | track SRC STATE NAME | gen DIR [FILES] [SEED] [SIZE] | mutate DIR PERMILLE SEED"
             );
             return ExitCode::from(2);
         }
@@ -169,7 +171,7 @@ fn file_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("g{:03}/d{:02}/f{:06}", i / 1000, i / 100 % 10, i))
 }
 
-fn generate(dir: &Path, files: usize, seed: u64) {
+fn generate(dir: &Path, files: usize, seed: u64, size: Option<usize>) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut buf = Vec::new();
     let mut total = 0u64;
@@ -178,7 +180,7 @@ fn generate(dir: &Path, files: usize, seed: u64) {
         if i % 100 == 0 {
             fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
         }
-        let len = rng.size();
+        let len = size.unwrap_or_else(|| rng.size());
         rng.fill(&mut buf, len);
         fs::File::create(&path)
             .and_then(|mut f| f.write_all(&buf))

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use nix::sys::stat::FileStat;
@@ -123,7 +123,7 @@ pub enum Mark {
     Placing(Sig),
 }
 
-pub use super::marks::Marks;
+pub use super::marks::{ByDir, Marks};
 
 /// Paths are relative to the synced root, `/`-separated, without a leading `/`; the
 /// root itself has no record.
@@ -150,7 +150,7 @@ impl Baseline {
         Baseline::default()
     }
 
-    pub fn get(&self, path: &[u8]) -> Option<&Mark> {
+    pub fn get(&self, path: &[u8]) -> Option<Mark> {
         self.marks.get(path)
     }
 
@@ -162,67 +162,83 @@ impl Baseline {
     /// names still stats what it must compare.)
     pub fn unchanged_dir(&self, path: &[u8], now: &Sig) -> bool {
         match (self.listed_after, self.get(path)) {
-            (Some(after), Some(Mark::Entry(sig))) => sig.is_dir() && sig.ctime < after && sig == now,
+            (Some(after), Some(Mark::Entry(sig))) => sig.is_dir() && sig.ctime < after && sig == *now,
             _ => false,
         }
     }
 
-    /// The names each directory's records hold, by the directory's path (`""` for
-    /// the root): the disk directory's names, where [`Self::unchanged_dir`] holds. A
-    /// name remembered as deleted is not on the disk.
-    pub fn names_by_dir(&self) -> HashMap<&[u8], Vec<&[u8]>> {
-        let mut by_dir: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
-        for (path, mark) in self.marks.iter() {
-            if matches!(mark, Mark::Deleted(_)) {
-                continue;
-            }
-            let (dir, name) = super::ops::split_parent(path);
-            by_dir.entry(dir).or_default().push(name);
-        }
-        by_dir
-    }
-
     /// The records of everything below `dir` (not `dir` itself), in no order. A scan
     /// of all records: only needed for a subtree a pass did not walk.
-    pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], &'a Mark)> + 'a {
+    pub fn below<'a>(&'a self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], Mark)> + 'a {
         let mut prefix = dir.to_vec();
         prefix.push(b'/');
         self.marks.iter().filter(move |(p, _)| p.starts_with(&prefix))
     }
 
+    /// The saved form, as [`Baseline::save`] writes it.
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.marks.len() * 80);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&FORMAT.to_le_bytes());
-        let (has, t) = match self.taken {
-            Some(t) => (1u8, t),
-            None => (0, (0, 0)),
-        };
-        out.push(has);
-        put_time(&mut out, t);
-        let (has, t) = match self.listed_after {
-            Some(t) => (1u8, t),
-            None => (0, (0, 0)),
-        };
-        out.push(has);
-        put_time(&mut out, t);
-        out.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
-        // In the order they were made, which the next pass's walk nearly repeats.
-        for (path, mark) in self.marks.iter() {
-            put_record(&mut out, path, mark);
-        }
-        let sum = sum64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
+        let mut out = Vec::new();
+        self.write_to(&mut out).expect("writing to a Vec cannot fail");
         out
     }
 
+    /// Writes the saved form to `out` a record at a time: a million records take
+    /// about 70 MiB saved, which need not be in memory beside them.
+    fn write_to(&self, out: impl Write) -> std::io::Result<()> {
+        // The checksum starts from the length: each record is its path's length, the
+        // path, a kind and a time or a `Sig`.
+        let (n, deleted) = (self.marks.len(), self.marks.deleted());
+        let records = 5 * n + self.marks.path_bytes() + 16 * deleted + SIG_LEN * (n - deleted);
+        let mut out = Summing {
+            out,
+            sum: Sum64::new((HEADER_LEN + records) as u64),
+        };
+        let mut buf = Vec::with_capacity(HEADER_LEN);
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&FORMAT.to_le_bytes());
+        for t in [self.taken, self.listed_after] {
+            let (has, t) = match t {
+                Some(t) => (1u8, t),
+                None => (0, (0, 0)),
+            };
+            buf.push(has);
+            put_time(&mut buf, t);
+        }
+        buf.extend_from_slice(&(self.marks.len() as u64).to_le_bytes());
+        out.write_all(&buf)?;
+        // In the order they were made, which the next pass's walk nearly repeats.
+        // In pieces of 64 KiB: the checksum is fastest over long runs.
+        buf.clear();
+        for (path, mark) in self.marks.iter() {
+            put_record(&mut buf, path, &mark);
+            if buf.len() >= 1 << 16 {
+                out.write_all(&buf)?;
+                buf.clear();
+            }
+        }
+        out.write_all(&buf)?;
+        let sum = out.sum.finish();
+        out.out.write_all(&sum.to_le_bytes())
+    }
+
+    /// Reads what [`Baseline::encode`] wrote.
+    #[cfg(test)]
     pub fn decode(data: &[u8]) -> Result<Baseline, BaselineError> {
-        let body_len = data
-            .len()
-            .checked_sub(8)
-            .ok_or(BaselineError::Corrupt("truncated"))?;
-        let (body, sum) = data.split_at(body_len);
-        let mut r = RecordReader(body);
+        Baseline::read_from(data, data.len() as u64)
+    }
+
+    /// Reads the saved form from `input`, `len` bytes long, a record at a time. The
+    /// checksum is compared at the end; when it does not match, that is the error,
+    /// whatever else was found wrong on the way.
+    fn read_from(input: impl Read, len: u64) -> Result<Baseline, BaselineError> {
+        let body_len = len.checked_sub(8).ok_or(BaselineError::Corrupt("truncated"))?;
+        let mut r = BodyReader {
+            input,
+            left: body_len,
+            buf: Vec::new(),
+            sum: None,
+        };
         if r.take(MAGIC.len())? != MAGIC {
             return Err(BaselineError::Corrupt("not a baseline file"));
         }
@@ -230,10 +246,30 @@ impl Baseline {
         if format > FORMAT {
             return Err(BaselineError::Newer(format));
         }
-        let checksum = if format >= 3 { sum64 } else { fnv1a };
-        if checksum(body).to_le_bytes() != sum {
+        let mut sum = if format >= 3 {
+            Checksum::Words(Sum64::new(body_len))
+        } else {
+            Checksum::Bytes(FNV_BASIS)
+        };
+        sum.update(MAGIC);
+        sum.update(&format.to_le_bytes());
+        r.sum = Some(sum);
+        let read = Baseline::read_records(&mut r, format);
+        // The rest of the body, when reading stopped early, for the checksum.
+        while r.left > 0 {
+            r.take(r.left.min(1 << 16) as usize)?;
+        }
+        let mut stored = [0; 8];
+        r.input.read_exact(&mut stored).map_err(BaselineError::Io)?;
+        let sum = r.sum.take().expect("set above").finish();
+        if sum.to_le_bytes() != stored {
             return Err(BaselineError::Corrupt("checksum mismatch"));
         }
+        read
+    }
+
+    /// Everything after the format.
+    fn read_records(r: &mut BodyReader<impl Read>, format: u32) -> Result<Baseline, BaselineError> {
         let has = r.take(1)?[0];
         let t = r.time()?;
         let taken = (has == 1).then_some(t);
@@ -248,14 +284,34 @@ impl Baseline {
         // Every record is 4 bytes of length and 17 of payload besides its path.
         let count = usize::try_from(count)
             .ok()
-            .filter(|&n| n <= r.0.len() / 21)
+            .filter(|&n| n as u64 <= r.left / 21)
             .ok_or(BaselineError::Corrupt("record count"))?;
-        let mut marks = Marks::with_capacity(count, r.0.len() - count * 21);
+        // Paths and payloads: more than the records take packed (see `Marks`).
+        let bytes = usize::try_from(r.left).unwrap_or(usize::MAX) - count * 21;
+        let mut marks = Marks::with_capacity(count, bytes);
+        // Read in pieces of 64 KiB (the checksum is fastest over long runs), a record
+        // that runs over the end of one completed from the next.
+        let (mut piece, mut at) = (Vec::new(), 0);
         for _ in 0..count {
-            let (path, mark) = r.record()?;
-            marks.insert(path, mark);
+            loop {
+                let mut rr = RecordReader(&piece[at..]);
+                match rr.record() {
+                    Ok((path, mark)) => {
+                        at = piece.len() - rr.0.len();
+                        marks.insert(path, mark);
+                        break;
+                    }
+                    Err(BaselineError::Corrupt("truncated")) if r.left > 0 => {
+                        piece.drain(..at);
+                        at = 0;
+                        let more = r.left.min(1 << 16) as usize;
+                        piece.extend_from_slice(r.take(more)?);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
-        if !r.0.is_empty() {
+        if at < piece.len() || r.left > 0 {
             return Err(BaselineError::Corrupt("trailing bytes"));
         }
         Ok(Baseline {
@@ -268,8 +324,11 @@ impl Baseline {
 
     /// Reads the baseline at `path`; `Ok(None)` when there is none.
     pub fn load(path: &Path) -> Result<Option<Baseline>, BaselineError> {
-        match read_nofollow(path) {
-            Ok(data) => Baseline::decode(&data).map(Some),
+        match open_nofollow(path) {
+            Ok(f) => {
+                let len = f.metadata().map_err(BaselineError::Io)?.len();
+                Baseline::read_from(std::io::BufReader::new(f), len).map(Some)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(BaselineError::Io(e)),
         }
@@ -279,16 +338,27 @@ impl Baseline {
     /// of the directory. A crash leaves the old or the new baseline, both safe to
     /// merge against (the merge never trusts a baseline to be current).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        write_durably(path, &self.encode())
+        write_durably_with(path, |f| {
+            let mut out = std::io::BufWriter::new(f);
+            self.write_to(&mut out)?;
+            out.flush()
+        })
     }
 }
 
 /// The contents of the file at `path`, never through a symlink in its last component
 /// (tmpfsctl's own records: a link planted there is refused, not followed).
 pub fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
+    let mut data = Vec::new();
+    open_nofollow(path)?.read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// The regular file at `path`, opened for reading, never through a symlink in its
+/// last component.
+fn open_nofollow(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
@@ -298,15 +368,21 @@ pub fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
             path.display()
         )));
     }
-    let mut data = Vec::new();
-    f.read_to_end(&mut data)?;
-    Ok(data)
+    Ok(f)
 }
 
 /// Temporary file (created fresh, never through a symlink), `fsync`, rename over
 /// `path`, `fsync` of the directory: readers and a power cut see the old or the new
 /// content.
 pub fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    write_durably_with(path, |f| f.write_all(data))
+}
+
+/// [`write_durably`] with the content written by `write`.
+fn write_durably_with(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut name = path.file_name().unwrap_or_default().to_os_string();
@@ -319,7 +395,7 @@ pub fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    let written = f.write_all(data).and_then(|()| f.sync_all());
+    let written = write(&mut f).and_then(|()| f.sync_all());
     if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -424,30 +500,160 @@ impl<'a> RecordReader<'a> {
     }
 }
 
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+/// The saved form's header: magic, format, `taken` and `listed_after` (a flag and
+/// two i64 each), the record count.
+const HEADER_LEN: usize = MAGIC.len() + 4 + 2 * 17 + 8;
+/// A saved [`Sig`]: ino, mode, size, mtime, ctime.
+const SIG_LEN: usize = 8 + 4 + 8 + 16 + 16;
+
 /// FNV-1a: the checksum of the state's small binary records (and of format-2
 /// baselines).
 pub fn fnv1a(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    fnv1a_from(FNV_BASIS, data)
+}
+
+fn fnv1a_from(h: u64, data: &[u8]) -> u64 {
+    data.iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
 }
 
 /// The checksum of a baseline (megabytes for a large tree): FNV's multiply-xor a word
 /// at a time, each step folding the high half down so every bit reaches the rest, and
 /// the length mixed in. It detects damage, it authenticates nothing.
 pub fn sum64(data: &[u8]) -> u64 {
-    let step = |h: u64, w: u64| {
-        let h = (h ^ w).wrapping_mul(0x0100_0000_01b3);
-        h ^ (h >> 32)
-    };
-    let mut chunks = data.chunks_exact(8);
-    let mut h = 0xcbf2_9ce4_8422_2325 ^ data.len() as u64;
-    for c in &mut chunks {
-        h = step(h, u64::from_le_bytes(c.try_into().expect("chunks of 8")));
+    let mut sum = Sum64::new(data.len() as u64);
+    sum.update(data);
+    sum.finish()
+}
+
+/// [`sum64`] fed piece by piece, of data whose length is known beforehand.
+struct Sum64 {
+    h: u64,
+    /// The bytes of a word not complete yet.
+    pending: [u8; 8],
+    pending_len: usize,
+}
+
+impl Sum64 {
+    fn new(len: u64) -> Sum64 {
+        Sum64 {
+            h: FNV_BASIS ^ len,
+            pending: [0; 8],
+            pending_len: 0,
+        }
     }
-    let mut last = [0u8; 8];
-    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-    step(h, u64::from_le_bytes(last))
+
+    fn step(&mut self, word: [u8; 8]) {
+        let h = (self.h ^ u64::from_le_bytes(word)).wrapping_mul(FNV_PRIME);
+        self.h = h ^ (h >> 32);
+    }
+
+    fn update(&mut self, mut data: &[u8]) {
+        if self.pending_len > 0 {
+            let n = data.len().min(8 - self.pending_len);
+            self.pending[self.pending_len..self.pending_len + n].copy_from_slice(&data[..n]);
+            self.pending_len += n;
+            data = &data[n..];
+            if self.pending_len < 8 {
+                return;
+            }
+            self.step(self.pending);
+            self.pending_len = 0;
+        }
+        let mut words = data.chunks_exact(8);
+        for w in &mut words {
+            self.step(w.try_into().expect("chunks of 8"));
+        }
+        let rest = words.remainder();
+        self.pending[..rest.len()].copy_from_slice(rest);
+        self.pending_len = rest.len();
+    }
+
+    /// The last word, padded with zeros (a whole one of zeros if none is left).
+    fn finish(mut self) -> u64 {
+        self.pending[self.pending_len..].fill(0);
+        self.step(self.pending);
+        self.h
+    }
+}
+
+/// The checksum of a baseline being read: [`sum64`], or [`fnv1a`] before format 3.
+enum Checksum {
+    Words(Sum64),
+    Bytes(u64),
+}
+
+impl Checksum {
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            Checksum::Words(s) => s.update(data),
+            Checksum::Bytes(h) => *h = fnv1a_from(*h, data),
+        }
+    }
+
+    fn finish(self) -> u64 {
+        match self {
+            Checksum::Words(s) => s.finish(),
+            Checksum::Bytes(h) => h,
+        }
+    }
+}
+
+/// A writer that checksums what passes through it.
+struct Summing<W> {
+    out: W,
+    sum: Sum64,
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Reads a saved baseline's body (all but the checksum) in pieces, checksumming them
+/// once the format is known.
+struct BodyReader<R> {
+    input: R,
+    /// Body bytes not read yet.
+    left: u64,
+    buf: Vec<u8>,
+    sum: Option<Checksum>,
+}
+
+impl<R: Read> BodyReader<R> {
+    fn take(&mut self, n: usize) -> Result<&[u8], BaselineError> {
+        if self.left < n as u64 {
+            return Err(BaselineError::Corrupt("truncated"));
+        }
+        self.buf.resize(n, 0);
+        self.input.read_exact(&mut self.buf).map_err(BaselineError::Io)?;
+        self.left -= n as u64;
+        if let Some(sum) = &mut self.sum {
+            sum.update(&self.buf);
+        }
+        Ok(&self.buf)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], BaselineError> {
+        Ok(self.take(N)?.try_into().expect("take returned N bytes"))
+    }
+
+    fn time(&mut self) -> Result<Time, BaselineError> {
+        Ok((
+            i64::from_le_bytes(self.array()?),
+            i64::from_le_bytes(self.array()?),
+        ))
+    }
 }
 
 /// The RAM (source) side of one name.

@@ -21,7 +21,7 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
-use super::baseline::{now_coarse, Mark, Sig};
+use super::baseline::{now_coarse, Mark, Marks, Sig};
 use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
 use super::place::{deleted, put_in_place, DiskDeletions, Place, Placed};
@@ -102,11 +102,12 @@ struct Shared {
     /// `noreplace` renames not done because the name existed by then.
     not_placed: AtomicU64,
     /// Files put in place, by relative path, as they are once there (a rename changes
-    /// the ctime): the next baseline's records.
-    placed: Mutex<Vec<(Box<[u8]>, Sig)>>,
+    /// the ctime): the next baseline's records, packed as it packs them (a full first
+    /// write-back puts every file of the tree here).
+    placed: Mutex<Marks>,
     /// Files not put in place because the application replaced or deleted them
     /// meanwhile: what the next baseline remembers of them.
-    kept: Mutex<Vec<(Box<[u8]>, Mark)>>,
+    kept: Mutex<Marks>,
 }
 
 impl Shared {
@@ -200,9 +201,9 @@ pub(super) struct Finished {
     /// `noreplace` renames that found their name taken: the temporary was dropped.
     pub(super) not_placed: u64,
     /// Files put in place, by relative path, as they are there.
-    pub(super) placed: Vec<(Box<[u8]>, Sig)>,
+    pub(super) placed: Marks,
     /// Files the application replaced or deleted before they could be put in place.
-    pub(super) kept: Vec<(Box<[u8]>, Mark)>,
+    pub(super) kept: Marks,
 }
 
 fn work(
@@ -318,7 +319,7 @@ fn keep_theirs(
             .kept
             .lock()
             .expect("no worker panics holding it")
-            .push((key.into(), m));
+            .insert(key, m);
     }
     noted.map(|()| placed)
 }
@@ -335,6 +336,6 @@ fn note_placed(r: &Rename, shared: &Shared, journal: Option<&Journal>) -> Result
         .placed
         .lock()
         .expect("no worker panics holding it")
-        .push((key.into(), sig));
+        .insert(key, Mark::Entry(sig));
     Ok(true)
 }

@@ -132,7 +132,7 @@ impl Journal {
             match mark {
                 Mark::Placing(_) => {
                     if let Some(before) = base.marks.get(&p).filter(|m| !matches!(m, Mark::Placing(_))) {
-                        base.placing_before.insert(p.clone(), *before);
+                        base.placing_before.insert(p.clone(), before);
                     }
                 }
                 _ => {
@@ -178,7 +178,7 @@ mod tests {
         drop(j);
         let mut again = base(Some((100, 0)));
         assert_eq!(Journal::replay(&path, &mut again).unwrap(), 2);
-        assert_eq!(again.get(b"d/b"), Some(&Mark::DiskWon(sig(2))));
+        assert_eq!(again.get(b"d/b"), Some(Mark::DiskWon(sig(2))));
         // Reopened for the same baseline: appended to, not replaced.
         let j = Journal::open(&path, &again).unwrap();
         j.note(b"c", &Mark::Deleted((9, 9))).unwrap();

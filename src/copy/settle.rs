@@ -45,31 +45,24 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
     let settled = baseline::now_after_tick();
     if !changed.is_empty() {
         let fresh: Vec<(&[u8], Sig)> = {
-            // Per directory to read again: the names the new baseline puts in it, and
-            // those it remembers as deleted (back on the disk, the next pass must see
-            // them to merge the RAM's side against that record).
-            let mut expected: HashMap<&[u8], Vec<&[u8]>> = HashMap::new();
-            let mut deleted: HashMap<&[u8], HashSet<&[u8]>> = HashMap::new();
+            // Per directory to read again: how many names the new baseline puts in it,
+            // each of which must be there. (A count, not the names: after a full
+            // first pass every directory is read again.)
+            let mut expected: HashMap<&[u8], usize> = changed.iter().map(|p| (&**p, 0)).collect();
             for (path, mark) in base.marks.iter() {
-                let (dir, name) = split_parent(path);
-                if !changed.contains(dir) {
-                    continue;
-                }
-                if matches!(mark, Mark::Deleted(_)) {
-                    deleted.entry(dir).or_default().insert(name);
-                } else {
-                    expected.entry(dir).or_default().push(name);
+                if !matches!(mark, Mark::Deleted(_)) {
+                    if let Some(n) = expected.get_mut(split_parent(path).0) {
+                        *n += 1;
+                    }
                 }
             }
             changed
                 .iter()
                 .filter_map(|path| {
-                    let Some(Mark::Entry(walked)) = base.get(path).copied() else {
+                    let Some(Mark::Entry(walked)) = base.get(path) else {
                         return None;
                     };
-                    let names = expected.get(&**path).map_or(&[][..], Vec::as_slice);
-                    let gone = deleted.get(&**path);
-                    let sig = match reread(root, path, names, gone, settled) {
+                    let sig = match reread(root, path, expected[&**path], base, settled) {
                         Some(now) if now.ino == walked.ino => now,
                         _ => Sig {
                             ctime: UNTRUSTED,
@@ -88,15 +81,10 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
 }
 
 /// The directory at `path` below `root` as it is now, if its ctime is before `settled`
-/// and it holds every one of `names` and none of `gone` (it may hold more: names the
-/// disk has on its own).
-fn reread(
-    root: BorrowedFd<'_>,
-    path: &[u8],
-    names: &[&[u8]],
-    gone: Option<&HashSet<&[u8]>>,
-    settled: Time,
-) -> Option<Sig> {
+/// and it holds every one of the `expected` names `base` records in it and none it
+/// remembers as deleted (back on the disk, the next pass must see them to merge the
+/// RAM's side against that record). It may hold more: names the disk has on its own.
+fn reread(root: BorrowedFd<'_>, path: &[u8], expected: usize, base: &Baseline, settled: Time) -> Option<Sig> {
     let fd = beneath(root, Path::new(OsStr::from_bytes(path))).ok()?;
     let before = Sig::of(&stat::fstat(&fd).ok()?);
     if before.ctime >= settled {
@@ -107,9 +95,23 @@ fn reread(
     if after != before {
         return None;
     }
+    // A listing read while names are renamed may hold one twice.
     let listed: HashSet<&[u8]> = listed.iter().map(|n| n.name.to_bytes()).collect();
-    let back = gone.is_some_and(|g| listed.iter().any(|n| g.contains(n)));
-    (!back && names.iter().all(|n| listed.contains(n))).then_some(before)
+    let mut found = 0;
+    let mut full = path.to_vec();
+    for name in listed {
+        full.truncate(path.len());
+        if !path.is_empty() {
+            full.push(b'/');
+        }
+        full.extend_from_slice(name);
+        match base.get(&full) {
+            Some(Mark::Deleted(_)) => return None,
+            Some(_) => found += 1,
+            None => {}
+        }
+    }
+    (found == expected).then_some(before)
 }
 
 /// Opens the directory `rel` below `root` without following a symlink or leaving the

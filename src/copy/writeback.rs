@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use nix::errno::Errno;
 use nix::sys::stat::{self, FileStat};
 
-use super::baseline::{self, Baseline, Mark, Sig, Time};
+use super::baseline::{self, Baseline, Sig, Time};
 use super::durable::{DstDir, Durable};
 use super::error::{dst_err, src_err, CopyError, Failed};
 use super::journal::Journal;
@@ -275,19 +275,17 @@ fn sync_pass(
     let filter = dirty
         .and_then(|ask| ask())
         .and_then(|d| Filter::new(base, &d, dst_fd.as_fd()));
-    let children = filter.as_ref().map(|_| tracked::children(base));
+    // One index for the trusted listings and the skipped subtrees.
+    let by_dir = (base.listed_after.is_some() || filter.is_some()).then(|| base.marks.by_dir());
     std::thread::scope(|scope| {
         let mut syncer = Syncer {
             base,
             journal,
             deletions,
             // Most records are carried over or made again: room for all at once.
-            marks: baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes()),
-            disk_names: if base.listed_after.is_some() {
-                base.names_by_dir()
-            } else {
-                HashMap::new()
-            },
+            marks: baseline::Marks::with_capacity(base.marks.len(), base.marks.byte_len()),
+            by_dir,
+            tracked: filter.is_some(),
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -299,16 +297,15 @@ fn sync_pass(
             scan: scan::start(scope, src_fd, src_st, filter.as_ref()),
             durable: Durable::start(scope, journal, deletions),
             waiting: HashMap::new(),
-            children,
             linked_changed: false,
         };
-        syncer.reporter.stats.tracked = filter.is_some();
+        syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
         let Syncer {
             mut reporter,
             durable,
             scan,
-            mut marks,
+            marks,
             linked_changed,
             touched,
             ..
@@ -319,11 +316,26 @@ fn sync_pass(
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
         reporter.stats.kept_disk += finished.not_placed;
-        for (path, sig) in finished.placed {
-            marks.insert(&path, Mark::Entry(sig));
-        }
-        for (path, mark) in finished.kept {
-            marks.insert(&path, mark);
+        // The files put in place hold over the walk's records (a file is recorded
+        // once there). A full first pass puts nearly every record there: the walk's
+        // are then added to those, not copied.
+        let mut marks = if finished.placed.len() > marks.len() {
+            let mut placed = finished.placed;
+            for (path, mark) in marks.iter() {
+                if placed.get(path).is_none() {
+                    placed.insert(path, mark);
+                }
+            }
+            placed
+        } else {
+            let mut marks = marks;
+            for (path, mark) in finished.placed.iter() {
+                marks.insert(path, mark);
+            }
+            marks
+        };
+        for (path, mark) in finished.kept.iter() {
+            marks.insert(path, mark);
         }
         reporter.report();
         let mut baseline = Baseline {
@@ -424,8 +436,11 @@ struct Syncer<'p, 'b> {
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
     /// The next baseline's records, in the order made (the last of a path holds).
     marks: baseline::Marks,
-    /// The names the baseline holds by disk directory, where it may be trusted.
-    disk_names: HashMap<&'b [u8], Vec<&'b [u8]>>,
+    /// The baseline's records by directory: the names of each disk directory where
+    /// they may be trusted, and in a tracked pass the skipped subtrees to carry over.
+    by_dir: Option<baseline::ByDir<'b>>,
+    /// The pass reads only the RAM directories that changed (see [`Dirty`]).
+    tracked: bool,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,
@@ -443,9 +458,6 @@ struct Syncer<'p, 'b> {
     durable: Durable,
     /// Directories left with renames still pending, by [`DstDir::key`].
     waiting: HashMap<usize, Left>,
-    /// In a tracked pass: the baseline's records by directory, to carry skipped
-    /// subtrees over.
-    children: Option<tracked::Children<'b>>,
     /// A tracked pass met a multiply-linked file changed since the baseline.
     linked_changed: bool,
 }

@@ -266,7 +266,7 @@ fn a_directory_record_is_trusted_only_when_read_after_its_ctime_and_equal() {
 }
 
 #[test]
-fn names_by_dir_holds_what_is_on_disk_under_each_directory() {
+fn by_dir_holds_the_records_and_names_under_each_directory() {
     let mut b = Baseline::none();
     b.marks.insert(b"a", Mark::Entry(dir(1, T0)));
     b.marks.insert(b"a/x", Mark::Entry(file(2, T0)));
@@ -274,16 +274,14 @@ fn names_by_dir_holds_what_is_on_disk_under_each_directory() {
     b.marks.insert(b"a/gone", Mark::Deleted(T0));
     b.marks.insert(b"a/y/z", Mark::Entry(file(4, T0)));
     b.marks.insert(b"top", Mark::Entry(file(5, T0)));
-    let by_dir = b.names_by_dir();
-    let names = |d: &[u8]| {
-        let mut v: Vec<&[u8]> = by_dir.get(d).cloned().unwrap_or_default();
-        v.sort();
-        v
-    };
+    let by_dir = b.marks.by_dir();
+    let names = |d: &[u8]| by_dir.names(d).collect::<Vec<_>>();
     assert_eq!(names(b""), [&b"a"[..], b"top"]);
     assert_eq!(names(b"a"), [&b"x"[..], b"y"]);
     assert_eq!(names(b"a/y"), [&b"z"[..]]);
-    assert_eq!(by_dir.len(), 3);
+    assert_eq!(names(b"a/x"), [&b""[..]; 0]);
+    let records: Vec<_> = by_dir.records(b"a").map(|(p, _)| p).collect();
+    assert_eq!(records, [&b"a/x"[..], b"a/y", b"a/gone"]);
 }
 
 #[test]
@@ -358,4 +356,39 @@ fn saved_durably_and_loaded_back() {
         1,
         "no temporary left"
     );
+}
+
+#[test]
+fn the_checksum_fed_in_pieces_is_the_checksum_of_the_whole() {
+    let data: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(37)).collect();
+    for len in [0, 1, 7, 8, 9, 64, 100] {
+        for cuts in [&[][..], &[1], &[3, 5], &[7, 9, 16, 17]] {
+            let mut sum = Sum64::new(len as u64);
+            let mut at = 0;
+            for &c in cuts.iter().filter(|&&c| c <= len) {
+                sum.update(&data[at..c]);
+                at = c;
+            }
+            sum.update(&data[at..len]);
+            assert_eq!(sum.finish(), sum64(&data[..len]), "{len} {cuts:?}");
+        }
+    }
+}
+
+#[test]
+fn records_across_the_pieces_read_are_read_whole() {
+    let mut b = Baseline {
+        taken: Some(T1),
+        ..Baseline::none()
+    };
+    for i in 0..5000u64 {
+        b.marks
+            .insert(format!("d{}/f{i}", i % 7).as_bytes(), Mark::Entry(file(i, T0)));
+        if i == 2500 {
+            b.marks.insert(&vec![b'x'; 100_000], Mark::Deleted(T2));
+        }
+    }
+    let data = b.encode();
+    assert!(data.len() > 4 << 16);
+    assert_eq!(Baseline::decode(&data).unwrap(), b);
 }

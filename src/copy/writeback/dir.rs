@@ -67,10 +67,12 @@ impl Syncer<'_, '_> {
 
     /// The disk directory at `path`'s names as the baseline holds them.
     pub(super) fn names_in_baseline(&self, path: &[u8]) -> Option<Vec<Name>> {
-        let names = self.disk_names.get(path).map_or(&[][..], Vec::as_slice);
-        names
-            .iter()
-            .map(|n| CString::new(*n).ok().map(|name| Name { name, dtype: None }))
+        let Some(by_dir) = &self.by_dir else {
+            return Some(Vec::new());
+        };
+        by_dir
+            .names(path)
+            .map(|n| CString::new(n).ok().map(|name| Name { name, dtype: None }))
             .collect()
     }
 

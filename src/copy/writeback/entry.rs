@@ -44,7 +44,7 @@ impl Syncer<'_, '_> {
             self.reporter.stats.dirs_skipped += 1;
             return Ok(Stepped::default());
         }
-        if self.children.is_some()
+        if self.tracked
             && s.st_nlink > 1
             && file_type(&s) != libc::S_IFDIR
             && self.base.taken.is_none_or(|t| ctime(&s) >= t)

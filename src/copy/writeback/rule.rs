@@ -60,7 +60,7 @@ impl Syncer<'_, '_> {
     /// it: a name an interrupted pass was putting in place counts as agreed on if it
     /// is there, and as unknown if not.
     pub(super) fn base_mark(&self, path: &[u8], disk: Disk) -> Option<Mark> {
-        match self.base.get(path).copied() {
+        match self.base.get(path) {
             Some(Mark::Placing(sig)) => match disk {
                 Disk::Present(d) if sig.same_but_ctime(&d) => Some(Mark::Entry(d)),
                 _ => self.base.placing_before.get(path).copied(),
@@ -107,7 +107,7 @@ impl Syncer<'_, '_> {
             (Verdict::Disk(None), Some(d)) if file_type(d) != libc::S_IFDIR => Mark::DiskWon(Sig::of(d)),
             _ => return Ok(()),
         };
-        if self.base.get(&path) == Some(&mark) {
+        if self.base.get(&path) == Some(mark) {
             // Known already: carried, not journaled again.
             self.marks.insert(&path, mark);
             return Ok(());
@@ -134,22 +134,23 @@ impl Syncer<'_, '_> {
         let base = self.base;
         let mut present = 0;
         if let Some(m) = base.get(path) {
-            present += self.carry_mark(path, *m);
+            present += self.carry_mark(path, m);
         }
-        match self.children.take() {
-            Some(children) => {
+        match self.by_dir.take() {
+            Some(by_dir) if self.tracked => {
                 let mut todo = vec![path];
                 while let Some(dir) = todo.pop() {
-                    for &(p, m) in children.get(dir).map_or(&[][..], Vec::as_slice) {
+                    for (p, m) in by_dir.records(dir) {
                         present += self.carry_mark(p, m);
                         todo.push(p);
                     }
                 }
-                self.children = Some(children);
+                self.by_dir = Some(by_dir);
             }
-            None => {
+            by_dir => {
+                self.by_dir = by_dir;
                 for (p, m) in base.below(path) {
-                    present += self.carry_mark(p, *m);
+                    present += self.carry_mark(p, m);
                 }
             }
         }
@@ -183,8 +184,8 @@ impl Syncer<'_, '_> {
             return false;
         }
         let mark = match self.base.get(path) {
-            Some(&m @ Mark::Entry(sig)) if !sig.is_dir() => m,
-            Some(&m @ Mark::DiskWon(sig)) if !sig.is_dir() && ram <= sig.ctime => m,
+            Some(m @ Mark::Entry(sig)) if !sig.is_dir() => m,
+            Some(m @ Mark::DiskWon(sig)) if !sig.is_dir() && ram <= sig.ctime => m,
             _ => return false,
         };
         self.marks.insert(path, mark);

@@ -20,7 +20,7 @@
 //! changed multiply-linked file asks for a full pass after it
 //! ([`super::SyncStats::full_pass_needed`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::os::fd::BorrowedFd;
 
 use nix::fcntl::AtFlags;
@@ -109,22 +109,6 @@ fn disk_dir(dst: BorrowedFd<'_>, path: &[u8]) -> Option<FileStat> {
     stat::fstatat(dst, at, AtFlags::AT_SYMLINK_NOFOLLOW)
         .ok()
         .filter(|st| file_type(st) == libc::S_IFDIR)
-}
-
-/// The baseline's records by the directory they are in (path and record).
-pub(crate) type Children<'b> = HashMap<&'b [u8], Vec<(&'b [u8], Mark)>>;
-
-/// The baseline's records by the directory they are in, to carry a skipped subtree
-/// over without a scan of every record.
-pub(crate) fn children(base: &Baseline) -> Children<'_> {
-    let mut by_dir: Children<'_> = HashMap::new();
-    for (path, mark) in base.marks.iter() {
-        by_dir
-            .entry(split_parent(path).0)
-            .or_default()
-            .push((path, *mark));
-    }
-    by_dir
 }
 
 #[cfg(test)]
