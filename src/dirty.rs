@@ -26,7 +26,6 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -44,7 +43,7 @@ use nix::sys::fanotify::{Fanotify, MaskFlags};
 use crate::copy::baseline::{read_nofollow, Time};
 use crate::copy::{Dirty, TEMP_PREFIX};
 use crate::host::fanotify::{fd_path, filesystem_group, open_handle, parse, Event, Handle};
-use crate::state::State;
+use crate::state::{write_quick, State};
 
 /// How long a write-back waits for the tracker's answer before it reads everything.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
@@ -196,7 +195,7 @@ impl ChangeTracker {
         let mut gone = Vec::new();
         for handle in self.dirs.keys() {
             match self.relative(&root, handle) {
-                Resolved::At(p) => dirty.dirs.push(p),
+                Resolved::At(p, _) => dirty.dirs.push(p),
                 Resolved::Gone => gone.push(handle.clone()),
                 Resolved::Unknown => {
                     return Answer::Untracked("a changed directory could not be found".into())
@@ -205,7 +204,7 @@ impl ChangeTracker {
         }
         for (handle, name) in self.subtrees.keys() {
             match self.relative(&root, handle) {
-                Resolved::At(parent) => {
+                Resolved::At(parent, _) => {
                     let mut path = parent.into_vec();
                     if !path.is_empty() {
                         path.push(b'/');
@@ -221,10 +220,8 @@ impl ChangeTracker {
         for handle in self.objects.keys() {
             match self.relative(&root, handle) {
                 // A file: the directory it is in now (one of its names, if several).
-                Resolved::At(p) if !self.is_dir(handle) => {
-                    dirty.dirs.push(crate::copy::parent_of(&p).into());
-                }
-                Resolved::At(p) => dirty.dirs.push(p),
+                Resolved::At(p, false) => dirty.dirs.push(crate::copy::parent_of(&p).into()),
+                Resolved::At(p, true) => dirty.dirs.push(p),
                 Resolved::Gone => objects_gone.push(handle.clone()),
                 Resolved::Unknown => return Answer::Untracked("a changed file could not be found".into()),
             }
@@ -242,22 +239,20 @@ impl ChangeTracker {
         Answer::Changed(dirty)
     }
 
-    fn is_dir(&self, handle: &Handle) -> bool {
-        open_handle(self.root.as_fd(), handle)
-            .and_then(|fd| nix::sys::stat::fstat(&fd))
-            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
-    }
-
     fn relative(&self, root: &[u8], handle: &Handle) -> Resolved {
         let fd = match open_handle(self.root.as_fd(), handle) {
             Ok(fd) => fd,
             Err(Errno::ESTALE | Errno::ENOENT) => return Resolved::Gone,
             Err(_) => return Resolved::Unknown,
         };
+        let Ok(st) = nix::sys::stat::fstat(&fd) else {
+            return Resolved::Unknown;
+        };
         // Deleted, but still open somewhere: nothing in it is written back.
-        if nix::sys::stat::fstat(&fd).is_ok_and(|st| st.st_nlink == 0) {
+        if st.st_nlink == 0 {
             return Resolved::Gone;
         }
+        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let Some(path) = fd_path(fd.as_fd()) else {
             return Resolved::Unknown;
         };
@@ -269,7 +264,7 @@ impl ChangeTracker {
             path.strip_prefix(root).and_then(|r| r.strip_prefix(b"/"))
         };
         match rel {
-            Some(rel) => Resolved::At(rel.into()),
+            Some(rel) => Resolved::At(rel.into(), dir),
             // Not below the root this tmpfs is seen at: a directory of the same
             // filesystem detached from it cannot be written back.
             None => Resolved::Gone,
@@ -278,7 +273,8 @@ impl ChangeTracker {
 }
 
 enum Resolved {
-    At(Box<[u8]>),
+    /// Its path, and whether it is a directory.
+    At(Box<[u8]>, bool),
     Gone,
     Unknown,
 }
@@ -298,7 +294,7 @@ impl Running {
         state.ensure_dirs()?;
         let answers = answer_path(state, name);
         let advert = advert_path(state, name);
-        write_replacing(&advert, format!("{}\n", std::process::id()).as_bytes())?;
+        write_quick(&advert, format!("{}\n", std::process::id()).as_bytes())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let name = name.to_string();
@@ -312,7 +308,7 @@ impl Running {
                     }
                     for (nonce, taken) in tracker.drain() {
                         let answer = tracker.answer(taken);
-                        if let Err(e) = write_replacing(&answers, &encode(nonce, &answer)) {
+                        if let Err(e) = write_quick(&answers, &encode(nonce, &answer)) {
                             tracing::warn!("{name}: {e:#}");
                         }
                     }
@@ -343,24 +339,6 @@ fn answer_path(state: &State, name: &str) -> PathBuf {
 
 fn advert_path(state: &State, name: &str) -> PathBuf {
     state.dir().join("mounts").join(format!("{name}.tracker"))
-}
-
-/// Replaces `path` through a new file and a rename: a reader sees the old or the
-/// new contents.
-fn write_replacing(path: &Path, data: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp~");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(data))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 const MAGIC: &[u8] = b"tmpfsctl-dirty 1\n";

@@ -540,7 +540,7 @@ pub fn unix_now() -> u64 {
 
 /// Replaces a record that is rewritten often and only read by `status`:
 /// atomic, but not worth an fsync.
-fn write_quick(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_quick(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension("json.tmp~");
     let _ = fs::remove_file(&tmp);
     fs::OpenOptions::new()

@@ -183,6 +183,12 @@ const GIVE_BACK_ROUNDS: usize = 10_000;
 ///
 /// `Taken` when the application's entry ends under the name; `Deleted` when the
 /// application deleted the name meanwhile: its deletion is the newest change.
+///
+/// `EBUSY` after [`GIVE_BACK_ROUNDS`] rounds, each lost to a rename between two
+/// adjacent system calls of ours: the name then holds an application's version, but
+/// `temp` may hold a newer one, which the caller removes with its temporary. Only
+/// an application renaming over one name without pause for the whole time can get
+/// there, and its next rename replaces the name anyway.
 fn give_back(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, placed: OwnedFd) -> nix::Result<Placed> {
     let mut placed = placed;
     for _ in 0..GIVE_BACK_ROUNDS {
