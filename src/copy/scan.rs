@@ -87,11 +87,14 @@ pub(super) enum ScanEvent {
     /// descriptor, with its names sorted. `mount`: on another filesystem, so not
     /// entered (`entries` is empty). Every directory among the entries of an `Enter`
     /// gets its own `Enter` … `Leave` (or `Gone`) in turn, in the entries' order.
+    /// `new`: a tracked scan's filter says the directory, or one above it, was created
+    /// or moved in since the baseline, so its names are new at their paths.
     Enter {
         fd: OwnedFd,
         st: FileStat,
         entries: Vec<SrcEntry>,
         mount: bool,
+        new: bool,
     },
     Leave,
     /// The directory vanished or was replaced before it could be opened.
@@ -208,6 +211,7 @@ impl Scan<'_> {
                 st,
                 entries: Vec::new(),
                 mount: true,
+                new: in_new,
             };
             return Ok(self.send(mount).ok().map(|()| empty));
         }
@@ -241,6 +245,7 @@ impl Scan<'_> {
             st,
             entries,
             mount: false,
+            new: in_new,
         };
         Ok(self.send(event).ok().map(|()| level))
     }

@@ -413,6 +413,9 @@ struct Frame {
     /// names hold what they held then: a directory renamed or exchanged in RAM gets a
     /// new ctime, its entries (and their subdirectories) do not.
     ram_kept: bool,
+    /// The tracker saw this directory, or one above it, created or moved in: its
+    /// names are new at their paths whatever their ctimes say.
+    new: bool,
     rel_len: usize,
 }
 

@@ -370,3 +370,30 @@ fn a_directory_mode_changed_on_disk_stays_through_later_passes() {
         assert_eq!(mode(&dst.join("d")), 0o750);
     });
 }
+
+/// The pass unlinks one name of a disk inode after it compared another (walk order:
+/// `a/y` before `z/x`), which gives `a/y` a new ctime. When the RAM then deletes
+/// `a/y`, that ctime must not pass for a change of the disk's that keeps it.
+#[test]
+fn a_name_compared_before_the_pass_unlinked_its_other_name_goes_when_deleted() {
+    with_trees(|src, dst| {
+        fs::create_dir_all(src.join("a")).unwrap();
+        fs::create_dir_all(src.join("z")).unwrap();
+        fs::write(src.join("a/y"), "linked").unwrap();
+        fs::hard_link(src.join("a/y"), src.join("z/x")).unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::remove_file(src.join("z/x")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert!(!dst.join("z/x").exists());
+        tick();
+        fs::remove_file(src.join("a/y")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        assert!(!dst.join("a/y").exists(), "a/y resurrected");
+    });
+}

@@ -61,6 +61,7 @@ impl Syncer<'_, '_> {
             ram_meta: true,
             trusted,
             ram_kept: false,
+            new: false,
             rel_len: self.rel.len(),
         })
     }
@@ -84,7 +85,7 @@ impl Syncer<'_, '_> {
         parent: &Frame,
         name: &CStr,
         path: Vec<u8>,
-        (src, s, entries, mount): (OwnedFd, FileStat, Vec<SrcEntry>, bool),
+        (src, s, entries, mount, new): (OwnedFd, FileStat, Vec<SrcEntry>, bool, bool),
         d: Option<FileStat>,
         ram_meta: bool,
         tentative: Option<Time>,
@@ -151,6 +152,7 @@ impl Syncer<'_, '_> {
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
         frame.ram_kept = parent.ram_kept && self.base.taken.is_some_and(|t| ctime(&s) < t);
+        frame.new = new;
         frame.tentative = tentative;
         frame.ram_meta = ram_meta;
         self.rel.push(name);

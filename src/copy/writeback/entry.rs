@@ -44,10 +44,13 @@ impl Syncer<'_, '_> {
             self.reporter.stats.dirs_skipped += 1;
             return Ok(Stepped::default());
         }
+        // A name new at its path through a directory moved in above it keeps its
+        // ctime: new all the same, and possibly of a group with names in skipped
+        // directories, to which the full pass would link it.
         if self.tracked
             && s.st_nlink > 1
             && file_type(&s) != libc::S_IFDIR
-            && self.base.taken.is_none_or(|t| ctime(&s) >= t)
+            && (parent.new || self.base.taken.is_none_or(|t| ctime(&s) >= t))
         {
             self.linked_changed = true;
         }
@@ -98,6 +101,7 @@ impl Syncer<'_, '_> {
                 st,
                 entries,
                 mount,
+                new,
             } => {
                 let disk_file = d.as_ref().is_some_and(|d| file_type(d) != libc::S_IFDIR);
                 if disk_file && verdict != Verdict::Ram {
@@ -121,7 +125,7 @@ impl Syncer<'_, '_> {
                     parent,
                     name,
                     path,
-                    (fd, st, entries, mount),
+                    (fd, st, entries, mount, new),
                     d,
                     ram_meta,
                     tentative,
