@@ -1,5 +1,5 @@
 //! A tracked pass: the write-back told which RAM directories changed since the
-//! baseline (by the agent's tracker, see [`crate::track`]) visits only those, and
+//! baseline (by the agent's tracker, see [`crate::dirty`]) visits only those, and
 //! carries the baseline's records of every other subtree over unread.
 //!
 //! A RAM subdirectory is skipped, neither listed nor its entries stated, when all of
@@ -17,8 +17,8 @@
 //! A skipped subtree is then unchanged on both sides since the baseline, and a full
 //! pass would only have confirmed its records. One case a directory cannot tell: a
 //! hard-linked file changed through a name in another directory. A pass that meets a
-//! changed multiply-linked file asks for a full pass after it
-//! ([`super::SyncStats::full_pass_needed`]).
+//! changed multiply-linked file (or one new at its path: in a directory moved in)
+//! asks for a full pass after it ([`super::sync_tree`]).
 
 use std::collections::HashSet;
 use std::os::fd::BorrowedFd;
