@@ -397,3 +397,30 @@ fn a_name_compared_before_the_pass_unlinked_its_other_name_goes_when_deleted() {
         assert!(!dst.join("a/y").exists(), "a/y resurrected");
     });
 }
+
+/// A hard link the disk's side made to a name neither side changed since stays
+/// through a pass that reads that name again (its RAM directory changed): the two
+/// sides agree on it. (`TRK_SEED=426` of `writeback_tracked` has the case where a
+/// pass replaced such a name by an inode of its own, so that a later change the disk
+/// made through the other name no longer showed through this one.)
+#[test]
+fn a_link_the_disk_made_to_an_unchanged_name_stays() {
+    use std::os::unix::fs::MetadataExt;
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("a")).unwrap();
+        fs::write(src.join("a/x"), "x").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::hard_link(dst.join("a/x"), dst.join("y")).unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::write(src.join("a/other"), "o").unwrap();
+        tick();
+        stats_of(src, dst, &mut base);
+        let ino = |p: &str| fs::symlink_metadata(dst.join(p)).unwrap().ino();
+        assert_eq!(ino("a/x"), ino("y"), "the disk's link was broken");
+        assert_eq!(fs::read(dst.join("a/other")).unwrap(), b"o");
+    });
+}

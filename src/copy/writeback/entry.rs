@@ -93,6 +93,18 @@ impl Syncer<'_, '_> {
             // Deleted on disk since the stat: putting the RAM's version in
             // place finds the deletion and lets it stand.
             let same_details = self.same_details(src_dir, dst_dir, entry, &s, d.as_ref())?;
+            let ram_unchanged = self.base.taken.is_some_and(|t| ctime(&s) < t);
+            if let Some(d) = d
+                .as_ref()
+                .filter(|_| same_details && ram_unchanged && s.st_nlink == 1)
+            {
+                // Neither side changed it, and they are equal. A disk inode with other
+                // names got them on the disk's side (a link made there): replacing it
+                // by an inode of its own would be a change neither side made.
+                self.reporter.stats.unchanged += 1;
+                self.record(path, d);
+                return Ok(Stepped::default());
+            }
             return Ok(self.sync_leaf(stack, name, path, &s, d, same_details)?);
         }
         match self.next_event()? {
