@@ -173,6 +173,7 @@ pub(super) fn mount(
             defaults: wd_defaults,
             size,
             persist,
+            backend,
             mem_total,
             max_total,
         },
