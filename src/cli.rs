@@ -439,7 +439,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Ok)
         }
         Command::Residency { args, output } => residency::run(&args, output.json()),
-        Command::Bench { args, output } => diskbench::run(&args, output.json()),
+        Command::Bench { args, output } => diskbench::run(&args, output.json(), &state),
         Command::Advise { args, output } => advise::run(&args, output.json()),
         Command::Agent {
             spec,
