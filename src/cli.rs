@@ -150,7 +150,8 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
-    /// Measure a disk directory against a private temporary tmpfs, side by side.
+    /// Measure a disk directory against a private temporary tmpfs, side by side
+    /// (with --backend zram: DIR's own files in a tmpfs against a zram device).
     Bench {
         #[command(flatten)]
         args: diskbench::BenchArgs,

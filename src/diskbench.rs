@@ -25,6 +25,9 @@
 //! one file (never the global drop_caches); on tmpfs cold is the same as
 //! warm, since its pages are the cache.
 //!
+//! With `--backend zram` DIR's own files are the data instead, copied into a
+//! tmpfs and into a zram device (diskbench/backends.rs; DIR is only read).
+//!
 //! Here: the command line, its checks and the run; diskbench/room.rs: the
 //! preconditions; diskbench/private.rs: the namespace, work directory and
 //! tmpfs; diskbench/rows.rs: the rows, each run on both sides;
