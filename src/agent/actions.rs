@@ -203,6 +203,7 @@ impl Agent {
         };
         let name = self.mounts[i].spec.name.clone();
         let usage = self.mounts[i].usage;
+        let ram = check::memory_text(self.mounts[i].memory, &self.mounts[i].spec.watchdog);
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
         let r = match down::down_one(&self.spec, &name, &self.host, &self.state, "fallback") {
@@ -236,7 +237,7 @@ impl Agent {
         let now = unix_now();
         let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now.saturating_add(s));
         let reason = format!(
-            "{by} at {}",
+            "{by} at {}{ram}",
             usage
                 .map(|u| format!("{} used", pct(u.used, u.size)))
                 .unwrap_or_default()

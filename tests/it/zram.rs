@@ -456,3 +456,38 @@ fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
     assert_eq!(m.state("cache"), Some("offloaded"));
     assert_eq!(agent.stop(), 0);
 }
+
+#[test]
+fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
+    use crate::agent_integration::{wait_offloaded, Agent};
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = sb.one_mount_spec(
+        "cache",
+        &cache,
+        "64MiB",
+        "    backend: zram\n    watchdog: { memory: { high: 2MiB }, action: fallback }\n",
+    );
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "cache");
+    let recorded = zb.recorded();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let (n, seq, _) = recorded[0].clone();
+    incompressible(&cache, "r", 16, 256 << 10, 1_000_000);
+    let m = agent.wait_for("the fallback on RAM", |m| m.state("cache") == Some("fallback"));
+    assert_eq!(m.actions("cache", "evict"), 0.0);
+    // The application is on its disk directory again; the device went.
+    assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts_at(&cache));
+    assert!(gone(n, seq), "zram{n} was removed by the fallback");
+    let st = sb
+        .run(["status", "--format", "json", spec.to_str().unwrap()])
+        .code(0)
+        .json();
+    let text = st.to_string();
+    assert!(
+        text.contains("RAM ") && text.contains("(high 2MiB)"),
+        "the reason names the RAM: {st:#}"
+    );
+    assert_eq!(agent.stop(), 0);
+}
