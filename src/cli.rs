@@ -150,7 +150,8 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
-    /// Measure a disk directory against a private temporary tmpfs, side by side.
+    /// Measure a disk directory against a private temporary tmpfs, side by side
+    /// (with --backend zram: DIR's own files in a tmpfs against a zram device).
     Bench {
         #[command(flatten)]
         args: diskbench::BenchArgs,
@@ -439,7 +440,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Ok)
         }
         Command::Residency { args, output } => residency::run(&args, output.json()),
-        Command::Bench { args, output } => diskbench::run(&args, output.json()),
+        Command::Bench { args, output } => diskbench::run(&args, output.json(), &state),
         Command::Advise { args, output } => advise::run(&args, output.json()),
         Command::Agent {
             spec,

@@ -25,12 +25,16 @@
 //! one file (never the global drop_caches); on tmpfs cold is the same as
 //! warm, since its pages are the cache.
 //!
+//! With `--backend zram` DIR's own files are the data instead, copied into a
+//! tmpfs and into a zram device (diskbench/backends.rs; DIR is only read).
+//!
 //! Here: the command line, its checks and the run; diskbench/room.rs: the
 //! preconditions; diskbench/private.rs: the namespace, work directory and
 //! tmpfs; diskbench/rows.rs: the rows, each run on both sides;
 //! diskbench/measure.rs: one measurement; diskbench/report.rs: the report
 //! and its human form; src/signals.rs: interrupts.
 
+mod backends;
 mod measure;
 mod private;
 mod report;
@@ -52,6 +56,7 @@ use crate::out::{self, escape};
 use crate::spec::size::{parse_size, SizeLit};
 
 use crate::signals::{Interrupted, SignalGuard};
+use crate::state::State;
 pub use measure::Scatter;
 pub use report::{filesystem_of, fmt_sig, human, BenchReport, FsInfo, HostInfo, Row, Side};
 pub use room::{refusals, small_counts, HostRoom};
@@ -87,6 +92,14 @@ pub struct BenchArgs {
     /// Runs of every measurement (disk and tmpfs alternating); the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub runs: u32,
+    /// tmpfs: DIR's disk against a tmpfs. zram: DIR's own files (up to --size,
+    /// only read) in a tmpfs against a zram device: data per byte of RAM, write
+    /// and read throughput.
+    #[arg(long, default_value = "tmpfs", value_parser = ["tmpfs", "zram"])]
+    pub backend: String,
+    /// The zram device's algorithm (--backend zram; unset: the kernel's default).
+    #[arg(long, value_parser = crate::spec::ZRAM_COMPRESSIONS)]
+    pub compression: Option<String>,
 }
 
 fn parse_bench_size(s: &str) -> Result<u64, String> {
@@ -125,8 +138,9 @@ impl BenchSettings {
     }
 }
 
-/// Runs `tmpfsctl bench`; returns the exit status.
-pub fn run(args: &BenchArgs, json: bool) -> Result<ExitCode> {
+/// Runs `tmpfsctl bench`; returns the exit status. `state` records the zram
+/// device of `--backend zram` while it exists.
+pub fn run(args: &BenchArgs, json: bool, state: &State) -> Result<ExitCode> {
     let host = Host::from_env();
     let md = fs::metadata(&args.disk).with_context(|| format!("--disk {}", escape(&args.disk)))?;
     if !md.is_dir() {
@@ -139,6 +153,13 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<ExitCode> {
     let dir = fs::canonicalize(&args.disk).with_context(|| format!("resolving {}", args.disk.display()))?;
     if !nix::unistd::geteuid().is_root() {
         bail!("`tmpfsctl bench` mounts a private temporary tmpfs and must run as root");
+    }
+    if args.backend == "zram" {
+        return run_backends(args, json, dir, &host, state);
+    }
+    if args.compression.is_some() {
+        out::eprint("error: --compression is for --backend zram\n");
+        return Ok(ExitCode::BadInput);
     }
     let room = room::host_room(&dir, &host)?;
     let why = refusals(&dir, args.size, &room);
@@ -204,6 +225,82 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<ExitCode> {
         out::print(&text);
     } else {
         out::print(&human(&report));
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// `--backend zram`: DIR's own files in a tmpfs and in a zram device.
+fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: &State) -> Result<ExitCode> {
+    let sample = backends::sample(&dir, args.size)?;
+    let mem = host.meminfo()?;
+    let why = backends::refusals(
+        &dir,
+        &sample,
+        mem.mem_available,
+        std::path::Path::new("/sys/class/zram-control").exists(),
+    );
+    if !why.is_empty() {
+        for w in &why {
+            out::eprint(&format!("error: {}\n", escape(w)));
+        }
+        out::eprint("nothing was copied; no tmpfs was mounted and no zram device made\n");
+        return Ok(ExitCode::BadInput);
+    }
+    let settings = backends::Settings {
+        dir: dir.clone(),
+        sample: sample.clone(),
+        runs: args.runs,
+        compression: args.compression.clone(),
+        state: state.clone(),
+        progress: !json && io::stderr().is_terminal(),
+    };
+    let started = Instant::now();
+    let signals = SignalGuard::install()?;
+    let joined = std::thread::Builder::new()
+        .name("tmpfsctl-bench".into())
+        .spawn(move || backends::bench(&settings))
+        .context("starting the benchmark thread")?
+        .join();
+    drop(signals);
+    let (rows, zram) = match joined {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) if e.is::<Interrupted>() => {
+            out::eprint("interrupted; the copies, the tmpfs and the zram device were removed\n");
+            return Ok(ExitCode::Interrupted);
+        }
+        Ok(Err(e)) => {
+            return Err(e.context("benchmark failed; the copies, the tmpfs and the zram device were removed"))
+        }
+        Err(_) => bail!(
+            "the benchmark thread panicked; the mounts went with its namespace, and the zram device is removed by the next `apply` or `down`"
+        ),
+    };
+    let mut report = backends::BackendReport {
+        data_dir: dir.display().to_string(),
+        backend: "zram",
+        files: sample.files.len() as u64,
+        bytes: sample.bytes,
+        runs: args.runs,
+        zram,
+        host: HostInfo {
+            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            mem_total: mem.mem_total,
+            mem_available: mem.mem_available,
+            kernel: nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        },
+        rows,
+        notes: Vec::new(),
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    report.notes = backends::notes(&report);
+    if json {
+        let mut text = serde_json::to_string_pretty(&report).expect("reports serialise to JSON");
+        text.push('\n');
+        out::print(&text);
+    } else {
+        out::print(&backends::human(&report));
     }
     Ok(ExitCode::Ok)
 }

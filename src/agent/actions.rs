@@ -24,9 +24,10 @@ impl Agent {
                 warn!(
                     mount = name.as_str(),
                     action = "warn",
-                    "{name}: usage {} bytes, {} inodes reached high (bytes {}%, inodes {}%); action warn: nothing else is done",
+                    "{name}: usage {} bytes, {} inodes{} reached high (bytes {}%, inodes {}%); action warn: nothing else is done",
                     pct(u.used, u.size),
                     pct(u.inodes_used, u.inodes),
+                    check::memory_text(w.memory, &w.spec.watchdog),
                     w.spec.watchdog.bytes.high,
                     w.spec.watchdog.inodes.high
                 );
@@ -45,13 +46,27 @@ impl Agent {
         let name = w.spec.name.clone();
         let Some(root) = w.root.as_ref() else { return false };
         let before = w.usage;
+        let memory_before = w.memory;
         let group = w.spec.watchdog.evict_group;
+        let dev = (
+            nix::sys::stat::major(w.dev) as u32,
+            nix::sys::stat::minor(w.dev) as u32,
+        );
+        // The device holds what was synced when the RAM was measured, and each
+        // deleted file gives its RAM back at once (discard): read, not estimated.
+        let ram = || {
+            target
+                .memory
+                .and_then(|_| backend::zram::compressed_of(dev))
+                .map(|c| c.ram_used)
+        };
         let res = evict::evict(
             root.as_fd(),
             &self.host,
             target,
             group,
             &|| Usage::of_fd(root),
+            &ram,
             &mut w.scanned,
         );
         let after = Usage::of_fd(root).ok();
@@ -64,7 +79,7 @@ impl Agent {
                 w.metrics.evicted_bytes += r.bytes;
                 let u = w.usage.unwrap_or(target_usage(&target));
                 let msg = format!(
-                    "{name}: evicted {} ({}) in {} ms ({by}); usage {} -> {} bytes, inodes {}; target low {}{}",
+                    "{name}: evicted {} ({}) in {} ms ({by}); usage {} -> {} bytes, inodes {}; target low {}{}{}",
                     crate::plural::count(r.files, "least-recently-used file", "least-recently-used files"),
                     format_bytes(r.bytes),
                     started.elapsed().as_millis(),
@@ -72,6 +87,9 @@ impl Agent {
                     pct(u.used, u.size),
                     pct(u.inodes_used, u.inodes),
                     format_bytes(target.bytes),
+                    memory_before
+                        .map(|m| format!("; RAM before {}", format_bytes(m)))
+                        .unwrap_or_default(),
                     if r.skipped_open > 0 {
                         format!(
                             "; {} open for writing {} kept",
@@ -185,6 +203,7 @@ impl Agent {
         };
         let name = self.mounts[i].spec.name.clone();
         let usage = self.mounts[i].usage;
+        let ram = check::memory_text(self.mounts[i].memory, &self.mounts[i].spec.watchdog);
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
         let r = match down::down_one(&self.spec, &name, &self.host, &self.state, "fallback") {
@@ -218,7 +237,7 @@ impl Agent {
         let now = unix_now();
         let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now.saturating_add(s));
         let reason = format!(
-            "{by} at {}",
+            "{by} at {}{ram}",
             usage
                 .map(|u| format!("{} used", pct(u.used, u.size)))
                 .unwrap_or_default()

@@ -40,6 +40,7 @@ impl Agent {
         match Usage::of_fd(root) {
             Ok(u) => {
                 w.usage = Some(u);
+                self.measure_memory(i, &u);
                 Some(u)
             }
             Err(e) => {
@@ -47,6 +48,54 @@ impl Agent {
                 None
             }
         }
+    }
+
+    /// The RAM of a zram mount with `memory` thresholds, from its device's
+    /// `mm_stat`. That figure lags the writes: data reaches the device when the
+    /// page cache writes it back (seconds later). Counting what was written
+    /// since the last sync as uncompressed gives an upper bound; when that
+    /// bound settles the level (below `warn`, or at most `low` once above it)
+    /// it is enough, otherwise the mount is synced (syncfs) and the device
+    /// read again, so the watchdog acts on the compressed figure itself.
+    fn measure_memory(&mut self, i: usize, u: &Usage) {
+        let w = &mut self.mounts[i];
+        let known = w.memory.take().is_some();
+        let Some(t) = w.spec.watchdog.memory else { return };
+        let Some(root) = w.root.as_ref() else { return };
+        let dev = (
+            nix::sys::stat::major(w.dev) as u32,
+            nix::sys::stat::minor(w.dev) as u32,
+        );
+        let read = || backend::zram::compressed_of(dev).map(|c| c.ram_used);
+        let Some(ram) = read() else {
+            if !known {
+                return;
+            }
+            warn!(
+                mount = w.spec.name.as_str(),
+                "{}: no zram device {}:{} to read the RAM of (mm_stat); its memory thresholds wait",
+                w.spec.name,
+                dev.0,
+                dev.1
+            );
+            return;
+        };
+        let pending = w.synced_used.map_or(u.used, |s| u.used.saturating_sub(s));
+        let bound = ram.saturating_add(pending);
+        if bound < t.warn && (w.tracker.level == Level::Ok || bound <= t.low) {
+            w.memory = Some(ram);
+            return;
+        }
+        if let Err(e) = nix::unistd::syncfs(root.as_fd()) {
+            warn!(
+                mount = w.spec.name.as_str(),
+                "{}: syncfs {}: {e}; its RAM figure may lag the writes",
+                w.spec.name,
+                w.spec.path.display()
+            );
+        }
+        w.synced_used = Some(u.used);
+        w.memory = read().or(Some(ram));
     }
 
     pub(super) fn budget(&self) -> Budget {
@@ -159,7 +208,8 @@ impl Agent {
             let lim = w.limits();
             let now_ms = self.alive.now_ms();
             let w = &mut self.mounts[i];
-            let v = decide::decide(&wd, &mut w.tracker, &u, lim, &mem, &b, now_ms);
+            let memory = w.memory;
+            let v = decide::decide(&wd, &mut w.tracker, &u, memory, lim, &mem, &b, now_ms);
             w.metrics.level = w.tracker.level;
             let name = w.spec.name.clone();
             let now = Instant::now();
@@ -168,13 +218,14 @@ impl Agent {
                     .pass(&format!("{} -> {}", from.name(), to.name()), now, 0, 0)
             }) {
                 let text = format!(
-                    "{name}: usage {} of {} ({}), inodes {} of {} ({}): level {} -> {}",
+                    "{name}: usage {} of {} ({}), inodes {} of {} ({}){}: level {} -> {}",
                     format_bytes(u.used),
                     format_bytes(u.size),
                     pct(u.used, u.size),
                     u.inodes_used,
                     u.inodes,
                     pct(u.inodes_used, u.inodes),
+                    memory_text(memory, &wd),
                     from.name(),
                     to.name()
                 );
@@ -207,7 +258,7 @@ impl Agent {
             let Some(after) = self.measure(i) else { return };
             let w = &mut self.mounts[i];
             let freed = !matches!(act, Act::Evict { .. }) || w.last_evicted > 0;
-            decide::after_action(&wd, &mut w.tracker, &act, &after, freed);
+            decide::after_action(&wd, &mut w.tracker, &act, &after, w.memory, freed);
         }
     }
 
@@ -235,6 +286,7 @@ impl Agent {
                     index,
                     watchdog: &w.spec.watchdog,
                     usage: w.usage?,
+                    memory: w.memory,
                     limits: w.limits(),
                 })
             })
@@ -260,5 +312,13 @@ impl Agent {
                 self.measure(index);
             }
         }
+    }
+}
+
+/// `, RAM 70MiB (high 64MiB)` for a zram mount with memory thresholds.
+pub(super) fn memory_text(memory: Option<u64>, wd: &spec::Watchdog) -> String {
+    match (memory, &wd.memory) {
+        (Some(m), Some(t)) => format!(", RAM {} (high {})", format_bytes(m), format_bytes(t.high)),
+        _ => String::new(),
     }
 }

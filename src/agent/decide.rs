@@ -2,8 +2,9 @@
 //! thresholds, memory state). No syscalls here: `agent` measures, asks, and
 //! carries out; everything that decides is unit-tested below.
 //!
-//! Per mount, usage is compared with `warn`, `high` and `low`, for bytes and
-//! for inodes (whichever is fuller counts):
+//! Per mount, usage is compared with `warn`, `high` and `low`, for bytes, for
+//! inodes and, on a zram mount with `memory` thresholds, for the RAM its
+//! device takes (whichever is fuller counts):
 //!
 //! - **Level** `ok` → `warn` at `warn`, → `high` at `high`. A level is left
 //!   only at or below `low` (hysteresis), so a mount hovering around a
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::host::usage::Usage;
-use crate::spec::{Action, AgentSettings, PressureAction, Thresholds, Watchdog};
+use crate::spec::{Action, AgentSettings, MemoryThresholds, PressureAction, Thresholds, Watchdog};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -47,33 +48,63 @@ impl Level {
     }
 }
 
-/// Percentages of one usage sample. An unlimited (size 0) count is 0%.
+/// One usage sample as the thresholds see it: percentages of the size and
+/// inode limit (an unlimited, size 0, count is 0%), and the RAM a zram
+/// device takes (`None`: not watched, or not known).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fill {
     pub bytes: f64,
     pub inodes: f64,
+    pub memory: Option<u64>,
+}
+
+/// Which threshold a comparison is against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Warn,
+    High,
 }
 
 impl Fill {
-    pub fn of(u: &Usage) -> Fill {
+    pub fn of(u: &Usage, memory: Option<u64>) -> Fill {
         Fill {
             bytes: u.used_pct(),
             inodes: u.inodes_pct(),
+            memory,
         }
     }
 
-    fn at_or_above(&self, w: &Watchdog, pick: fn(&Thresholds) -> f64) -> bool {
-        self.bytes >= pick(&w.bytes) || self.inodes >= pick(&w.inodes)
+    /// The RAM and the memory thresholds, when both are known.
+    fn ram<'a>(&self, w: &'a Watchdog) -> Option<(u64, &'a MemoryThresholds)> {
+        Some((self.memory?, w.memory.as_ref()?))
+    }
+
+    fn at_or_above(&self, w: &Watchdog, mark: Mark) -> bool {
+        let pick = |t: &Thresholds| match mark {
+            Mark::Warn => t.warn,
+            Mark::High => t.high,
+        };
+        let ram = self.ram(w).is_some_and(|(used, t)| {
+            used >= match mark {
+                Mark::Warn => t.warn,
+                Mark::High => t.high,
+            }
+        });
+        self.bytes >= pick(&w.bytes) || self.inodes >= pick(&w.inodes) || ram
     }
 
     fn at_or_below_low(&self, w: &Watchdog) -> bool {
-        self.bytes <= w.bytes.low && self.inodes <= w.inodes.low
+        self.bytes <= w.bytes.low
+            && self.inodes <= w.inodes.low
+            && self.ram(w).is_none_or(|(used, t)| used <= t.low)
     }
 
-    /// Out of `warn`: below `warn` and at or below `low`, for both kinds.
+    /// Out of `warn`: below `warn` and at or below `low`, for every kind.
     fn clear_of_warn(&self, w: &Watchdog) -> bool {
         let clear = |pct: f64, t: &Thresholds| pct < t.warn && pct <= t.low;
-        clear(self.bytes, &w.bytes) && clear(self.inodes, &w.inodes)
+        clear(self.bytes, &w.bytes)
+            && clear(self.inodes, &w.inodes)
+            && self.ram(w).is_none_or(|(used, t)| used < t.warn && used <= t.low)
     }
 }
 
@@ -184,11 +215,14 @@ pub struct EvictTarget {
     pub bytes: u64,
     /// Used inodes to get down to.
     pub inodes: u64,
+    /// The RAM of a zram device to get down to (memory `low`); `None`: not watched.
+    pub memory: Option<u64>,
 }
 
 impl EvictTarget {
-    /// The `low` watermark of `u`'s size and inode limit.
-    pub fn low(w: &Watchdog, u: &Usage) -> EvictTarget {
+    /// The `low` watermarks of `u`'s size and inode limit, and of the RAM when
+    /// `memory` (the device's RAM now) is known.
+    pub fn low(w: &Watchdog, u: &Usage, memory: Option<u64>) -> EvictTarget {
         EvictTarget {
             bytes: (u.size as f64 * w.bytes.low / 100.0) as u64,
             inodes: if u.inodes == 0 {
@@ -196,13 +230,23 @@ impl EvictTarget {
             } else {
                 (u.inodes as f64 * w.inodes.low / 100.0) as u64
             },
+            memory: memory.and(w.memory.map(|t| t.low)),
         }
     }
 
-    /// How much must go: (bytes, inodes).
-    pub fn need(&self, u: &Usage) -> (u64, u64) {
+    /// How much must go: (bytes, inodes), with `ram` the device's RAM now. RAM
+    /// above its target asks for the same share of the data: the files evicted
+    /// compress about as well as the rest. Eviction measures between chunks,
+    /// so an estimate off either way stops early or goes on.
+    pub fn need(&self, u: &Usage, ram: Option<u64>) -> (u64, u64) {
+        let by_ram = match (self.memory, ram) {
+            (Some(low), Some(ram)) if ram > low => {
+                ((ram - low) as f64 * u.used as f64 / ram as f64).ceil() as u64
+            }
+            _ => 0,
+        };
         (
-            u.used.saturating_sub(self.bytes),
+            u.used.saturating_sub(self.bytes).max(by_ram),
             u.inodes_used.saturating_sub(self.inodes),
         )
     }
@@ -243,7 +287,7 @@ fn level_after(w: &Watchdog, fill: &Fill, before: Level, high: bool) -> Level {
         Level::Warn
     } else if before == Level::High {
         Level::High
-    } else if fill.at_or_above(w, |t| t.warn) || (before == Level::Warn && !fill.clear_of_warn(w)) {
+    } else if fill.at_or_above(w, Mark::Warn) || (before == Level::Warn && !fill.clear_of_warn(w)) {
         Level::Warn
     } else {
         Level::Ok
@@ -252,18 +296,20 @@ fn level_after(w: &Watchdog, fill: &Fill, before: Level, high: bool) -> Level {
 
 /// One check of one mount at `now_ms` (a monotonic clock): updates `t` and says
 /// what to do.
+#[allow(clippy::too_many_arguments)]
 pub fn decide(
     w: &Watchdog,
     t: &mut Tracker,
     u: &Usage,
+    memory: Option<u64>,
     lim: Limits,
     mem: &MemView,
     b: &Budget,
     now_ms: u64,
 ) -> Assessment {
-    let fill = Fill::of(u);
+    let fill = Fill::of(u, memory);
     let before = t.level;
-    let high = fill.at_or_above(w, |t| t.high);
+    let high = fill.at_or_above(w, Mark::High);
     t.sample(now_ms, u.used);
     // Where usage will be when an eviction started now would have finished.
     let ahead = u.used.saturating_add(t.growth.saturating_mul(LEAD_MS) / 1000);
@@ -314,7 +360,7 @@ pub fn decide(
             }
             Action::Evict => {
                 v.act = Some(Act::Evict {
-                    target: EvictTarget::low(w, u),
+                    target: EvictTarget::low(w, u, memory),
                 });
                 return v;
             }
@@ -351,13 +397,20 @@ pub fn decide(
 /// action of the chain; the last one evicts again as long as it frees something
 /// (the application may refill as fast as it frees), and counts as having run out
 /// once it frees nothing.
-pub fn after_action(w: &Watchdog, t: &mut Tracker, act: &Act, after: &Usage, freed: bool) {
+pub fn after_action(
+    w: &Watchdog,
+    t: &mut Tracker,
+    act: &Act,
+    after: &Usage,
+    after_memory: Option<u64>,
+    freed: bool,
+) {
     if freed {
         t.backoff_ms = 0;
     }
     if let Act::Evict { .. } = act {
         let last = t.stage + 1 >= w.actions.len();
-        if Fill::of(after).at_or_above(w, |t| t.high) && (!freed || !last) {
+        if Fill::of(after, after_memory).at_or_above(w, Mark::High) && (!freed || !last) {
             t.stage += 1;
         }
     }
@@ -514,6 +567,8 @@ pub struct PressureView<'a> {
     pub index: usize,
     pub watchdog: &'a Watchdog,
     pub usage: Usage,
+    /// The RAM of a zram mount with memory thresholds.
+    pub memory: Option<u64>,
     pub limits: Limits,
 }
 
@@ -560,8 +615,8 @@ pub fn guard(
         for m in order.iter().filter(|m| m.watchdog.pressure.contains(&action)) {
             let act = match action {
                 PressureAction::Evict => {
-                    let target = EvictTarget::low(m.watchdog, &m.usage);
-                    let (b, i) = target.need(&m.usage);
+                    let target = EvictTarget::low(m.watchdog, &m.usage, m.memory);
+                    let (b, i) = target.need(&m.usage, m.memory);
                     (b > 0 || i > 0).then_some(Act::Evict { target })
                 }
                 PressureAction::Shrink => shrink_size(m.watchdog, &m.usage, m.limits, page)

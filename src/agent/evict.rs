@@ -261,24 +261,39 @@ pub struct Scanned {
 }
 
 /// Deletes least-recently-used cache entries (files grouped by `group`) below
-/// `root` until usage is at or below `target`; `usage` re-measures the filesystem.
-/// `cache` keeps the scan for the next evictions of the same mount.
+/// `root` until usage is at or below `target`; `usage` re-measures the filesystem,
+/// `ram` the RAM of a zram device (`None` for a tmpfs). `cache` keeps the scan for
+/// the next evictions of the same mount.
 pub fn evict(
     root: BorrowedFd<'_>,
     host: &Host,
     target: EvictTarget,
     group: EvictGroup,
     usage: &dyn Fn() -> Result<Usage>,
+    ram: &dyn Fn() -> Option<u64>,
     cache: &mut Option<Scanned>,
 ) -> Result<Evicted> {
     let dev = fstat(root).context("fstat of the tmpfs root")?.st_dev;
     let writing = open_for_write(host, dev);
-    let (first, reused) = evict_once(root, &writing, target, group, usage, cache, true)?;
+    let measure = Measure { usage, ram };
+    let (first, reused) = evict_once(root, &writing, target, group, &measure, cache, true)?;
     if first.files > 0 || !reused {
         return Ok(first);
     }
     // The kept scan had nothing left that could go: look again.
-    Ok(evict_once(root, &writing, target, group, usage, cache, false)?.0)
+    Ok(evict_once(root, &writing, target, group, &measure, cache, false)?.0)
+}
+
+/// How eviction re-measures what is left to free.
+struct Measure<'a> {
+    usage: &'a dyn Fn() -> Result<Usage>,
+    ram: &'a dyn Fn() -> Option<u64>,
+}
+
+impl Measure<'_> {
+    fn need(&self, target: &EvictTarget) -> Result<(u64, u64)> {
+        Ok(target.need(&(self.usage)()?, (self.ram)()))
+    }
 }
 
 /// One eviction from the kept scan (when `may_reuse` and it is recent) or a new
@@ -288,7 +303,7 @@ fn evict_once(
     writing: &HashSet<u64>,
     target: EvictTarget,
     group: EvictGroup,
-    usage: &dyn Fn() -> Result<Usage>,
+    measure: &Measure<'_>,
     cache: &mut Option<Scanned>,
     may_reuse: bool,
 ) -> Result<(Evicted, bool)> {
@@ -321,8 +336,7 @@ fn evict_once(
         out.skipped_open = candidates.iter().filter(|cd| cd.busy).count() as u64;
     }
     let tree = &c.tree;
-    let now = usage()?;
-    let (need_bytes, need_inodes) = target.need(&now);
+    let (need_bytes, need_inodes) = measure.need(&target)?;
     let order: Vec<usize> = pick_evictions(&candidates, need_bytes, need_inodes)
         .into_iter()
         .map(|k| live[k])
@@ -368,7 +382,7 @@ fn evict_once(
     for (n, chunk) in entries.chunks(EVICT_CHUNK).enumerate() {
         // The estimate can be off (sparse files, concurrent writes): measure between
         // chunks and stop as soon as the target is reached.
-        if n > 0 && target.need(&usage()?) == (0, 0) {
+        if n > 0 && measure.need(&target)? == (0, 0) {
             break;
         }
         // The smaller files of a whole chunk first (a header, an index), its largest
@@ -469,8 +483,18 @@ mod tests {
         let target = EvictTarget {
             bytes: 2 * 8192,
             inodes: 100,
+            memory: None,
         };
-        let r = evict(fd.as_fd(), &host, target, EvictGroup::Stem, &usage, &mut None).unwrap();
+        let r = evict(
+            fd.as_fd(),
+            &host,
+            target,
+            EvictGroup::Stem,
+            &usage,
+            &|| None,
+            &mut None,
+        )
+        .unwrap();
         count.set(2);
         assert_eq!(r.skipped_open, 1, "{r:?}");
         assert_eq!(r.files, 2, "{r:?}");

@@ -185,6 +185,13 @@ struct Watched {
     /// `st_dev` of the held root.
     dev: u64,
     usage: Option<Usage>,
+    /// The RAM a zram device takes, measured with `usage` when the watchdog
+    /// has `memory` thresholds (see [`Agent::measure_memory`]).
+    memory: Option<u64>,
+    /// Bytes used right after the agent last wrote the zram mount's dirty
+    /// pages to its device (syncfs): what was written since may still be
+    /// uncompressed in the page cache, not yet in the device's RAM figure.
+    synced_used: Option<u64>,
     tracker: Tracker,
     /// What changed in a persisted tmpfs, for its write-backs (see [`crate::dirty`]).
     changes: Option<crate::dirty::Running>,
@@ -209,6 +216,8 @@ impl Watched {
             root: None,
             dev: 0,
             usage: None,
+            memory: None,
+            synced_used: None,
             tracker: Tracker::default(),
             changes: None,
             state: MountState::Absent,

@@ -112,6 +112,8 @@ impl Agent {
                 .ok();
         }
         w.usage = Usage::of_fd(&root).ok();
+        w.memory = None;
+        w.synced_used = None;
         w.root = Some(root);
         w.dev = dev;
         w.tracker = Tracker::default();

@@ -107,14 +107,64 @@ impl ZramOptions {
 /// it at `target` with the root as the options say. On failure the device is
 /// removed again.
 pub fn mount(source: &str, target: &Path, o: &ZramOptions, state: &State) -> Result<()> {
+    make(source, target, o, state).map(drop)
+}
+
+fn make(source: &str, target: &Path, o: &ZramOptions, state: &State) -> Result<device::DeviceRecord> {
     let name = source
         .strip_prefix(SOURCE_PREFIX)
         .with_context(|| format!("`{source}` is not a source of tmpfsctl's"))?;
     let rec = device::create(state, name)?;
-    build(&rec, source, target, o, state).map_err(|e| match device::remove(state, &rec) {
-        Ok(()) => e,
-        Err(re) => e.context(format!("and removing zram{} failed: {re:#}", rec.device)),
-    })
+    match build(&rec, source, target, o, state) {
+        Ok(()) => Ok(rec),
+        Err(e) => Err(match device::remove(state, &rec) {
+            Ok(()) => e,
+            Err(re) => e.context(format!("and removing zram{} failed: {re:#}", rec.device)),
+        }),
+    }
+}
+
+/// A zram filesystem for a measurement (`tmpfsctl bench --backend zram`),
+/// made as `apply` makes one, in the caller's (private) mount namespace. Its
+/// device is recorded like a mount's, so one left by a killed run is removed
+/// by the next `apply` or `down`; dropping it unmounts and removes it.
+pub struct Scratch {
+    rec: device::DeviceRecord,
+    target: std::path::PathBuf,
+    state: State,
+}
+
+impl Scratch {
+    pub fn new(source: &str, target: &Path, o: &ZramOptions, state: &State) -> Result<Scratch> {
+        Ok(Scratch {
+            rec: make(source, target, o, state)?,
+            target: target.to_path_buf(),
+            state: state.clone(),
+        })
+    }
+
+    /// What the device holds now, and the RAM it takes.
+    pub fn compressed(&self) -> Result<Compressed> {
+        let path = self.rec.sys().join("mm_stat");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mm = MmStat::parse(&text)
+            .with_context(|| format!("{}: unexpected `{}`", path.display(), text.trim()))?;
+        let algorithm = std::fs::read_to_string(self.rec.sys().join("comp_algorithm")).unwrap_or_default();
+        Ok(Compressed::new(
+            self.rec.device,
+            device::algorithms(&algorithm).0,
+            mm,
+        ))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        crate::mount::unmount_or_detach(&self.target);
+        if let Err(e) = device::remove(&self.state, &self.rec) {
+            tracing::warn!("{e:#}");
+        }
+    }
 }
 
 fn build(

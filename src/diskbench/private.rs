@@ -15,8 +15,8 @@ use super::BenchSettings;
 
 /// The temporary subdirectory and the tmpfs in it; removed on drop (also
 /// when unwinding or after an interrupt). Lives in the private namespace.
-struct Workdir {
-    root: PathBuf,
+pub(super) struct Workdir {
+    pub(super) root: PathBuf,
     mounted: Option<PathBuf>,
 }
 
@@ -29,7 +29,7 @@ impl Drop for Workdir {
     }
 }
 
-fn make_workdir(dir: &Path) -> Result<Workdir> {
+pub(super) fn make_workdir(dir: &Path) -> Result<Workdir> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

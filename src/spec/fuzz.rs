@@ -474,10 +474,12 @@ fn schedule_and_decide(spec: &Spec, rng: &mut Rng) {
                 under_pressure: rng.percent(20),
                 page_size: PAGE,
             };
+            let memory = rng.percent(50).then(|| *rng.pick(&EXTREMES));
             decide::decide(
                 &m.watchdog,
                 &mut tracker,
                 &u,
+                memory,
                 lim,
                 &mem,
                 &budget,
@@ -487,6 +489,7 @@ fn schedule_and_decide(spec: &Spec, rng: &mut Rng) {
                 index,
                 watchdog: &m.watchdog,
                 usage: u,
+                memory,
                 limits: lim,
             });
         }

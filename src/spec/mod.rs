@@ -287,6 +287,17 @@ impl Thresholds {
     };
 }
 
+/// `watchdog.memory`: thresholds on the RAM a zram mount's device takes
+/// (`mm_stat` `mem_used_total`), in bytes. The same levels and action chain
+/// as the usage thresholds; whichever of bytes, inodes and memory is fuller
+/// counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryThresholds {
+    pub warn: u64,
+    pub high: u64,
+    pub low: u64,
+}
+
 /// What the agent does when a mount reaches `high`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -375,6 +386,8 @@ impl EvictGroup {
 pub struct Watchdog {
     pub bytes: Thresholds,
     pub inodes: Thresholds,
+    /// `backend: zram` only; `None`: memory is not watched.
+    pub memory: Option<MemoryThresholds>,
     /// Tried in order at `high`; the next one when the previous cannot bring
     /// usage back below `high` (grow at its limit, nothing left to evict).
     pub actions: Vec<Action>,
@@ -399,6 +412,7 @@ impl Default for Watchdog {
         Watchdog {
             bytes: Thresholds::DEFAULT,
             inodes: Thresholds::DEFAULT,
+            memory: None,
             actions: vec![Action::Warn],
             grow_step: 0,
             max_size: None,

@@ -115,6 +115,7 @@ pub struct RawWatchdog {
     #[schemars(with = "Option<Percent>")]
     pub low: Option<S<String>>,
     pub inodes: Option<RawThresholds>,
+    pub memory: Option<RawMemory>,
     #[schemars(with = "Option<Actions>")]
     pub action: Option<S<NameList>>,
     #[schemars(with = "Option<Size>")]
@@ -141,6 +142,19 @@ pub struct RawThresholds {
     #[schemars(with = "Option<Percent>")]
     pub high: Option<S<String>>,
     #[schemars(with = "Option<Percent>")]
+    pub low: Option<S<String>>,
+}
+
+/// Memory thresholds (zram only): sizes of RAM, or percentages of the
+/// mount's size.
+#[derive(Debug, Default, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawMemory {
+    #[schemars(with = "Option<MemorySize>")]
+    pub warn: Option<S<String>>,
+    #[schemars(with = "Option<MemorySize>")]
+    pub high: Option<S<String>>,
+    #[schemars(with = "Option<MemorySize>")]
     pub low: Option<S<String>>,
 }
 
@@ -638,6 +652,14 @@ impl<'a> Reader<'a> {
             inodes: self
                 .opt(&mut f, "inodes")
                 .and_then(|(n, p)| self.thresholds(n, &p)),
+            memory: self
+                .opt(&mut f, "memory")
+                .and_then(|(n, p)| self.thresholds(n, &p))
+                .map(|t| RawMemory {
+                    warn: t.warn,
+                    high: t.high,
+                    low: t.low,
+                }),
             action: self.names(&mut f, "action"),
             grow_step: self.opt_text(&mut f, "grow_step"),
             max_size: self.opt_text(&mut f, "max_size"),
@@ -653,6 +675,7 @@ impl<'a> Reader<'a> {
                 "high",
                 "low",
                 "inodes",
+                "memory",
                 "action",
                 "grow_step",
                 "max_size",

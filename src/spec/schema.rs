@@ -94,6 +94,15 @@ text_schema!(
     })
 );
 text_schema!(
+    /// A memory threshold (`watchdog.memory`): a size, or a percentage of the mount's size.
+    MemorySize,
+    json_schema!({
+        "type": ["string", "integer"],
+        "pattern": "^[0-9]+ *([A-Za-z%]+)?$",
+        "description": "RAM the zram device may take: a whole number with an optional binary unit (B, k/K/KiB, M/MiB, G/GiB, T/TiB), e.g. 64MiB, or a percentage of the mount's size such as 25%"
+    })
+);
+text_schema!(
     /// `inodes`.
     Inodes,
     json_schema!({

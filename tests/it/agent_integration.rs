@@ -24,7 +24,7 @@ const MIB: u64 = 1 << 20;
 /// Samples of a metrics file, keyed by the series as written
 /// (`name{label="v",...}`).
 #[derive(Debug, Default, Clone)]
-struct Metrics(HashMap<String, f64>);
+pub(crate) struct Metrics(HashMap<String, f64>);
 
 impl Metrics {
     fn parse(text: &str) -> Metrics {
@@ -39,23 +39,23 @@ impl Metrics {
         )
     }
 
-    fn get(&self, series: &str) -> f64 {
+    pub(crate) fn get(&self, series: &str) -> f64 {
         self.0.get(series).copied().unwrap_or(f64::NAN)
     }
 
-    fn state(&self, mount: &str) -> Option<&str> {
+    pub(crate) fn state(&self, mount: &str) -> Option<&str> {
         ["offloaded", "fallback", "degraded", "absent", "foreign"]
             .into_iter()
             .find(|s| self.get(&format!("tmpfsctl_mount_state{{name=\"{mount}\",state=\"{s}\"}}")) == 1.0)
     }
 
-    fn actions(&self, mount: &str, action: &str) -> f64 {
+    pub(crate) fn actions(&self, mount: &str, action: &str) -> f64 {
         self.get(&format!(
             "tmpfsctl_mount_actions_total{{name=\"{mount}\",action=\"{action}\"}}"
         ))
     }
 
-    fn used(&self, mount: &str) -> f64 {
+    pub(crate) fn used(&self, mount: &str) -> f64 {
         self.get(&format!("tmpfsctl_mount_used_bytes{{name=\"{mount}\"}}"))
     }
 
@@ -65,14 +65,14 @@ impl Metrics {
 }
 
 /// A running agent; killed (and its log shown) if the test ends first.
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
     log: PathBuf,
     metrics: PathBuf,
 }
 
 impl Agent {
-    fn start(sb: &Sandbox, spec: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Agent {
+    pub(crate) fn start(sb: &Sandbox, spec: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Agent {
         let mut c = sb.cmd();
         for (k, v) in env {
             c.env(k, v);
@@ -102,16 +102,16 @@ impl Agent {
         Agent { child, log, metrics }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn metrics(&self) -> Metrics {
+    pub(crate) fn metrics(&self) -> Metrics {
         Metrics::parse(&fs::read_to_string(&self.metrics).unwrap_or_default())
     }
 
     /// Polls the metrics file until `cond` holds.
-    fn wait_for(&mut self, what: &str, cond: impl Fn(&Metrics) -> bool) -> Metrics {
+    pub(crate) fn wait_for(&mut self, what: &str, cond: impl Fn(&Metrics) -> bool) -> Metrics {
         let start = Instant::now();
         loop {
             let m = self.metrics();
@@ -174,7 +174,7 @@ impl Agent {
     }
 
     /// SIGTERM, then the exit status (within the deadline).
-    fn stop(&mut self) -> i32 {
+    pub(crate) fn stop(&mut self) -> i32 {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let start = Instant::now();
         loop {
@@ -237,7 +237,7 @@ fn spec_one(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
 
 /// Writes `n` files of `size` bytes, each a little older than the next, so
 /// least-recently-used order is the order written.
-fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
+pub(crate) fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
     for i in 0..n {
         // Times set through the open file: a fallback that switches the path
         // to the disk directory between the write and a second lookup would
@@ -250,7 +250,7 @@ fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
     }
 }
 
-fn wait_offloaded(agent: &mut Agent, name: &str) -> Metrics {
+pub(crate) fn wait_offloaded(agent: &mut Agent, name: &str) -> Metrics {
     agent.wait_for(&format!("{name} offloaded"), |m| {
         m.state(name) == Some("offloaded")
     })

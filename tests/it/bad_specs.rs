@@ -83,6 +83,8 @@ fn bad_specs_exit_2_point_at_the_field_and_change_nothing() {
         case("huge pages on zram", one(&okp, "    backend: zram\n    huge: always\n"), 7, "mounts[0].huge", "a zram mount has no huge pages"),
         case("noswap on zram", one(&okp, "    backend: zram\n    noswap: true\n"), 7, "mounts[0].noswap", "never swapped"),
         case("grow on zram", one(&okp, "    backend: zram\n    watchdog: { action: [grow, evict], max_size: 16MiB }\n"), 7, "mounts[0].watchdog.action", "`grow` cannot work on a zram mount"),
+        case("memory thresholds on tmpfs", one(&okp, "    watchdog: { memory: { high: 4MiB } }\n"), 6, "mounts[0].watchdog.memory.high", "is a tmpfs, whose RAM is its usage"),
+        case("memory threshold above the zram size", one(&okp, "    backend: zram\n    watchdog: { memory: { high: 16MiB } }\n"), 7, "mounts[0].watchdog.memory.high", "above the mount's size 8MiB"),
         case("unknown default backend", format!("defaults:\n  backend: ramfs\n{}", one(&okp, "")), 2, "defaults.backend", "invalid backend `ramfs`"),
         case("over the RAM budget", two(&okp, &ok2.display().to_string(), "").replace("8MiB", "30%"), 8, "mounts[1].size", "exceeds the RAM budget"),
         case("max_total bad", format!("max_total: lots\n{}", one(&okp, "")), 1, "max_total", "invalid size"),

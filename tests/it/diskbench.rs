@@ -346,3 +346,163 @@ fn sigkill_never_leaks_the_tmpfs() {
         );
     }
 }
+
+/// A text cache of about 2.5MiB: HTML pages in two directories.
+fn text_data(dir: &Path) {
+    for sub in ["a", "b/c"] {
+        fs::create_dir_all(dir.join(sub)).unwrap();
+        for i in 0..60 {
+            let page: String = (0..500)
+                .map(|k| {
+                    format!("<li class=\"entry\"><a href=\"/p/{i}/{k}\">item {k} of page {i}</a></li>\n")
+                })
+                .collect();
+            fs::write(dir.join(sub).join(format!("p{i}.html")), page).unwrap();
+        }
+    }
+}
+
+/// Every file under `dir` with its contents.
+fn tree(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn zram_backend_compares_the_operators_data_in_tmpfs_and_zram() {
+    need_root();
+    assert!(
+        Path::new("/sys/class/zram-control").exists(),
+        "zram is not loaded: `modprobe zram num_devices=0`"
+    );
+    let data = common::disk_tempdir("tmpfsctl-bench-it-");
+    text_data(data.path());
+    let before = tree(data.path());
+    let state = tempfile::tempdir().unwrap();
+    let host_tmpfs = tmpfs_lines();
+    let mut c = bench_cmd(
+        data.path(),
+        &[
+            "--backend",
+            "zram",
+            "--compression",
+            "lzo",
+            "--size",
+            "8MiB",
+            "--runs",
+            "2",
+            "--format",
+            "json",
+        ],
+    );
+    c.env("TMPFSCTL_STATE_DIR", state.path());
+    let child = c.spawn().unwrap();
+    let workdir = format!(".tmpfsctl-bench-{}-", child.id());
+    let out = wait_for(child, Duration::from_secs(300), || {
+        let m = mountinfo();
+        (m.contains("tmpfsctl-bench") || m.contains("/zram/zram"))
+            .then(|| format!("a bench mount leaked into the host:\n{m}"))
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON: {e}\n{}", show(&out)));
+    assert_eq!(v["backend"], "zram");
+    assert_eq!(v["files"], 120, "{v:#}");
+    let ids: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["capacity_per_ram", "write", "read_cold", "read_warm"],
+        "{v:#}"
+    );
+    for r in v["rows"].as_array().unwrap() {
+        for side in ["tmpfs", "zram"] {
+            assert!(r[side]["value"].as_f64().unwrap() > 0.0, "{r:#}");
+            assert_eq!(r[side]["runs"].as_array().unwrap().len(), 2, "{r:#}");
+        }
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r:#}");
+    }
+    // Text compresses: the issue asks at least 2.5 times the data per byte of RAM.
+    let capacity = &v["rows"][0];
+    assert!(capacity["ratio"].as_f64().unwrap() >= 2.5, "{v:#}");
+    let z = &v["zram"];
+    assert_eq!(z["compression"], "lzo", "{v:#}");
+    let (stored, ram, bytes) = (
+        z["stored"].as_u64().unwrap(),
+        z["ram_used"].as_u64().unwrap(),
+        v["bytes"].as_u64().unwrap(),
+    );
+    assert!(stored >= bytes && ram > 0 && ram < bytes, "{v:#}");
+    assert!(z["tmpfs_ram_used"].as_u64().unwrap() >= bytes, "{v:#}");
+
+    assert_eq!(tree(data.path()), before, "DIR is only read");
+    assert!(
+        fs::read_dir(state.path().join("zram")).map_or(true, |mut d| d.next().is_none()),
+        "the device's record (and the device) went at the end"
+    );
+    let tmp = std::env::temp_dir();
+    assert!(
+        !entries(&tmp).iter().any(|e| e.starts_with(&workdir)),
+        "work directory left in {}",
+        tmp.display()
+    );
+    assert_eq!(tmpfs_lines(), host_tmpfs, "tmpfs mounts on the host changed");
+
+    // The human form: one table, zram against tmpfs.
+    let mut c = bench_cmd(
+        data.path(),
+        &["--backend", "zram", "--size", "8MiB", "--runs", "1"],
+    );
+    c.env("TMPFSCTL_STATE_DIR", state.path());
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("MEASUREMENT"))
+        .unwrap_or_else(|| panic!("no table\n{}", show(&out)));
+    assert!(
+        header.contains("TMPFS") && header.ends_with("ZRAM/TMPFS"),
+        "{text}"
+    );
+    assert!(text.contains("data per byte of RAM"), "{text}");
+}
+
+#[test]
+fn zram_backend_refuses_an_empty_directory_and_compression_without_it() {
+    need_root();
+    let dir = common::disk_tempdir("tmpfsctl-bench-it-");
+    let out = bench_cmd(dir.path(), &["--backend", "zram"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no regular file"), "{}", show(&out));
+    assert!(err.contains("no zram device made"), "{}", show(&out));
+    let out = bench_cmd(dir.path(), &["--compression", "lz4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--compression is for --backend zram"),
+        "{}",
+        show(&out)
+    );
+    let out = bench_cmd(dir.path(), &["--backend", "zram", "--compression", "gzip"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}

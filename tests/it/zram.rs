@@ -362,3 +362,132 @@ fn zram_mounts_boot_through_apply_not_fstab() {
     assert!(!root.join("etc/fstab").exists(), "nothing written");
     install("systemd").code(0).stdout_has("changed: yes");
 }
+
+/// `n` files of `size` bytes that do not compress (xorshift output), last used
+/// `since` seconds after the epoch and one second apart, oldest first:
+/// eviction takes them before anything written since.
+fn incompressible(dir: &Path, prefix: &str, n: usize, size: usize, since: u64) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..n {
+        let mut data = Vec::with_capacity(size);
+        while data.len() < size {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+        let f = fs::File::create(dir.join(format!("{prefix}{i:03}"))).unwrap();
+        std::io::Write::write_all(&mut &f, &data).unwrap();
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(since + i as u64);
+        f.set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+            .unwrap();
+    }
+}
+
+#[test]
+fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
+    use crate::agent_integration::{wait_offloaded, Agent};
+    const MIB: f64 = (1 << 20) as f64;
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    // 64MiB of capacity, 3MiB of RAM: the byte thresholds (80%, 95%) stay far off.
+    let spec = sb.one_mount_spec(
+        "cache",
+        &cache,
+        "64MiB",
+        "    backend: zram\n    watchdog: { memory: { high: 3MiB, low: 1536KiB }, action: evict }\n",
+    );
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "cache");
+    let ram =
+        |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_memory_bytes{name=\"cache\"}");
+    let stored =
+        |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_stored_bytes{name=\"cache\"}");
+
+    // 4MiB of text take a fraction of that in RAM: nothing to do.
+    let line: String = (0..2000)
+        .map(|i| format!("<li>item {i}</li><p>lorem ipsum</p>\n"))
+        .collect();
+    for i in 0..64 {
+        fs::write(cache.join(format!("t{i:02}.html")), &line.as_bytes()[..64 << 10]).unwrap();
+    }
+    let m = agent.wait_for("the text stored in the device", |m| stored(m) >= 3.9 * MIB);
+    assert!(ram(&m) < 1.5 * MIB, "text compresses: {} bytes of RAM", ram(&m));
+    assert_eq!(m.actions("cache", "evict"), 0.0, "{}", agent.log());
+
+    // 4MiB that do not compress take 4MiB of RAM, with the disk only 13% used.
+    incompressible(&cache, "r", 128, 32 << 10, 1_000_000);
+    let m = agent.wait_for("an eviction on RAM, and the RAM back below high", |m| {
+        m.actions("cache", "evict") >= 1.0 && ram(m) <= 3.0 * MIB
+    });
+    let u = tmpfsctl::host::usage::Usage::of(&cache).unwrap();
+    assert!(u.used_pct() < 20.0, "eviction was for RAM, not fullness: {u:?}");
+    assert!(!cache.join("r000").exists(), "the oldest entries went first");
+    let log = agent.log();
+    assert!(log.contains("RAM ") && log.contains("(high 3MiB)"), "{log}");
+    assert_eq!(m.state("cache"), Some("offloaded"));
+    assert_eq!(agent.stop(), 0);
+
+    // What goes is decided by the RAM: with all of it in place before the agent
+    // looks (written while it is stopped), the 4MiB that do not compress go and
+    // the text, newer and light in RAM, stays, where the bytes alone (RAM 5.7
+    // times low) would take 80% of the data.
+    let texts = || {
+        (0..64)
+            .filter(|i| cache.join(format!("t{i:02}.html")).exists())
+            .count()
+    };
+    let kept = texts();
+    incompressible(&cache, "s", 128, 32 << 10, 500_000);
+    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
+    // The first agent's last figures must not pass for the second one's.
+    fs::remove_file(sb.path("metrics.prom")).unwrap();
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    let m = agent.wait_for("an eviction on RAM after the restart", |m| {
+        m.actions("cache", "evict") >= 1.0 && ram(m) <= 1.5 * MIB
+    });
+    assert_eq!(texts(), kept, "no text file went\n{}", agent.log());
+    assert!(
+        (0..128).all(|i| !cache.join(format!("s{i:03}")).exists()),
+        "every incompressible file went\n{}",
+        agent.log()
+    );
+    assert_eq!(m.state("cache"), Some("offloaded"));
+    assert_eq!(agent.stop(), 0);
+}
+
+#[test]
+fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
+    use crate::agent_integration::{wait_offloaded, Agent};
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = sb.one_mount_spec(
+        "cache",
+        &cache,
+        "64MiB",
+        "    backend: zram\n    watchdog: { memory: { high: 2MiB }, action: fallback }\n",
+    );
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "cache");
+    let recorded = zb.recorded();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let (n, seq, _) = recorded[0].clone();
+    incompressible(&cache, "r", 16, 256 << 10, 1_000_000);
+    let m = agent.wait_for("the fallback on RAM", |m| m.state("cache") == Some("fallback"));
+    assert_eq!(m.actions("cache", "evict"), 0.0);
+    // The application is on its disk directory again; the device went.
+    assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts_at(&cache));
+    assert!(gone(n, seq), "zram{n} was removed by the fallback");
+    let st = sb
+        .run(["status", "--format", "json", spec.to_str().unwrap()])
+        .code(0)
+        .json();
+    let text = st.to_string();
+    assert!(
+        text.contains("RAM ") && text.contains("(high 2MiB)"),
+        "the reason names the RAM: {st:#}"
+    );
+    assert_eq!(agent.stop(), 0);
+}

@@ -50,7 +50,16 @@ fn check(w: &Watchdog, t: &mut Tracker, size: u64, used: u64) -> Assessment {
 }
 
 fn check_at(w: &Watchdog, t: &mut Tracker, size: u64, used: u64, now_ms: u64) -> Assessment {
-    decide(w, t, &usage(size, used), LIM, &mem(8 * GIB), &budget(), now_ms)
+    decide(
+        w,
+        t,
+        &usage(size, used),
+        None,
+        LIM,
+        &mem(8 * GIB),
+        &budget(),
+        now_ms,
+    )
 }
 
 #[test]
@@ -119,13 +128,13 @@ fn inodes_count_like_bytes() {
         inodes: 1000,
         inodes_used: 960,
     };
-    let v = decide(&w, &mut t, &u, LIM, &mem(8 * GIB), &budget(), 0);
+    let v = decide(&w, &mut t, &u, None, LIM, &mem(8 * GIB), &budget(), 0);
     assert_eq!(t.level, Level::High);
     let Some(Act::Evict { target }) = v.act else {
         panic!("{v:?}")
     };
     assert_eq!(target.inodes, 700);
-    assert_eq!(target.need(&u), (0, 260));
+    assert_eq!(target.need(&u, None), (0, 260));
 }
 
 #[test]
@@ -138,8 +147,87 @@ fn evict_targets_low_and_hands_over_when_it_cannot_reach_below_high() {
     };
     assert_eq!(target.bytes, 70 * MIB);
     // Everything left was open for writing: still at 96%.
-    after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), false);
+    after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), None, false);
     assert_eq!(check(&w, &mut t, 100 * MIB, 96 * MIB).act, Some(Act::Fallback));
+}
+
+/// A zram mount 30% full whose device takes `ram` of RAM, against memory
+/// thresholds warn 40MiB, high 48MiB, low 32MiB.
+fn check_ram(w: &Watchdog, t: &mut Tracker, ram: u64) -> Assessment {
+    decide(
+        w,
+        t,
+        &usage(100 * MIB, 30 * MIB),
+        Some(ram),
+        LIM,
+        &mem(8 * GIB),
+        &budget(),
+        0,
+    )
+}
+
+#[test]
+fn memory_thresholds_count_like_bytes_and_evict_their_share() {
+    let w = Watchdog {
+        memory: Some(MemoryThresholds {
+            warn: 40 * MIB,
+            high: 48 * MIB,
+            low: 32 * MIB,
+        }),
+        ..wd(&[Action::Evict, Action::Fallback])
+    };
+    let mut t = Tracker::default();
+    assert_eq!(check_ram(&w, &mut t, 39 * MIB).transition, None);
+    assert_eq!(
+        check_ram(&w, &mut t, 40 * MIB).transition,
+        Some((Level::Ok, Level::Warn))
+    );
+    let v = check_ram(&w, &mut t, 60 * MIB);
+    assert_eq!(v.transition, Some((Level::Warn, Level::High)));
+    let Some(act @ Act::Evict { target }) = v.act else {
+        panic!("{v:?}")
+    };
+    // 30MiB of data take 60MiB of RAM; low is 32MiB: 28/60 of the data go.
+    assert_eq!(target.memory, Some(32 * MIB));
+    assert_eq!(
+        target.need(&usage(100 * MIB, 30 * MIB), Some(60 * MIB)),
+        (14 * MIB, 0)
+    );
+    assert_eq!(target.need(&usage(100 * MIB, 16 * MIB), Some(32 * MIB)), (0, 0));
+    // Still above high in RAM after freeing nothing: the next action.
+    after_action(
+        &w,
+        &mut t,
+        &act,
+        &usage(100 * MIB, 30 * MIB),
+        Some(60 * MIB),
+        false,
+    );
+    assert_eq!(check_ram(&w, &mut t, 60 * MIB).act, Some(Act::Fallback));
+    // Hysteresis: below high but above low stays high; at low it is over.
+    let mut t = Tracker::default();
+    check_ram(&w, &mut t, 48 * MIB);
+    assert_eq!(check_ram(&w, &mut t, 33 * MIB).transition, None);
+    assert_eq!(
+        check_ram(&w, &mut t, 32 * MIB).transition,
+        Some((Level::High, Level::Ok))
+    );
+    // Without a RAM figure (not read) memory counts for nothing.
+    let mut t = Tracker::default();
+    let v = decide(
+        &w,
+        &mut t,
+        &usage(100 * MIB, 30 * MIB),
+        None,
+        LIM,
+        &mem(8 * GIB),
+        &budget(),
+        0,
+    );
+    assert_eq!((v.transition, v.act), (None, None));
+    // A tmpfs-style watchdog without memory thresholds ignores a figure.
+    let plain = wd(&[Action::Evict]);
+    assert_eq!(check_ram(&plain, &mut Tracker::default(), GIB).act, None);
 }
 
 #[test]
@@ -152,6 +240,7 @@ fn a_partial_eviction_keeps_the_stage() {
         &mut t,
         v.act.as_ref().unwrap(),
         &usage(100 * MIB, 80 * MIB),
+        None,
         true,
     );
     assert_eq!(t.stage, 0);
@@ -319,7 +408,7 @@ fn the_last_eviction_repeats_while_it_frees_something() {
         let act = v.act.clone().unwrap_or_else(|| panic!("round {round}: {v:?}"));
         assert!(matches!(act, Act::Evict { .. }));
         // Freed down to 70%, refilled to 96% before the agent looked again.
-        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), true);
+        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), None, true);
         assert!(!t.exhausted);
     }
 }
@@ -335,7 +424,7 @@ fn a_chain_with_nothing_to_free_backs_off_and_tries_again() {
     for _ in 0..8 {
         let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
         let act = v.act.expect("an eviction is tried");
-        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), false);
+        after_action(&w, &mut t, &act, &usage(100 * MIB, 96 * MIB), None, false);
         let v = check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
         assert!(v.act.is_none());
         retries.push(t.retry_at_ms - now);
@@ -355,6 +444,7 @@ fn a_chain_with_nothing_to_free_backs_off_and_tries_again() {
         &mut t,
         v.act.as_ref().unwrap(),
         &usage(100 * MIB, 96 * MIB),
+        None,
         false,
     );
     check_at(&w, &mut t, 100 * MIB, 96 * MIB, now);
@@ -368,6 +458,7 @@ fn a_chain_with_nothing_to_free_backs_off_and_tries_again() {
         &mut t,
         v.act.as_ref().unwrap(),
         &usage(100 * MIB, 70 * MIB),
+        None,
         true,
     );
     assert_eq!(t.backoff_ms, 0);
@@ -491,18 +582,21 @@ fn guard_goes_gentlest_first_lowest_priority_first_with_cooldown() {
                 index: 0,
                 watchdog: &keep,
                 usage: usage(100 * MIB, 99 * MIB),
+                memory: None,
                 limits: LIM,
             },
             PressureView {
                 index: 1,
                 watchdog: &vol,
                 usage: usage(100 * MIB, vol_used),
+                memory: None,
                 limits: LIM,
             },
             PressureView {
                 index: 2,
                 watchdog: &grown,
                 usage: usage(grown_size, 10 * MIB),
+                memory: None,
                 limits: LIM,
             },
         ]
@@ -581,6 +675,7 @@ fn equal_priorities_act_on_the_later_mount_first() {
         index,
         watchdog: &a,
         usage: usage(100 * MIB, 10 * MIB),
+        memory: None,
         limits: LIM,
     };
     let g = guard(&mem(0), &settings(), &[v(0), v(1), v(2)], None, 4096);

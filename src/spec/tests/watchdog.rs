@@ -130,6 +130,7 @@ fn agent_settings_parse() {
 fn bad_watchdog_fields_are_located_and_explained() {
     let d = dir();
     let persisted = "    persist: on-stop\n";
+    let zram = "    backend: zram\n";
     let cases: Vec<(String, u64, &str, &str, &str)> = vec![
         // (extra lines, line, the bad token (its last occurrence), field, message part)
         (
@@ -293,6 +294,55 @@ fn bad_watchdog_fields_are_located_and_explained() {
             "mounts[0].watchdog.priority",
             "invalid priority 101",
         ),
+        (
+            "    watchdog: { memory: { high: 64MiB } }\n".into(),
+            6,
+            "64MiB",
+            "mounts[0].watchdog.memory.high",
+            "mounts[0] is a tmpfs",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ high: 200MiB }} }}\n"),
+            7,
+            "200MiB",
+            "mounts[0].watchdog.memory.high",
+            "above the mount's size 100MiB",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ high: 0% }} }}\n"),
+            7,
+            "0%",
+            "mounts[0].watchdog.memory.high",
+            "above 0%",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ warn: 10MiB }} }}\n"),
+            7,
+            "10MiB",
+            "mounts[0].watchdog.memory.warn",
+            "needs `high`",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ high: 40%, low: 60MiB }} }}\n"),
+            7,
+            "60MiB",
+            "mounts[0].watchdog.memory.low",
+            "memory low 60MiB must be below memory high 40MiB",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ high: 40MiB, warn: 50% }} }}\n"),
+            7,
+            "50%",
+            "mounts[0].watchdog.memory.warn",
+            "above memory high",
+        ),
+        (
+            format!("{zram}    watchdog: {{ memory: {{ high: lots }} }}\n"),
+            7,
+            "lots",
+            "mounts[0].watchdog.memory.high",
+            "invalid memory threshold `lots`",
+        ),
     ];
     for (extra, line, token, field, msg) in cases {
         let yaml = wd_yaml(&d, "", &extra);
@@ -396,4 +446,33 @@ fn unset_warn_and_low_follow_a_lower_high() {
             low: 67.5
         }
     );
+}
+
+#[test]
+fn memory_thresholds_are_sizes_or_shares_of_a_zram_size_and_skip_tmpfs_mounts() {
+    let d = dir();
+    let p = d.path().display();
+    let s = parse_ok(&format!(
+        "version: 1\ndefaults:\n  watchdog: {{ memory: {{ high: 50% }}, action: evict }}\nmounts:\n  - name: a\n    path: {p}/a\n    size: 100MiB\n    create: true\n    backend: zram\n  - name: b\n    path: {p}/b\n    size: 100MiB\n    create: true\n  - name: c\n    path: {p}/c\n    size: 100MiB\n    create: true\n    backend: zram\n    watchdog: {{ memory: {{ warn: 20MiB, high: 24MiB, low: 16MiB }} }}\n"
+    ));
+    let mib = 1u64 << 20;
+    assert_eq!(
+        s.mounts[0].watchdog.memory,
+        Some(MemoryThresholds {
+            warn: 50 * mib,
+            high: 50 * mib,
+            low: 50 * mib / 4 * 3
+        }),
+        "unset: warn at high, low at 3/4 of it"
+    );
+    assert_eq!(s.mounts[1].watchdog.memory, None, "a tmpfs inherits none");
+    assert_eq!(
+        s.mounts[2].watchdog.memory,
+        Some(MemoryThresholds {
+            warn: 20 * mib,
+            high: 24 * mib,
+            low: 16 * mib
+        })
+    );
+    assert_eq!(s.mounts[2].watchdog.actions, [Action::Evict]);
 }

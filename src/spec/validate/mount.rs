@@ -173,6 +173,7 @@ pub(super) fn mount(
             defaults: wd_defaults,
             size,
             persist,
+            backend,
             mem_total,
             max_total,
         },
@@ -270,7 +271,7 @@ fn zram_limits(
         cx.at_loc(
             &at,
             &field,
-            "`grow` cannot work on a zram mount: a zram device's size is fixed once set; raise `size` and run `down`, then `apply`".to_string(),
+            "`grow` cannot work on a zram mount: a zram device's size is fixed once set (docs/zram.md, \"Why not grow\"); raise `size` and run `down`, then `apply`, and bound its RAM with `watchdog.memory`".to_string(),
             Some("warn, evict, fallback on a zram mount"),
         );
     }

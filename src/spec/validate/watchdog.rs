@@ -7,12 +7,17 @@ use super::{percent, Ctx, MAX_PERIOD_SECS, MIN_PERIOD_SECS};
 use crate::spec::duration::parse_duration;
 use crate::spec::raw::{NameList, RawWatchdog};
 use crate::spec::size::{self, SizeLit, SIZE_ACCEPTED};
-use crate::spec::{Action, EvictGroup, Persist, PressureAction, Thresholds, Watchdog, DEFAULT_PRIORITY};
+use crate::spec::{
+    Action, Backend, EvictGroup, MemoryThresholds, Persist, PressureAction, Thresholds, Watchdog,
+    DEFAULT_PRIORITY,
+};
 
 const ACTION_ACCEPTED: &str = "warn, evict, grow, fallback, or a list tried in order such as [grow, evict]; \
      `warn` stands alone and `fallback` comes last";
 const PRESSURE_ACCEPTED: &str =
     "none, or a list of evict, shrink, fallback tried in order, e.g. [evict, shrink, fallback]";
+const MEMORY_ACCEPTED: &str =
+    "a size of RAM such as 64MiB, or a percentage of the mount's size such as 25%; above 0 and at most the mount's size";
 const REOFFLOAD_ACCEPTED: &str = "never, or a duration from 10s to 30d such as 10m (units s, m, h, d)";
 
 const MAX_PRIORITY: u32 = 100;
@@ -26,6 +31,8 @@ pub(super) struct WdCtx<'a> {
     pub(super) size: u64,
     /// `None` when `persist` itself is invalid (already reported).
     pub(super) persist: Option<Persist>,
+    /// `None` when `backend` itself is invalid (already reported).
+    pub(super) backend: Option<Backend>,
     pub(super) mem_total: u64,
     pub(super) max_total: u64,
 }
@@ -232,6 +239,7 @@ pub(super) fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
         bytes.unwrap_or(Thresholds::DEFAULT),
         "inode limit",
     );
+    let memory = memory(cx, w);
     let chain = chain(cx, w);
     let max_size = max_size(cx, w, &chain);
     if let Some((loc, field)) = &chain.grow {
@@ -257,6 +265,7 @@ pub(super) fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
         evict_group,
         bytes: bytes?,
         inodes: inodes?,
+        memory,
         max_size: max_size.filter(|_| chain.has(Action::Grow)),
         actions: chain.actions,
         grow_step,
@@ -264,6 +273,124 @@ pub(super) fn watchdog(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<Watchdog> {
         pressure,
         priority,
     })
+}
+
+/// `memory:` in bytes. Only a zram mount has a RAM figure of its own (a
+/// tmpfs's RAM is its usage, which `warn`/`high`/`low` watch): the mount's own
+/// `memory` on a tmpfs is refused, one inherited from `defaults` ignored.
+/// Unset: `warn` at `high` (no earlier warning), `low` at ¾ of `high`.
+fn memory(cx: &mut Ctx, w: &WdCtx<'_>) -> Option<MemoryThresholds> {
+    let picks = [
+        w.pick("memory.warn", |r| r.memory.as_ref()?.warn.as_ref()),
+        w.pick("memory.high", |r| r.memory.as_ref()?.high.as_ref()),
+        w.pick("memory.low", |r| r.memory.as_ref()?.low.as_ref()),
+    ];
+    match w.backend? {
+        Backend::Zram => {}
+        Backend::Tmpfs => {
+            for p in picks.iter().flatten().filter(|p| p.own) {
+                cx.at(
+                    p.v,
+                    &p.field,
+                    format!(
+                        "`memory` thresholds watch the RAM of a zram device; mounts[{}] is a tmpfs, whose RAM is its usage (`warn`, `high`, `low`)",
+                        w.i
+                    ),
+                    Some("memory thresholds on backend: zram only; on a tmpfs `high` (of its size) bounds its RAM"),
+                );
+            }
+            return None;
+        }
+    }
+    if picks.iter().all(Option::is_none) {
+        return None;
+    }
+    let before = cx.diags.len();
+    let mut bytes = |p: &Option<Pick<'_, String>>| -> Option<u64> {
+        let p = p.as_ref()?;
+        let why = match size::parse_size(&p.v.value) {
+            Err(why) => why,
+            Ok(SizeLit::Percent(pct)) if !(pct > 0.0 && pct <= 100.0) => {
+                "a percentage above 0% and at most 100% (of the mount's size)".into()
+            }
+            // The size itself is invalid (reported): nothing to resolve against.
+            Ok(_) if w.size == 0 => return None,
+            Ok(lit) => match lit.resolve(w.size) {
+                0 => "0 bytes would always be exceeded".into(),
+                b if b > w.size => format!(
+                    "above the mount's size {}: the device stores at most that much, so its RAM never reaches it",
+                    size::format_bytes(w.size)
+                ),
+                b => return Some(b),
+            },
+        };
+        cx.at(
+            p.v,
+            &p.field,
+            format!("invalid memory threshold `{}`: {why}", p.v.value),
+            Some(MEMORY_ACCEPTED),
+        );
+        None
+    };
+    let [pw, ph, pl] = &picks;
+    let (warn, high, low) = (bytes(pw), bytes(ph), bytes(pl));
+    if cx.diags.len() != before {
+        return None;
+    }
+    let Some(high) = high else {
+        let p = pw.as_ref().or(pl.as_ref())?;
+        cx.at(
+            p.v,
+            &p.field,
+            "`memory` needs `high`: the RAM at which the action chain runs".into(),
+            Some("memory: { high: 64MiB } (warn and low are optional)"),
+        );
+        return None;
+    };
+    let t = MemoryThresholds {
+        warn: warn.unwrap_or(high),
+        high,
+        low: low.unwrap_or(high / 4 * 3),
+    };
+    let fmt = size::format_bytes;
+    let own_first = |a: &Option<Pick<'_, String>>, b: &Option<Pick<'_, String>>| {
+        [a, b]
+            .into_iter()
+            .flatten()
+            .find(|p| p.own)
+            .or(a.as_ref())
+            .or(b.as_ref())
+            .map(|p| (p.v.referenced, p.field.clone()))
+    };
+    if t.low >= t.high {
+        if let Some((loc, field)) = own_first(pl, ph) {
+            cx.at_loc(
+                &loc,
+                &field,
+                format!(
+                    "memory low {} must be below memory high {}; the gap is the hysteresis",
+                    fmt(t.low),
+                    fmt(t.high)
+                ),
+                Some("low < high, e.g. memory: { high: 64MiB, low: 48MiB }"),
+            );
+        }
+    }
+    if t.warn > t.high {
+        if let Some((loc, field)) = own_first(pw, ph) {
+            cx.at_loc(
+                &loc,
+                &field,
+                format!(
+                    "memory warn {} is above memory high {}; it would never warn first",
+                    fmt(t.warn),
+                    fmt(t.high)
+                ),
+                Some("warn <= high, e.g. memory: { warn: 56MiB, high: 64MiB }"),
+            );
+        }
+    }
+    (cx.diags.len() == before).then_some(t)
 }
 
 /// The `action` chain, `[warn]` when unset; misplaced actions are reported.
