@@ -32,6 +32,19 @@ impl Agent {
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
+            if self.mounts[i].spec.seed == spec::Seed::Overlay {
+                // Not acted on (docs/overlay.md: validation refuses a watchdog and
+                // `every` on it): only shown, and never a candidate under pressure.
+                let w = &mut self.mounts[i];
+                w.usage = None;
+                w.state = observe::classify(&StateFacts {
+                    offloaded: ours.is_some(),
+                    degraded: self.state.degraded(&w.spec.name).is_some(),
+                    covered: top.is_some() && ours.is_none(),
+                    ..StateFacts::default()
+                });
+                continue;
+            }
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
             if held && Some(self.mounts[i].dev) != dev {

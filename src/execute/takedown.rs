@@ -60,6 +60,11 @@ pub fn run(
                 .expect("decide writes back only mounts of the spec");
             let mut watch = None;
             if let Some(e) = &switch {
+                if m.seed == crate::spec::Seed::Overlay
+                    && !overlay_first_pass(m, &e.mount_point, state, by, res)?
+                {
+                    return Ok(());
+                }
                 let started = Instant::now();
                 // From before the switch: the application's deletions on disk from
                 // its first moment there on.
@@ -88,6 +93,34 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// The write-back of an overlay while it is still mounted, before the switch:
+/// the merge has the disk directory to itself. On failure nothing is switched:
+/// the application keeps its overlay, the reason is reported, and `false` is
+/// returned.
+fn overlay_first_pass(
+    m: &crate::spec::MountSpec,
+    merged: &std::path::Path,
+    state: &State,
+    by: &str,
+    res: &mut DownResult,
+) -> Result<bool> {
+    let stage = state.stage(&m.name);
+    let first = crate::copy::baseline::now_after_tick();
+    let sync = crate::sync::overlay::pass(m, Some(merged), &stage, state, Default::default(), None, by)?;
+    let failed = sync.result == SyncOutcome::Failed;
+    if failed {
+        res.result = DownOutcome::Failed;
+        res.reason = Some(format!(
+            "writing the upper layer back failed ({}); the overlay stays in place and nothing was switched",
+            sync.reason.clone().unwrap_or_default()
+        ));
+    } else {
+        crate::sync::overlay::mark_switch(&stage, first)?;
+    }
+    res.syncs.push(sync);
+    Ok(!failed)
 }
 
 /// Puts the application back on its disk directory in one step: the tmpfs `live`

@@ -177,6 +177,19 @@ pub(super) fn mount(
             max_total,
         },
     );
+    if seed == Some(Seed::Overlay) {
+        if let (Some(p), Some(raw), Some(n)) = (&path, &m.path, &name) {
+            paths::overlay_lower(cx, &field("path"), raw, p, n);
+        }
+        overlay_limits(
+            cx,
+            i,
+            m,
+            persist,
+            backend,
+            m.watchdog.is_some() || wd_defaults.is_some(),
+        );
+    }
     match backend {
         Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
         Some(Backend::Tmpfs) => zram_only(cx, i, m),
@@ -272,6 +285,55 @@ fn zram_limits(
             &field,
             "`grow` cannot work on a zram mount: a zram device's size is fixed once set; raise `size` and run `down`, then `apply`".to_string(),
             Some("warn, evict, fallback on a zram mount"),
+        );
+    }
+}
+
+/// What `seed: overlay` does not do (yet), each refused with its reason
+/// (docs/overlay.md). Placed at the mount's own field when it has one, else at
+/// its seed or name (the value came from `defaults:`).
+fn overlay_limits(
+    cx: &mut Ctx,
+    i: usize,
+    m: &RawMount,
+    persist: Option<Persist>,
+    backend: Option<Backend>,
+    watchdog: bool,
+) {
+    let Some(anchor) = m.seed.as_ref().or(m.name.as_ref()) else {
+        return;
+    };
+    let field = |f: &str| format!("mounts[{i}].{f}");
+    let at = |s: Option<&Spanned<String>>| s.unwrap_or(anchor).referenced;
+    match persist {
+        Some(Persist::None) => cx.at_loc(
+            &at(m.persist.as_ref()),
+            &field("persist"),
+            "seed: overlay keeps every write only in the RAM upper layer; with persist: none `down` would drop them all, and a cache that may lose its writes needs no overlay (seed: empty)".to_string(),
+            Some("persist: on-stop with seed: overlay"),
+        ),
+        Some(Persist::Every(_)) => cx.at_loc(
+            &at(m.persist.as_ref()),
+            &field("persist"),
+            "the agent does not write back overlay mounts yet; use persist: on-stop and run `tmpfsctl sync` from a timer".to_string(),
+            Some("persist: on-stop with seed: overlay"),
+        ),
+        _ => {}
+    }
+    if backend == Some(Backend::Zram) {
+        cx.at_loc(
+            &at(m.backend.as_ref()),
+            &field("backend"),
+            "seed: overlay keeps its upper layer on tmpfs only so far".to_string(),
+            Some("backend: tmpfs with seed: overlay"),
+        );
+    }
+    if watchdog {
+        cx.at_loc(
+            &at(None),
+            &field("watchdog"),
+            "the agent does not watch overlay mounts yet: its evict would have to drop files from a mounted upper layer, which overlayfs does not allow, and grow and fallback act on a tmpfs at the path".to_string(),
+            Some("no watchdog on a seed: overlay mount (nor in defaults)"),
         );
     }
 }
@@ -486,7 +548,11 @@ fn huge(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Huge> {
     choice(cx, field, s, "huge page policy", &Huge::ALL)
 }
 
-pub(in crate::spec) const SEEDS: [(&str, Seed); 2] = [("copy", Seed::Copy), ("empty", Seed::Empty)];
+pub(in crate::spec) const SEEDS: [(&str, Seed); 3] = [
+    ("copy", Seed::Copy),
+    ("empty", Seed::Empty),
+    ("overlay", Seed::Overlay),
+];
 pub(in crate::spec) const ON_FAILURES: [(&str, OnFailure); 2] =
     [("keep-disk", OnFailure::KeepDisk), ("fail", OnFailure::Fail)];
 /// What `flags` accepts in `options` (the JSON schema's list).

@@ -1,0 +1,230 @@
+//! `seed: overlay`: the built binary against real overlay mounts, each test in a
+//! private mount namespace. The disk directory is the lower layer (through the
+//! side bind), the upper layer is on a tmpfs at `STATE/stage/NAME`; a write-back
+//! merges the upper layer into the disk directory (docs/overlay.md).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::{App, Sandbox};
+
+fn overlay_spec(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
+    sb.one_mount_spec(
+        "cache",
+        cache,
+        "64MiB",
+        &format!("    seed: overlay\n    persist: on-stop\n{extra}"),
+    )
+}
+
+/// Every regular file below `dir` with its contents, by relative path.
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if e.file_type().unwrap().is_dir() {
+                out.insert(format!("{rel}/"), String::new());
+                walk(root, &p, out);
+            } else {
+                out.insert(rel, fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn opaque(dir: &Path) -> bool {
+    let mut buf = [0u8; 4];
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and a buffer of its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    n == 1 && buf[0] == b'y'
+}
+
+/// apply copies nothing and mounts the overlay; sync and down write back every
+/// change (new, rewritten, deleted, renamed, a replaced directory, a new
+/// directory) and bring back nothing deleted; afterwards nothing of tmpfsctl's
+/// is mounted.
+#[test]
+fn apply_sync_down_write_back_every_change() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o750);
+    fs::create_dir(cache.join("d")).unwrap();
+    for i in 0..20 {
+        fs::write(cache.join(format!("d/f{i}")), format!("seeded {i}")).unwrap();
+    }
+    fs::create_dir(cache.join("replaced")).unwrap();
+    fs::write(cache.join("replaced/old"), "old").unwrap();
+    let spec = overlay_spec(&sb, &cache, "");
+
+    let plan = sb.run(["plan", "--format", "json", spec.to_str().unwrap()]);
+    plan.code(0);
+    let actions: Vec<String> = plan.json()["plan"]["mounts"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["action"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(actions, ["bind-side", "mount-stage", "mount-overlay"], "{plan}");
+
+    sb.run(["apply", spec.to_str().unwrap()])
+        .code(0)
+        .stdout_has("changed: yes");
+    let top = sb.top(&cache).expect("a mount at the path");
+    assert_eq!(
+        (top.fstype.as_str(), top.source.as_str()),
+        ("overlay", "tmpfsctl-cache")
+    );
+    assert!(top.has_mount_option("nosuid") && top.has_mount_option("nodev"));
+    let stage = sb.state.join("stage/cache");
+    let upper = stage.join("upper");
+    assert_eq!(sb.top(&stage).map(|e| e.fstype), Some("tmpfs".to_string()));
+    assert_eq!(fs::read_dir(&upper).unwrap().count(), 0, "nothing copied");
+    assert_eq!(crate::common::mode_of(&cache), 0o750, "the disk directory's root");
+    let st = sb.run(["status", "--format", "json", spec.to_str().unwrap()]);
+    st.code(0);
+    assert_eq!(st.json()["mounts"][0]["state"], "offloaded", "{st}");
+    sb.run(["apply", spec.to_str().unwrap()])
+        .code(0)
+        .stdout_has("changed: no");
+
+    fs::write(cache.join("d/f0"), "rewritten").unwrap();
+    fs::remove_file(cache.join("d/f1")).unwrap();
+    fs::rename(cache.join("d/f2"), cache.join("d/f2-renamed")).unwrap();
+    fs::remove_dir_all(cache.join("replaced")).unwrap();
+    fs::create_dir(cache.join("replaced")).unwrap();
+    fs::write(cache.join("replaced/new"), "new").unwrap();
+    fs::create_dir_all(cache.join("fresh/sub")).unwrap();
+    fs::write(cache.join("fresh/sub/a"), "a").unwrap();
+    fs::write(cache.join("fresh/sub/b"), "b").unwrap();
+    let want = tree(&cache);
+
+    let sync = sb.run(["sync", "--format", "json", spec.to_str().unwrap()]);
+    sync.code(0);
+    assert_eq!(sync.json()[0]["result"], "synced", "{sync}");
+    let lower = sb.state.join("lower/cache");
+    assert_eq!(tree(&lower), want, "the disk directory after sync");
+    assert!(
+        fs::symlink_metadata(upper.join("d/f1"))
+            .unwrap()
+            .file_type()
+            .is_char_device(),
+        "the whiteout stays in the upper layer"
+    );
+    assert!(
+        opaque(&upper.join("fresh")),
+        "a directory made in RAM is marked opaque before its copy reaches the disk"
+    );
+
+    // A deletion in a directory that only RAM had when it was made: the overlay
+    // leaves no whiteout there; the write-back still deletes it on disk.
+    fs::remove_file(cache.join("fresh/sub/a")).unwrap();
+    fs::write(cache.join("late"), "late").unwrap();
+    let want = tree(&cache);
+    let down = sb.run(["down", "--format", "json", spec.to_str().unwrap()]);
+    down.code(0);
+    assert_eq!(down.json()[0]["result"], "unmounted", "{down}");
+    assert!(
+        sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
+        "nothing of tmpfsctl's is mounted: {:?}",
+        sb.mounts()
+    );
+    assert_eq!(tree(&cache), want, "the disk directory after down");
+    assert!(!cache.join("fresh/sub/a").exists());
+    assert_eq!(fs::read_to_string(cache.join("d/f0")).unwrap(), "rewritten");
+}
+
+/// An application writing, rewriting, deleting and renaming all along, through
+/// apply, two syncs and down: nothing it wrote is lost and nothing it deleted
+/// comes back, across the switch back to the disk directory.
+#[test]
+fn a_busy_application_loses_nothing() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let seeded: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("s-{i}"), format!("seeded {i}").into_bytes()))
+        .collect();
+    for (n, c) in &seeded {
+        fs::write(cache.join(n), c).unwrap();
+    }
+    let spec = overlay_spec(&sb, &cache, "");
+    let app = App::start(cache.clone(), seeded, 15);
+    std::thread::sleep(Duration::from_millis(50));
+    for cmd in ["apply", "sync", "sync", "down"] {
+        app.event(cmd);
+        sb.run([cmd, spec.to_str().unwrap()]).code(0);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let exp = app.stop();
+    assert!(exp.ops > 300, "the application did only {} operations", exp.ops);
+    exp.assert_nothing_lost(&cache, "seed: overlay");
+}
+
+/// What seed: overlay does not do yet is refused before anything is touched,
+/// each with its reason; so is fstab, which cannot express it.
+#[test]
+fn what_an_overlay_cannot_do_is_refused() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let refused = |spec: &str, why: &str| {
+        let p = sb.write_spec("bad.yaml", spec);
+        let r = sb.run(["validate", p.to_str().unwrap()]);
+        assert_eq!(r.code, Some(2), "{r}");
+        r.stderr_has(why);
+    };
+    let mount = |extra: &str| {
+        format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 64MiB\n    seed: overlay\n{extra}",
+            cache.display()
+        )
+    };
+    refused(&mount(""), "with persist: none `down` would drop them all");
+    refused(
+        &mount("    persist: every 1h\n"),
+        "the agent does not write back overlay mounts yet",
+    );
+    refused(
+        &mount("    persist: on-stop\n    backend: zram\n"),
+        "keeps its upper layer on tmpfs only so far",
+    );
+    refused(
+        &mount("    persist: on-stop\n    watchdog: { high: 90%, action: warn }\n"),
+        "the agent does not watch overlay mounts yet",
+    );
+    assert!(sb.mounts().is_empty(), "validation touches nothing");
+
+    let root = sb.path("root");
+    crate::common::root_only_users(&root);
+    fs::create_dir_all(root.join("var/cache/app")).unwrap();
+    let spec = overlay_spec(&sb, Path::new("/var/cache/app"), "");
+    let install = |mode: &str| {
+        sb.run([
+            "boot",
+            "install",
+            spec.to_str().unwrap(),
+            "--mode",
+            mode,
+            "--root",
+            root.to_str().unwrap(),
+        ])
+    };
+    let r = install("fstab");
+    assert_ne!(r.code, Some(0), "{r}");
+    r.stderr_has("`cache` is a seed: overlay mount, which fstab cannot express");
+    assert!(!root.join("etc/fstab").exists(), "nothing written");
+    install("systemd").code(0).stdout_has("changed: yes");
+}
