@@ -295,7 +295,8 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         (AtPath::Ours(_), _) => None,
         _ => RootAttrs::of(&m.path).ok(),
     };
-    let stage_holds_upper = !matches!(at_path, AtPath::Ours(_))
+    let stage_holds_upper = m.seed == spec::Seed::Overlay
+        && !matches!(at_path, AtPath::Ours(_))
         && table.top_at(&stage).is_some_and(|e| backend::is_ours(e, &source))
         && upper_has_entries(&stage);
     Observed {

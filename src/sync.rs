@@ -114,6 +114,15 @@ pub fn sync(
             });
             continue;
         }
+        if o.stage_holds_upper {
+            if let Some(r) = overlay::rescue(m, &world.table, state, by)? {
+                if r.result == SyncOutcome::Synced {
+                    clean_up(&m.name, &host.mounts()?, state)?;
+                }
+                out.push(r);
+                continue;
+            }
+        }
         if !matches!(o.at_path, AtPath::Ours(_)) {
             out.push(skip(
                 "not offloaded: the application already uses the disk directory".into(),
@@ -251,7 +260,7 @@ pub fn finish_writeback(
     let deletions = watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>);
     let res = if m.seed == Seed::Overlay {
         let stage = state.stage(&m.name);
-        let window = overlay::after_switch(&stage);
+        let window = overlay::after_switch(&stage)?;
         let merged = Some(held.as_path()).filter(|h| held_overlay(h));
         overlay::pass(m, merged, &stage, state, window, deletions, by)?
     } else {

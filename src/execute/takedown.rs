@@ -44,7 +44,27 @@ pub fn run(
             res.result = DownOutcome::Refused;
             res.reason = Some(reason);
         }
-        Takedown::CleanUp => crate::sync::clean_up(name, table, state)?,
+        Takedown::CleanUp => {
+            // An overlay's upper layer left without its overlay goes to disk first.
+            let rescued = match spec.mount(name).filter(|m| m.seed == crate::spec::Seed::Overlay) {
+                Some(m) => crate::sync::overlay::rescue(m, table, state, by)?,
+                None => None,
+            };
+            if let Some(sync) = rescued {
+                let failed = sync.result == SyncOutcome::Failed;
+                let why = sync.reason.clone().unwrap_or_default();
+                res.syncs.push(sync);
+                if failed {
+                    res.result = DownOutcome::Failed;
+                    res.reason = Some(format!(
+                        "the upper layer left at {} was not written back ({why}); it stays for a retry",
+                        state.stage(name).display()
+                    ));
+                    return Ok(());
+                }
+            }
+            crate::sync::clean_up(name, table, state)?
+        }
         Takedown::Unmount(e) => {
             res.result = if mount::unmount_if_idle(&e.mount_point)? {
                 DownOutcome::Unmounted

@@ -26,6 +26,7 @@ use crate::backend::overlay::UPPER;
 use crate::copy::baseline::{now_after_tick, Time};
 use crate::copy::overlay::{merge_upper, OverlayStats, Window};
 use crate::copy::{DiskDeletions, SyncStats};
+use crate::host::mountinfo::MountTable;
 use crate::spec::MountSpec;
 use crate::state::{State, SyncRecord};
 
@@ -107,6 +108,41 @@ fn sync_stats(s: &OverlayStats) -> SyncStats {
     }
 }
 
+/// Writes back an upper layer whose overlay went away (unmounted by hand, or
+/// a crash after the overlay's unmount): its tmpfs is still at the staging
+/// point, and its writes are not on disk yet. `None` when there is none.
+/// Only through a side bind that leads to the disk directory.
+pub fn rescue(m: &MountSpec, table: &MountTable, state: &State, by: &str) -> Result<Option<SyncResult>> {
+    let stage = state.stage(&m.name);
+    let Some(tmpfs) = table
+        .top_at(&stage)
+        .filter(|e| crate::backend::is_ours(e, &m.source()))
+    else {
+        return Ok(None);
+    };
+    let has_entries = std::fs::read_dir(stage.join(UPPER)).is_ok_and(|mut d| d.next().is_some());
+    if !has_entries {
+        return Ok(None);
+    }
+    if !crate::observe::side_reaches_disk(table, tmpfs.dev, &state.side(&m.name)) {
+        return Ok(Some(SyncResult {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            result: SyncOutcome::Failed,
+            reason: Some(format!(
+                "{} holds writes of `{}` not yet on disk, and the disk directory is not reachable at {}",
+                stage.display(),
+                m.name,
+                state.side(&m.name).display()
+            )),
+            stats: None,
+            whole_tree: None,
+            seconds: 0.0,
+        }));
+    }
+    pass(m, None, &stage, state, after_switch(&stage)?, None, by).map(Some)
+}
+
 /// Records, just before the switch, that the application is on its disk
 /// directory from now on, and when the pass before it began (`first_pass`).
 pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
@@ -117,9 +153,10 @@ pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
 
 /// The window of the pass after the switch: upper entries changed since the
 /// first pass began, never over the application's disk changes since the
-/// switch. Without a record (the overlay went away some other way) every
-/// upper entry is written, and the disk's changes from now on win.
-pub fn after_switch(stage: &Path) -> Window {
+/// switch. Without a record (the overlay went away some other way) every upper
+/// entry is written, and a disk entry changed after the upper layer's last
+/// change is the application's later one.
+pub fn after_switch(stage: &Path) -> Result<Window> {
     let recorded = std::fs::read_to_string(stage.join(SWITCHED))
         .ok()
         .and_then(|text| {
@@ -133,14 +170,35 @@ pub fn after_switch(stage: &Path) -> Window {
                 _ => None,
             }
         });
-    match recorded {
+    Ok(match recorded {
         Some((first, switched)) => Window {
             upper_since: Some(first),
             disk_since: Some(switched),
         },
-        None => Window {
-            upper_since: None,
-            disk_since: Some(now_after_tick()),
-        },
+        None => {
+            let (s, ns) = latest_ctime(&stage.join(UPPER))?;
+            Window {
+                upper_since: None,
+                disk_since: Some(if ns == 999_999_999 {
+                    (s + 1, 0)
+                } else {
+                    (s, ns + 1)
+                }),
+            }
+        }
+    })
+}
+
+/// The latest ctime in the tree at `dir`.
+fn latest_ctime(dir: &Path) -> Result<Time> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(dir).with_context(|| format!("stat {}", dir.display()))?;
+    let mut latest = (md.ctime(), md.ctime_nsec());
+    if md.is_dir() {
+        for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e.with_context(|| format!("listing {}", dir.display()))?;
+            latest = latest.max(latest_ctime(&e.path())?);
+        }
     }
+    Ok(latest)
 }

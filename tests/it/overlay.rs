@@ -40,6 +40,15 @@ fn tree(dir: &Path) -> BTreeMap<String, String> {
     out
 }
 
+/// The mounts of tmpfsctl-NAME sources left in the sandbox (the state
+/// directory's own private binds are not counted).
+fn ours_left(sb: &Sandbox) -> Vec<tmpfsctl::host::mountinfo::MountEntry> {
+    sb.mounts()
+        .into_iter()
+        .filter(|e| e.source.starts_with("tmpfsctl-"))
+        .collect()
+}
+
 fn opaque(dir: &Path) -> bool {
     let mut buf = [0u8; 4];
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
@@ -138,14 +147,51 @@ fn apply_sync_down_write_back_every_change() {
     let down = sb.run(["down", "--format", "json", spec.to_str().unwrap()]);
     down.code(0);
     assert_eq!(down.json()[0]["result"], "unmounted", "{down}");
-    assert!(
-        sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
-        "nothing of tmpfsctl's is mounted: {:?}",
-        sb.mounts()
-    );
+    assert_eq!(ours_left(&sb), [], "nothing of tmpfsctl's is mounted");
     assert_eq!(tree(&cache), want, "the disk directory after down");
     assert!(!cache.join("fresh/sub/a").exists());
     assert_eq!(fs::read_to_string(cache.join("d/f0")).unwrap(), "rewritten");
+}
+
+/// An overlay unmounted by hand leaves its upper layer's writes only in RAM:
+/// `apply` refuses to replace it, `sync` (or `down`) writes them back and
+/// releases it, and a disk change made after the upper layer's last one is kept.
+#[test]
+fn an_upper_layer_left_without_its_overlay_is_written_back_by_sync_or_down() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::write(cache.join("kept"), "seeded").unwrap();
+    fs::write(cache.join("gone"), "seeded").unwrap();
+    let spec = overlay_spec(&sb, &cache, "");
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    fs::write(cache.join("new"), "ram").unwrap();
+    fs::write(cache.join("later-on-disk"), "ram, earlier").unwrap();
+    fs::remove_file(cache.join("gone")).unwrap();
+    nix::mount::umount(&cache).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(cache.join("later-on-disk"), "disk, later").unwrap();
+
+    let r = sb.run(["apply", spec.to_str().unwrap()]);
+    r.code(3)
+        .stdout_has("run `tmpfsctl sync cache` to write them back");
+    assert_eq!(sb.top(&cache), None, "nothing mounted over the disk directory");
+    sb.run(["sync", spec.to_str().unwrap()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("new")).unwrap(), "ram");
+    assert_eq!(
+        fs::read_to_string(cache.join("later-on-disk")).unwrap(),
+        "disk, later"
+    );
+    assert!(!cache.join("gone").exists());
+    assert_eq!(fs::read_to_string(cache.join("kept")).unwrap(), "seeded");
+    assert_eq!(ours_left(&sb), [], "released");
+    // `down` rescues it the same way.
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    assert_eq!(sb.top(&cache).map(|e| e.fstype), Some("overlay".to_string()));
+    fs::write(cache.join("before-down"), "ram").unwrap();
+    nix::mount::umount(&cache).unwrap();
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("before-down")).unwrap(), "ram");
+    assert_eq!(ours_left(&sb), [], "released");
 }
 
 /// An application writing, rewriting, deleting and renaming all along, through
@@ -172,6 +218,43 @@ fn a_busy_application_loses_nothing() {
     let exp = app.stop();
     assert!(exp.ops > 300, "the application did only {} operations", exp.ops);
     exp.assert_nothing_lost(&cache, "seed: overlay");
+}
+
+/// `down` killed at each point of its takedown (after the overlay is held,
+/// after the switch, after the held overlay is released) is finished by the
+/// next `down`, with the application writing on disk in between: nothing
+/// lost, nothing back, nothing of tmpfsctl's left mounted.
+#[test]
+fn a_killed_down_is_finished_by_the_next() {
+    for point in ["after-hold", "after-switch", "after-release"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::write(cache.join("seeded"), "seeded").unwrap();
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::write(cache.join("ram"), "ram").unwrap();
+        fs::remove_file(cache.join("seeded")).unwrap();
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_FAILPOINT", format!("{point}:cache"));
+        let killed = sb.run_with(c, ["down", spec.to_str().unwrap()]);
+        assert_eq!(killed.signal, Some(9), "{point}: {killed}");
+        if point != "after-hold" {
+            assert_ne!(
+                sb.top(&cache).map(|e| e.fstype),
+                Some("overlay".to_string()),
+                "{point}: switched"
+            );
+            fs::write(cache.join("disk"), "written on disk after the switch").unwrap();
+        }
+        let again = sb.run(["down", spec.to_str().unwrap()]);
+        again.code(0);
+        assert_eq!(fs::read_to_string(cache.join("ram")).unwrap(), "ram", "{point}");
+        assert!(!cache.join("seeded").exists(), "{point}: a deletion came back");
+        if point != "after-hold" {
+            assert!(cache.join("disk").exists(), "{point}: {again}");
+        }
+        assert_eq!(ours_left(&sb), [], "{point}: left mounted");
+    }
 }
 
 /// What seed: overlay does not do yet is refused before anything is touched,
