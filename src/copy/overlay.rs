@@ -32,7 +32,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -40,6 +40,7 @@ use serde::Serialize;
 
 use super::baseline::Time;
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
+use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// The xattr overlayfs marks an opaque directory with.
 pub const OPAQUE: &str = "trusted.overlay.opaque";
@@ -92,6 +93,7 @@ pub fn merge_upper(
         touched: HashSet::new(),
         upper,
         merged,
+        xattrs: XattrBufs::default(),
     };
     m.dir(upper, disk, false)?;
     set_meta(&fs::symlink_metadata(upper).context(ctx("stat", upper))?, disk)?;
@@ -114,6 +116,7 @@ struct Merge<'a> {
     touched: HashSet<PathBuf>,
     upper: &'a Path,
     merged: Option<&'a Path>,
+    xattrs: XattrBufs,
 }
 
 fn ctx(op: &str, p: &Path) -> String {
@@ -224,12 +227,16 @@ impl Merge<'_> {
             }
             self.dir(&u, &d, opaque)?;
             set_meta(&md, &d)?;
+            let (uf, df) = (open_dir(&u)?, open_dir(&d)?);
+            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &d)?;
             return Ok(disk.is_none());
         }
         if !changed {
             return Ok(false);
         }
-        if disk.as_ref().is_some_and(|dm| same_leaf(&md, dm, &u, &d)) {
+        if disk.as_ref().is_some_and(|dm| same_leaf(&md, dm, &u, &d))
+            && self.same_xattrs(u_dir, d_dir, name)?
+        {
             self.stats.unchanged += 1;
             return Ok(false);
         }
@@ -281,11 +288,13 @@ impl Merge<'_> {
             self.stats.bytes += io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp))?;
             dst.flush().with_context(|| ctx("writing", &tmp))?;
             set_meta(&md, &tmp)?;
+            self.sync_xattrs(XattrTarget::Fd(src.as_fd()), XattrTarget::Fd(dst.as_fd()), &tmp)?;
             dst.sync_all().with_context(|| ctx("fsync", &tmp))?;
         } else if ft.is_symlink() {
             let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
             symlink(&target, &tmp).with_context(|| ctx("creating symlink", &tmp))?;
             set_meta(md, &tmp)?;
+            self.sync_xattrs_at(u, &tmp)?;
         } else {
             let c = CString::new(tmp.as_os_str().as_bytes()).context("a path with a NUL byte")?;
             // SAFETY: `c` is a valid NUL-terminated path.
@@ -293,6 +302,7 @@ impl Merge<'_> {
                 return Err(io::Error::last_os_error()).context(ctx("mknod", &tmp));
             }
             set_meta(md, &tmp)?;
+            self.sync_xattrs_at(u, &tmp)?;
         }
         let mut disk = disk;
         if disk.is_some_and(|dm| dm.is_dir()) {
@@ -327,6 +337,33 @@ impl Merge<'_> {
         self.touched.insert(d_dir.to_path_buf());
         self.stats.written += 1;
         Ok(())
+    }
+
+    /// Makes the extended attributes of `dst` (at `path`) those of `src`.
+    fn sync_xattrs(&mut self, src: XattrTarget<'_>, dst: XattrTarget<'_>, path: &Path) -> Result<()> {
+        xattrs::sync_xattrs(src, dst, &mut self.xattrs)
+            .map_err(|e| anyhow::Error::new(e.at(path.to_path_buf())))
+    }
+
+    /// [`Self::sync_xattrs`] for entries that cannot be opened (symlinks, nodes).
+    fn sync_xattrs_at(&mut self, u: &Path, d: &Path) -> Result<()> {
+        let (ud, un) = split(u)?;
+        let (dd, dn) = split(d)?;
+        self.sync_xattrs(
+            XattrTarget::At(ud.as_fd(), &un),
+            XattrTarget::At(dd.as_fd(), &dn),
+            d,
+        )
+    }
+
+    fn same_xattrs(&mut self, u_dir: &Path, d_dir: &Path, name: &OsStr) -> Result<bool> {
+        let (ud, dd, n) = (open_dir(u_dir)?, open_dir(d_dir)?, cstr(name)?);
+        xattrs::same_xattrs(
+            XattrTarget::At(ud.as_fd(), &n),
+            XattrTarget::At(dd.as_fd(), &n),
+            &mut self.xattrs,
+        )
+        .map_err(|e| anyhow::Error::new(e.at(d_dir.join(name))))
     }
 
     /// Removes `name` from the disk directory, and all below it; once the
@@ -369,6 +406,21 @@ impl Merge<'_> {
         self.stats.removed += 1;
         Ok(())
     }
+}
+
+fn open_dir(p: &Path) -> Result<File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(p)
+        .with_context(|| ctx("opening", p))
+}
+
+/// The directory of `p`, open, and its last name.
+fn split(p: &Path) -> Result<(File, CString)> {
+    let parent = p.parent().context("a path with a parent")?;
+    let name = p.file_name().context("a path with a name")?;
+    Ok((open_dir(parent)?, cstr(name)?))
 }
 
 fn cstr(name: &OsStr) -> Result<CString> {

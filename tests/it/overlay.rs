@@ -49,19 +49,16 @@ fn ours_left(sb: &Sandbox) -> Vec<tmpfsctl::host::mountinfo::MountEntry> {
         .collect()
 }
 
+fn xattr(p: &Path, name: &std::ffi::CStr) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and name, and a buffer of its length.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
 fn opaque(dir: &Path) -> bool {
-    let mut buf = [0u8; 4];
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid path and a buffer of its length.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    n == 1 && buf[0] == b'y'
+    xattr(dir, c"trusted.overlay.opaque").as_deref() == Some(b"y".as_slice())
 }
 
 /// apply copies nothing and mounts the overlay; sync and down write back every
@@ -120,6 +117,10 @@ fn apply_sync_down_write_back_every_change() {
     fs::create_dir_all(cache.join("fresh/sub")).unwrap();
     fs::write(cache.join("fresh/sub/a"), "a").unwrap();
     fs::write(cache.join("fresh/sub/b"), "b").unwrap();
+    let c = std::ffi::CString::new(cache.join("fresh/sub/b").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid path, name and value.
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.origin".as_ptr(), b"ram".as_ptr().cast(), 3, 0) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
     let want = tree(&cache);
 
     let sync = sb.run(["sync", "--format", "json", spec.to_str().unwrap()]);
@@ -137,6 +138,15 @@ fn apply_sync_down_write_back_every_change() {
     assert!(
         opaque(&upper.join("fresh")),
         "a directory made in RAM is marked opaque before its copy reaches the disk"
+    );
+    assert!(
+        !opaque(&lower.join("fresh")),
+        "overlayfs' own attributes stay in RAM"
+    );
+    assert_eq!(
+        xattr(&lower.join("fresh/sub/b"), c"user.origin").as_deref(),
+        Some(b"ram".as_slice()),
+        "extended attributes are written back"
     );
 
     // A deletion in a directory that only RAM had when it was made: the overlay
