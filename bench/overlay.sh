@@ -8,11 +8,12 @@
 # directories, TOTAL_MIB in all. `apply` is timed as a whole process (fork,
 # spec, observe, plan, mounts, records) RUNS times, each after a `down`.
 # Churn: for CHURN seconds a writer rewrites random existing files (each a
-# copy-up into RAM), creates new ones and deletes some, through the overlay;
-# the upper layer's use (`status --format json`) is printed every second.
+# copy-up into RAM), creates new ones and deletes some, through the overlay,
+# RATE operations a second; the upper layer's use (`status --format json`)
+# is printed every second. A write the full tmpfs refuses is counted.
 # Each run is in a private mount namespace with a state directory of its own.
 #
-# Usage: sudo bench/overlay.sh     (env: FILES TOTAL_MIB RUNS CHURN SYNC_EVERY BIN)
+# Usage: sudo bench/overlay.sh     (env: FILES TOTAL_MIB RUNS CHURN RATE SYNC_EVERY BIN)
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ FILES=${FILES:-100000}
 TOTAL_MIB=${TOTAL_MIB:-2048}
 RUNS=${RUNS:-5}
 CHURN=${CHURN:-30}
+RATE=${RATE:-300}
 SYNC_EVERY=${SYNC_EVERY:-5}
 BIN=${BIN:-$PWD/target/release/tmpfsctl}
 WORK=$(mktemp -d /var/tmp/tmpfsctl-overlay-bench-XXXXXX)
@@ -84,18 +86,19 @@ if [ "${COPY:-1}" = 1 ]; then
 fi
 
 "$BIN" apply "$ov" >/dev/null
-python3 - "$WORK/cache" "$FILES" "$CHURN" "$BIN" "$ov" "$SYNC_EVERY" <<'EOF'
-import json, os, random, subprocess, sys, time
-root, files, churn, binary, spec, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6])
+python3 - "$WORK/cache" "$FILES" "$CHURN" "$BIN" "$ov" "$SYNC_EVERY" "$RATE" <<'EOF'
+import errno, json, os, random, subprocess, sys, time
+root, files, churn, binary, spec, every, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]), float(sys.argv[7])
 rnd = random.Random(1)
 data = os.urandom(64 << 10)
 def used():
     s = json.loads(subprocess.run([binary, "status", "--format", "json", spec], capture_output=True, check=True).stdout)
     return s["mounts"][0]["usage"]["used"]
 start = time.time(); next_tick = start + 1; next_sync = start + every
-ops = rewrites = creates = deletes = 0
-print("  s  upper used   ops  (rewrites/creates/deletes so far)")
+ops = rewrites = creates = deletes = full = 0
+print("  s  upper used   ops  (rewrites/creates/deletes/refused as full so far)")
 while time.time() - start < churn:
+    time.sleep(max(0.0, start + ops / rate - time.time()))
     i = rnd.randrange(files); p = os.path.join(root, "%02x" % (i % 256), "f%06d" % i)
     r = rnd.random()
     try:
@@ -109,13 +112,19 @@ while time.time() - start < churn:
             os.unlink(p); deletes += 1
     except FileNotFoundError:
         pass
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        full += 1
     ops += 1
     now = time.time()
     if now >= next_sync:
-        t = time.time(); subprocess.run([binary, "sync", spec], capture_output=True, check=True)
-        print("     sync: %.2f s" % (time.time() - t)); next_sync = time.time() + every
+        t = time.time()
+        r = json.loads(subprocess.run([binary, "sync", "--format", "json", spec], capture_output=True, check=True).stdout)[0]["stats"]
+        print("     sync: %.2f s, %d files (%.1f MiB) written, %d removed" % (time.time() - t, r["files_written"], r["bytes_written"] / 2**20, r["deleted"]))
+        next_sync = time.time() + every
     if now >= next_tick:
-        print("%3d  %8.1f MiB  %6d  (%d/%d/%d)" % (now - start, used() / 2**20, ops, rewrites, creates, deletes))
+        print("%3d  %8.1f MiB  %6d  (%d/%d/%d/%d)" % (now - start, used() / 2**20, ops, rewrites, creates, deletes, full))
         next_tick += 1
 EOF
 t=$(date +%s%N)

@@ -127,6 +127,11 @@ fn ctime(md: &fs::Metadata) -> Time {
     (md.ctime(), md.ctime_nsec())
 }
 
+/// A temporary name of the merge's own (never the application's).
+fn ours(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+}
+
 fn is_whiteout(md: &fs::Metadata) -> bool {
     md.file_type().is_char_device() && md.rdev() == 0
 }
@@ -137,16 +142,25 @@ impl Merge<'_> {
     fn dir(&mut self, u: &Path, d: &Path, opaque: bool) -> Result<()> {
         let mut names = Vec::new();
         for e in fs::read_dir(u).with_context(|| ctx("listing", u))? {
-            names.push(e.with_context(|| ctx("listing", u))?.file_name());
+            let name = e.with_context(|| ctx("listing", u))?.file_name();
+            if !ours(&name) {
+                names.push(name);
+            } else if let Some(merged) = self.merged {
+                // A barrier left by a killed pass: the application sees it.
+                let b = merged
+                    .join(u.strip_prefix(self.upper).expect("below the upper root"))
+                    .join(&name);
+                let _ = fs::remove_file(b);
+            }
         }
         names.sort();
-        if opaque {
-            let keep: HashSet<&OsString> = names.iter().collect();
-            for e in fs::read_dir(d).with_context(|| ctx("listing", d))? {
-                let name = e.with_context(|| ctx("listing", d))?.file_name();
-                if !keep.contains(&name) {
-                    self.remove(d, &name)?;
-                }
+        let keep: HashSet<&OsString> = names.iter().collect();
+        for e in fs::read_dir(d).with_context(|| ctx("listing", d))? {
+            let name = e.with_context(|| ctx("listing", d))?.file_name();
+            // Temporaries of a killed pass go, as (in an opaque directory) every
+            // name the upper one lacks.
+            if ours(&name) || (opaque && !keep.contains(&name)) {
+                self.remove(d, &name)?;
             }
         }
         let mut fresh = Vec::new();
