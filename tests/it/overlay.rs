@@ -104,6 +104,11 @@ fn apply_sync_down_write_back_every_change() {
     let st = sb.run(["status", "--format", "json", spec.to_str().unwrap()]);
     st.code(0);
     assert_eq!(st.json()["mounts"][0]["state"], "offloaded", "{st}");
+    assert_eq!(
+        st.json()["mounts"][0]["overlay"]["upper"],
+        upper.to_str().unwrap(),
+        "{st}"
+    );
     sb.run(["apply", spec.to_str().unwrap()])
         .code(0)
         .stdout_has("changed: no");
