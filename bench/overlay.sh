@@ -125,7 +125,7 @@ while time.time() - start < churn:
         next_sync = time.time() + every
     if now >= next_tick:
         print("%3d  %8.1f MiB  %6d  (%d/%d/%d/%d)" % (now - start, used() / 2**20, ops, rewrites, creates, deletes, full))
-        next_tick += 1
+        next_tick = start + int(now - start) + 1
 EOF
 t=$(date +%s%N)
 "$BIN" down "$ov" >/dev/null
