@@ -33,6 +33,7 @@ cleanup() {
     for s in "$WORK"/*.yaml; do
         [ -e "$s" ] && "$BIN" down "$s" >/dev/null 2>&1 || true
     done
+    for d in "$WORK"/state/*; do umount -R -l "$d" 2>/dev/null || true; done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
