@@ -20,16 +20,22 @@ fn overlay_spec(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
     )
 }
 
-/// Every regular file below `dir` with its contents, by relative path.
+/// Every entry below `dir` by relative path: a file's contents, a symlink's
+/// target, `fifo`, and directories (with a trailing slash).
 fn tree(dir: &Path) -> BTreeMap<String, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         for e in fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
             let p = e.path();
             let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if e.file_type().unwrap().is_dir() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
                 out.insert(format!("{rel}/"), String::new());
                 walk(root, &p, out);
+            } else if ft.is_symlink() {
+                out.insert(rel, format!("-> {}", fs::read_link(&p).unwrap().display()));
+            } else if ft.is_fifo() {
+                out.insert(rel, "fifo".into());
             } else {
                 out.insert(rel, fs::read_to_string(&p).unwrap());
             }
@@ -122,6 +128,16 @@ fn apply_sync_down_write_back_every_change() {
     fs::create_dir_all(cache.join("fresh/sub")).unwrap();
     fs::write(cache.join("fresh/sub/a"), "a").unwrap();
     fs::write(cache.join("fresh/sub/b"), "b").unwrap();
+    fs::hard_link(cache.join("fresh/sub/b"), cache.join("d/b-link")).unwrap();
+    std::os::unix::fs::symlink("../d/f0", cache.join("fresh/to-f0")).unwrap();
+    nix::unistd::mkfifo(
+        &cache.join("fresh/fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    // redirect_dir=off: a directory the disk has cannot be renamed, only copied.
+    let renamed = fs::rename(cache.join("d"), cache.join("d-renamed"));
+    assert_eq!(renamed.unwrap_err().raw_os_error(), Some(libc::EXDEV));
     let c = std::ffi::CString::new(cache.join("fresh/sub/b").into_os_string().into_encoded_bytes()).unwrap();
     // SAFETY: a valid path, name and value.
     let set = unsafe { libc::setxattr(c.as_ptr(), c"user.origin".as_ptr(), b"ram".as_ptr().cast(), 3, 0) };
@@ -148,6 +164,20 @@ fn apply_sync_down_write_back_every_change() {
         !opaque(&lower.join("fresh")),
         "overlayfs' own attributes stay in RAM"
     );
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    assert_eq!(
+        ino(&lower.join("fresh/sub/b")),
+        ino(&lower.join("d/b-link")),
+        "hard links stay linked"
+    );
+    assert_eq!(
+        fs::read_link(lower.join("fresh/to-f0")).unwrap(),
+        Path::new("../d/f0")
+    );
+    assert!(fs::symlink_metadata(lower.join("fresh/fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
     assert_eq!(
         xattr(&lower.join("fresh/sub/b"), c"user.origin").as_deref(),
         Some(b"ram".as_slice()),
