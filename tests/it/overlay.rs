@@ -265,6 +265,44 @@ fn a_busy_application_loses_nothing() {
     exp.assert_nothing_lost(&cache, "seed: overlay");
 }
 
+/// `apply` killed after each of its steps is finished by the next `apply`:
+/// one overlay at the path over the disk directory, one tmpfs at the staging
+/// point, nothing stacked.
+#[test]
+fn a_killed_apply_is_finished_by_the_next() {
+    for point in ["after-bind-side", "after-mount-stage", "after-mount-overlay"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::write(cache.join("seeded"), "seeded").unwrap();
+        let spec = overlay_spec(&sb, &cache, "");
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_FAILPOINT", format!("{point}:cache"));
+        let killed = sb.run_with(c, ["apply", spec.to_str().unwrap()]);
+        assert_eq!(killed.signal, Some(9), "{point}: {killed}");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        sb.run(["apply", spec.to_str().unwrap()])
+            .code(0)
+            .stdout_has("changed: no");
+        let ours: Vec<(String, PathBuf)> = ours_left(&sb)
+            .into_iter()
+            .map(|e| (e.fstype, e.mount_point))
+            .collect();
+        assert_eq!(
+            ours,
+            [
+                ("tmpfs".to_string(), sb.state.join("stage/cache")),
+                ("overlay".to_string(), cache.clone())
+            ],
+            "{point}"
+        );
+        assert_eq!(
+            fs::read_to_string(cache.join("seeded")).unwrap(),
+            "seeded",
+            "{point}"
+        );
+    }
+}
+
 /// `down` killed at each point of its takedown (after the overlay is held,
 /// after the switch, after the held overlay is released) is finished by the
 /// next `down`, with the application writing on disk in between: nothing
