@@ -33,8 +33,9 @@ impl Agent {
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
             if self.mounts[i].spec.seed == spec::Seed::Overlay {
-                // Not acted on (docs/overlay.md: validation refuses a watchdog and
-                // `every` on it): only shown, and never a candidate under pressure.
+                // Written back on schedule, never acted on otherwise (validation
+                // refuses a watchdog on it, docs/overlay.md) and never a candidate
+                // under pressure.
                 let w = &mut self.mounts[i];
                 w.usage = None;
                 w.state = observe::classify(&StateFacts {
@@ -43,6 +44,15 @@ impl Agent {
                     covered: top.is_some() && ours.is_none(),
                     ..StateFacts::default()
                 });
+                match (w.spec.persist, ours.is_some()) {
+                    (Persist::Every(secs), true) if w.next_sync.is_none() => {
+                        let last = self.state.last_sync(&w.spec.name).map(|r| r.at);
+                        let due = decide::sync_due_in(secs, last, unix_now());
+                        w.next_sync = Some(decide::deadline(Instant::now(), due));
+                    }
+                    (_, false) => w.next_sync = None,
+                    _ => {}
+                }
                 continue;
             }
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));

@@ -360,16 +360,12 @@ fn what_an_overlay_cannot_do_is_refused() {
     };
     refused(&mount(""), "with persist: none `down` would drop them all");
     refused(
-        &mount("    persist: every 1h\n"),
-        "the agent does not write back overlay mounts yet",
-    );
-    refused(
         &mount("    persist: on-stop\n    backend: zram\n"),
         "keeps its upper layer on tmpfs only so far",
     );
     refused(
         &mount("    persist: on-stop\n    watchdog: { high: 90%, action: warn }\n"),
-        "the agent does not watch overlay mounts yet",
+        "a watchdog cannot act on a seed: overlay mount",
     );
     assert!(sb.mounts().is_empty(), "validation touches nothing");
 

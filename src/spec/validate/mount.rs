@@ -305,20 +305,13 @@ fn overlay_limits(
     };
     let field = |f: &str| format!("mounts[{i}].{f}");
     let at = |s: Option<&Spanned<String>>| s.unwrap_or(anchor).referenced;
-    match persist {
-        Some(Persist::None) => cx.at_loc(
+    if persist == Some(Persist::None) {
+        cx.at_loc(
             &at(m.persist.as_ref()),
             &field("persist"),
             "seed: overlay keeps every write only in the RAM upper layer; with persist: none `down` would drop them all, and a cache that may lose its writes needs no overlay (seed: empty)".to_string(),
-            Some("persist: on-stop with seed: overlay"),
-        ),
-        Some(Persist::Every(_)) => cx.at_loc(
-            &at(m.persist.as_ref()),
-            &field("persist"),
-            "the agent does not write back overlay mounts yet; use persist: on-stop and run `tmpfsctl sync` from a timer".to_string(),
-            Some("persist: on-stop with seed: overlay"),
-        ),
-        _ => {}
+            Some("persist: on-stop or every <duration> with seed: overlay"),
+        );
     }
     if backend == Some(Backend::Zram) {
         cx.at_loc(
@@ -332,7 +325,7 @@ fn overlay_limits(
         cx.at_loc(
             &at(None),
             &field("watchdog"),
-            "the agent does not watch overlay mounts yet: its evict would have to drop files from a mounted upper layer, which overlayfs does not allow, and grow and fallback act on a tmpfs at the path".to_string(),
+            "a watchdog cannot act on a seed: overlay mount: evict would have to drop files from a mounted upper layer, which overlayfs does not allow (docs/overlay.md), and grow and fallback act on a tmpfs at the path".to_string(),
             Some("no watchdog on a seed: overlay mount (nor in defaults)"),
         );
     }
