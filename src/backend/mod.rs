@@ -204,8 +204,9 @@ impl Live {
     /// for tmpfs, whose RAM is its usage.
     pub fn compressed(&self) -> Option<zram::Compressed> {
         match self {
-            Live::Tmpfs(_) | Live::Overlay(_) => None,
+            Live::Tmpfs(_) => None,
             Live::Zram(l) => Some(l.compressed()),
+            Live::Overlay(l) => l.upper.compressed(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `seed: overlay`: an overlayfs at the managed path whose lower layer is the
 //! disk directory (through the side bind) and whose upper and work directories
-//! are on the mount's tmpfs, which stays at the staging point
+//! are on the mount's tmpfs (or zram device), which stays at the staging point
 //! `STATE/stage/NAME` (root-only, private) for as long as the overlay lives.
 //! Both mounts carry the source `tmpfsctl-NAME`; the overlay is the one the
 //! application sees. See docs/overlay.md.
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::tmpfs::{self, LiveTmpfs};
+use super::{tmpfs, zram, Live};
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
@@ -59,15 +59,16 @@ pub fn is_ours(e: &MountEntry, source: &str) -> bool {
     e.fstype == FSTYPE && e.source == source
 }
 
-/// A live overlay of ours, and the tmpfs its upper layer is on.
+/// A live overlay of ours, and the mount its upper layer is on.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LiveOverlay {
     pub dev: (u32, u32),
     pub flags: Flags,
     pub root: RootAttrs,
-    /// Where the tmpfs holding the upper layer is mounted.
+    /// Where the tmpfs (or zram device) holding the upper layer is mounted.
     pub stage: PathBuf,
-    pub upper: LiveTmpfs,
+    /// That mount: a tmpfs or a zram device, never an overlay.
+    pub upper: Box<Live>,
 }
 
 impl LiveOverlay {
@@ -75,32 +76,35 @@ impl LiveOverlay {
     pub fn read(e: &MountEntry, path: &Path) -> Option<LiveOverlay> {
         let stage = PathBuf::from(e.super_option("upperdir")?).parent()?.to_path_buf();
         let table = MountTable::read(Path::new("/proc/self/mountinfo")).ok()?;
-        let t = table.top_at(&stage).filter(|t| tmpfs::is_ours(t, &e.source))?;
+        let t = table
+            .top_at(&stage)
+            .filter(|t| tmpfs::is_ours(t, &e.source) || zram::is_ours(t, &e.source))?;
         Some(LiveOverlay {
             dev: e.dev,
             flags: super::flags_of(e),
             root: RootAttrs::of(path).ok()?,
-            upper: LiveTmpfs::read(t, &stage)?,
+            upper: Box::new(Live::read(t, &stage)?),
             stage,
         })
     }
 
-    /// The RAM the upper layer takes: the tmpfs's usage.
+    /// The RAM the upper layer takes: its mount's usage.
     pub fn usage(&self) -> Usage {
-        self.upper.usage
+        self.upper.usage()
     }
 }
 
 /// An overlay is rebuilt, never changed online: its tmpfs is not at the path,
 /// so a remount there would change the overlay, and a new option for the
 /// tmpfs would have to be remounted at the staging point. Until that is
-/// done, any change is refused with the way to make it.
+/// done, any change is refused with the way to make it (and what the upper
+/// layer's backend refuses in any case, such as a zram device's new size).
 pub fn online(m: &MountSpec, live: &LiveOverlay, page_size: u64) -> Result<(), String> {
-    let mut changes = match tmpfs::online(m, &live.upper, live.upper.root, page_size)? {
+    let mut changes = match live.upper.online(m, live.upper.root(), page_size)? {
         Some((_, c)) => c,
         None => Vec::new(),
     };
-    // The tmpfs under an overlay carries the spec's flags too, but only the
+    // The mount under an overlay carries the spec's flags too, but only the
     // overlay's are the application's.
     changes.retain(|c| ["size", "nr_inodes", "huge"].contains(&c.what));
     changes.extend(super::flag_changes(live.flags, m.flags));

@@ -360,10 +360,6 @@ fn what_an_overlay_cannot_do_is_refused() {
     };
     refused(&mount(""), "with persist: none `down` would drop them all");
     refused(
-        &mount("    persist: on-stop\n    backend: zram\n"),
-        "keeps its upper layer on tmpfs only so far",
-    );
-    refused(
         &mount("    persist: on-stop\n    watchdog: { high: 90%, action: warn }\n"),
         "a watchdog cannot act on a seed: overlay mount",
     );

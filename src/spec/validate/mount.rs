@@ -181,14 +181,7 @@ pub(super) fn mount(
         if let (Some(p), Some(raw), Some(n)) = (&path, &m.path, &name) {
             paths::overlay_lower(cx, &field("path"), raw, p, n);
         }
-        overlay_limits(
-            cx,
-            i,
-            m,
-            persist,
-            backend,
-            m.watchdog.is_some() || wd_defaults.is_some(),
-        );
+        overlay_limits(cx, i, m, persist, m.watchdog.is_some() || wd_defaults.is_some());
     }
     match backend {
         Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
@@ -289,17 +282,10 @@ fn zram_limits(
     }
 }
 
-/// What `seed: overlay` does not do (yet), each refused with its reason
+/// What `seed: overlay` cannot do, each refused with its reason
 /// (docs/overlay.md). Placed at the mount's own field when it has one, else at
 /// its seed or name (the value came from `defaults:`).
-fn overlay_limits(
-    cx: &mut Ctx,
-    i: usize,
-    m: &RawMount,
-    persist: Option<Persist>,
-    backend: Option<Backend>,
-    watchdog: bool,
-) {
+fn overlay_limits(cx: &mut Ctx, i: usize, m: &RawMount, persist: Option<Persist>, watchdog: bool) {
     let Some(anchor) = m.seed.as_ref().or(m.name.as_ref()) else {
         return;
     };
@@ -311,14 +297,6 @@ fn overlay_limits(
             &field("persist"),
             "seed: overlay keeps every write only in the RAM upper layer; with persist: none `down` would drop them all, and a cache that may lose its writes needs no overlay (seed: empty)".to_string(),
             Some("persist: on-stop or every <duration> with seed: overlay"),
-        );
-    }
-    if backend == Some(Backend::Zram) {
-        cx.at_loc(
-            &at(m.backend.as_ref()),
-            &field("backend"),
-            "seed: overlay keeps its upper layer on tmpfs only so far".to_string(),
-            Some("backend: tmpfs with seed: overlay"),
         );
     }
     if watchdog {
