@@ -331,6 +331,22 @@ fn run_step(
             undo.push(Undo::Detach(stage.clone()));
         }
         Step::Seed { from, to } => return seed(from, to, name, state, opts).map(Some),
+        Step::MountOverlay {
+            source,
+            lower,
+            stage,
+            path,
+            root,
+            flags,
+        } => {
+            let upper = stage.join(backend::overlay::UPPER);
+            create_dir(&upper)?;
+            set_root(&upper, *root)?;
+            backend::overlay::mount(source, &pin(pinned, path)?.proc_path(), lower, stage, *flags)?;
+            // The overlay is in place: a later failure must tear down neither it
+            // nor the tmpfs its upper layer is on.
+            undo.retain(|Undo::Detach(p)| p != stage);
+        }
         Step::MoveIntoPlace { stage, path } => {
             mount::move_mount(stage, &pin(pinned, path)?.proc_path())?;
             // The tmpfs is in place; a later failure must not tear it down.

@@ -115,6 +115,9 @@ pub struct Observed {
     pub ours_elsewhere: Option<PathBuf>,
     /// A tmpfs left at the staging point by an interrupted apply.
     pub stage_mounted: bool,
+    /// That tmpfs holds a non-empty overlay upper layer whose overlay is gone:
+    /// changes that must be written back, never detached.
+    pub stage_holds_upper: bool,
     pub side: SideBind,
     /// Owner/mode of the on-disk directory, when it can be seen.
     pub disk: Option<RootAttrs>,
@@ -292,16 +295,25 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         (AtPath::Ours(_), _) => None,
         _ => RootAttrs::of(&m.path).ok(),
     };
+    let stage_holds_upper = m.seed == spec::Seed::Overlay
+        && !matches!(at_path, AtPath::Ours(_))
+        && table.top_at(&stage).is_some_and(|e| backend::is_ours(e, &source))
+        && upper_has_entries(&stage);
     Observed {
         name: m.name.clone(),
         path_exists: path_md.is_some_and(|md| md.is_dir()),
         at_path,
         ours_elsewhere,
         stage_mounted: table.top_at(&stage).is_some(),
+        stage_holds_upper,
         side,
         disk,
         recorded: state.record(&m.name).is_some(),
     }
+}
+
+fn upper_has_entries(stage: &Path) -> bool {
+    std::fs::read_dir(stage.join(backend::overlay::UPPER)).is_ok_and(|mut d| d.next().is_some())
 }
 
 #[cfg(test)]

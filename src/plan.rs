@@ -41,6 +41,16 @@ pub enum Step {
         from: PathBuf,
         to: PathBuf,
     },
+    /// Mounts the overlay of the disk directory (`lower`, the side bind) and
+    /// the tmpfs at `stage` onto the managed path in one step (`seed: overlay`).
+    MountOverlay {
+        source: String,
+        lower: PathBuf,
+        stage: PathBuf,
+        path: PathBuf,
+        root: RootAttrs,
+        flags: crate::spec::Flags,
+    },
     /// Moves the built tmpfs onto the managed path in one step.
     MoveIntoPlace {
         stage: PathBuf,
@@ -104,6 +114,20 @@ impl Step {
                 options.describe()
             ),
             Step::Seed { from, to } => format!("copy contents of {} into {}", from.display(), to.display()),
+            Step::MountOverlay {
+                source,
+                lower,
+                stage,
+                path,
+                root,
+                ..
+            } => format!(
+                "mount overlay {source} onto {} (lower {}, upper on the tmpfs at {}, {})",
+                path.display(),
+                lower.display(),
+                stage.display(),
+                root.describe()
+            ),
             Step::MoveIntoPlace { stage, path } => {
                 format!("move {} onto {}", stage.display(), path.display())
             }
@@ -300,6 +324,15 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
         ));
         return p;
     }
+    if o.stage_holds_upper {
+        p.blocked = offload_blocked(format!(
+            "{} holds the upper layer of an overlay of `{}` that is no longer mounted, with changes not yet on disk; run `tmpfsctl sync {}` to write them back",
+            state.stage(&m.name).display(),
+            m.name,
+            m.name
+        ));
+        return p;
+    }
     let Some(root) = desired_root(m, o.disk) else {
         p.blocked = offload_blocked(format!("cannot read the owner and mode of {}", m.path.display()));
         return p;
@@ -363,6 +396,17 @@ fn offload_steps(m: &MountSpec, o: &Observed, state: &State, root: RootAttrs) ->
         stage: stage.clone(),
         options: backend::MountOptions::desired(m, root),
     });
+    if m.seed == Seed::Overlay {
+        steps.push(Step::MountOverlay {
+            source: m.source(),
+            lower: side,
+            stage,
+            path: m.path.clone(),
+            root,
+            flags: m.flags,
+        });
+        return steps;
+    }
     if m.seed == Seed::Copy {
         steps.push(Step::Seed {
             from: side,
@@ -397,6 +441,17 @@ fn plan_side_of_live(m: &MountSpec, o: &Observed, state: &State, p: &mut MountPl
 }
 
 fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut MountPlan) {
+    if matches!(live, Live::Overlay(_)) != (m.seed == Seed::Overlay) {
+        p.blocked = Some(Blocked::Refused {
+            reason: format!(
+                "the live mount is {} and the spec asks for {}; run `tmpfsctl down {}` (which writes it back) then `apply`",
+                if matches!(live, Live::Overlay(_)) { "an overlay" } else { "a full copy in RAM" },
+                if m.seed == Seed::Overlay { "an overlay" } else { "a full copy in RAM" },
+                m.name
+            ),
+        });
+        return;
+    }
     // Unseen disk directory (side bind lost): keep the live root, never the
     // `create` defaults.
     let live_root = live.root();

@@ -187,6 +187,14 @@ pub fn status(r: &StatusReport) -> String {
                 format_bytes(c.ram_used)
             );
         }
+        if let Some(o) = &m.overlay {
+            let _ = writeln!(
+                s,
+                "{name}: overlay of the disk directory ({}) and an upper layer in RAM ({}); used is the upper layer",
+                escape(&o.lower),
+                escape(&o.upper)
+            );
+        }
         if let Some(p) = &m.progress {
             let elapsed = std::time::Duration::from_secs(now.saturating_sub(p.started));
             let _ = writeln!(s, "{}", crate::progress::describe(&m.name, p, elapsed));

@@ -26,6 +26,9 @@ pub struct MountStatus {
     /// A zram mount's device, what it stores and the RAM that really takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed: Option<backend::zram::Compressed>,
+    /// A `seed: overlay` mount's layers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<OverlayView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persist: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -36,6 +39,16 @@ pub struct MountStatus {
     /// What the running agent says of it (none without an agent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentMount>,
+}
+
+/// Where a `seed: overlay` mount's layers are: the disk directory (lower, through
+/// the side bind) and the tmpfs holding the upper layer, whose usage is the mount's.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverlayView {
+    #[serde(serialize_with = "crate::out::lossy::path")]
+    pub lower: PathBuf,
+    #[serde(serialize_with = "crate::out::lossy::path")]
+    pub upper: PathBuf,
 }
 
 /// Whether an agent runs for this state directory.
@@ -175,7 +188,7 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
     let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
     let state_now = observe::classify(&StateFacts {
         offloaded: matches!(o.at_path, AtPath::Ours(_)),
-        writeback_pending: pending,
+        writeback_pending: pending || o.stage_holds_upper,
         moved: moved.is_some(),
         covered: matches!(o.at_path, AtPath::Foreign { .. } | AtPath::OtherManaged { .. }),
         fallback: fallback.is_some(),
@@ -183,11 +196,19 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
     });
     let usage = match (&o.at_path, state_now) {
         (AtPath::Ours(live), _) => Some(live.usage().into()),
+        (_, MountState::WritebackPending) if o.stage_holds_upper => {
+            Usage::of(&state.stage(&m.name)).ok().map(Into::into)
+        }
         (_, MountState::WritebackPending) => Usage::of(&held).ok().map(Into::into),
         (_, MountState::Moved) => moved.and_then(|p| Usage::of(p).ok()).map(Into::into),
         _ => None,
     };
     let reason = match (&o.at_path, state_now) {
+        (_, MountState::WritebackPending) if o.stage_holds_upper => Some(format!(
+            "the overlay is gone, but its upper layer at {} holds writes not yet on disk; `tmpfsctl sync {}` writes them back",
+            state.stage(&m.name).display(),
+            m.name
+        )),
         (_, MountState::WritebackPending) => Some(format!(
             "the application uses its disk directory; the RAM copy at {} waits for its write-back{}; `tmpfsctl sync {}` retries it",
             held.display(),
@@ -231,6 +252,13 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
             AtPath::Ours(live) => live.compressed(),
             _ => None,
         },
+        overlay: match &o.at_path {
+            AtPath::Ours(crate::backend::Live::Overlay(l)) => Some(OverlayView {
+                lower: state.side(&m.name),
+                upper: l.stage.join(crate::backend::overlay::UPPER),
+            }),
+            _ => None,
+        },
         persist: Some(m.persist.name()),
         last_sync: state.last_sync(&m.name),
         progress: state.progress(&m.name),
@@ -242,6 +270,7 @@ fn orphan(name: String, path: PathBuf, state: &State, st: MountState) -> MountSt
     MountStatus {
         usage: Usage::of(&path).ok().map(Into::into),
         compressed: None,
+        overlay: None,
         persist: state.record(&name).map(|r| r.persist),
         last_sync: state.last_sync(&name),
         progress: state.progress(&name),

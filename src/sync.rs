@@ -8,6 +8,8 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 
+pub mod overlay;
+
 use crate::backend;
 use crate::copy::baseline::now_after_tick;
 use crate::copy::{self, DiskDeletions, Merge, SyncStats};
@@ -20,7 +22,7 @@ use crate::keeper;
 use crate::mount;
 use crate::observe::{self, AtPath, SideBind};
 use crate::progress::Progress;
-use crate::spec::{self, MountSpec, Persist, Spec};
+use crate::spec::{self, MountSpec, Persist, Seed, Spec};
 use crate::state::{State, SyncRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -112,6 +114,15 @@ pub fn sync(
             });
             continue;
         }
+        if o.stage_holds_upper {
+            if let Some(r) = overlay::rescue(m, &world.table, state, by)? {
+                if r.result == SyncOutcome::Synced {
+                    clean_up(&m.name, &host.mounts()?, state)?;
+                }
+                out.push(r);
+                continue;
+            }
+        }
         if !matches!(o.at_path, AtPath::Ours(_)) {
             out.push(skip(
                 "not offloaded: the application already uses the disk directory".into(),
@@ -152,6 +163,11 @@ pub fn sync_one(
     by: &str,
     full: bool,
 ) -> Result<SyncResult> {
+    if m.seed == Seed::Overlay {
+        // Mounted (or moved with its path): nobody else writes the disk directory.
+        let window = copy::overlay::Window::default();
+        return overlay::pass(m, Some(src), &state.stage(&m.name), state, window, deletions, by);
+    }
     let started = Instant::now();
     let base = state.baseline(&m.name)?;
     let mut whole_tree = None;
@@ -241,14 +257,15 @@ pub fn finish_writeback(
         w.since(now_after_tick());
     }
     let watch = watch.map(Mutex::new);
-    let res = sync_one(
-        m,
-        &held,
-        state,
-        watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
-        by,
-        false,
-    )?;
+    let deletions = watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>);
+    let res = if m.seed == Seed::Overlay {
+        let stage = state.stage(&m.name);
+        let window = overlay::after_switch(&stage)?;
+        let merged = Some(held.as_path()).filter(|h| held_overlay(h));
+        overlay::pass(m, merged, &stage, state, window, deletions, by)?
+    } else {
+        sync_one(m, &held, state, deletions, by, false)?
+    };
     if res.result == SyncOutcome::Failed {
         if let Some(w) = watch {
             let mut w = w.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -286,6 +303,12 @@ pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
         .ok()?;
     keeper::take_over(state, &m.name, &mut watch);
     Some(watch)
+}
+
+/// Whether an overlay is mounted at `held` (a retry may find only its tmpfs).
+fn held_overlay(held: &Path) -> bool {
+    nix::sys::statfs::statfs(held)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::OVERLAYFS_SUPER_MAGIC)
 }
 
 /// Whether a tmpfs of `name` is held, waiting for its write-back.

@@ -327,7 +327,9 @@ impl Agent {
         let now = Instant::now();
         for i in 0..self.mounts.len() {
             let w = &self.mounts[i];
-            if w.root.is_none() || w.next_sync.is_none_or(|t| t > now) {
+            // An overlay is not watched (no root held) but written back all the same.
+            let overlay = w.spec.seed == crate::spec::Seed::Overlay && w.state == MountState::Offloaded;
+            if (w.root.is_none() && !overlay) || w.next_sync.is_none_or(|t| t > now) {
                 continue;
             }
             let Persist::Every(secs) = w.spec.persist else {

@@ -32,6 +32,29 @@ impl Agent {
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
+            if self.mounts[i].spec.seed == spec::Seed::Overlay {
+                // Written back on schedule, never acted on otherwise (validation
+                // refuses a watchdog on it, docs/overlay.md) and never a candidate
+                // under pressure.
+                let w = &mut self.mounts[i];
+                w.usage = None;
+                w.state = observe::classify(&StateFacts {
+                    offloaded: ours.is_some(),
+                    degraded: self.state.degraded(&w.spec.name).is_some(),
+                    covered: top.is_some() && ours.is_none(),
+                    ..StateFacts::default()
+                });
+                match (w.spec.persist, ours.is_some()) {
+                    (Persist::Every(secs), true) if w.next_sync.is_none() => {
+                        let last = self.state.last_sync(&w.spec.name).map(|r| r.at);
+                        let due = decide::sync_due_in(secs, last, unix_now());
+                        w.next_sync = Some(decide::deadline(Instant::now(), due));
+                    }
+                    (_, false) => w.next_sync = None,
+                    _ => {}
+                }
+                continue;
+            }
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
             if held && Some(self.mounts[i].dev) != dev {

@@ -5,6 +5,7 @@
 //! first backend: a new one is a module here, a variant of each enum below
 //! and one of `spec::Backend` (the spec's `backend:`).
 
+pub mod overlay;
 pub mod tmpfs;
 pub mod zram;
 
@@ -120,7 +121,7 @@ pub fn release_unused(state: &State) -> anyhow::Result<Vec<String>> {
 /// `spec::source_for`): how tmpfsctl knows a mount of its own from anybody
 /// else's.
 pub fn is_ours(e: &MountEntry, source: &str) -> bool {
-    tmpfs::is_ours(e, source) || zram::is_ours(e, source)
+    tmpfs::is_ours(e, source) || zram::is_ours(e, source) || overlay::is_ours(e, source)
 }
 
 /// Every mount in `table` with `source`, wherever it is.
@@ -141,6 +142,7 @@ pub fn managed_name(e: &MountEntry) -> Option<&str> {
 pub enum Live {
     Tmpfs(tmpfs::LiveTmpfs),
     Zram(zram::LiveZram),
+    Overlay(overlay::LiveOverlay),
 }
 
 impl Live {
@@ -148,6 +150,8 @@ impl Live {
     pub fn read(e: &MountEntry, path: &Path) -> Option<Live> {
         if e.fstype == tmpfs::FSTYPE {
             tmpfs::LiveTmpfs::read(e, path).map(Live::Tmpfs)
+        } else if e.fstype == overlay::FSTYPE {
+            overlay::LiveOverlay::read(e, path).map(Live::Overlay)
         } else {
             zram::LiveZram::read(e, path).map(Live::Zram)
         }
@@ -157,6 +161,7 @@ impl Live {
         match self {
             Live::Tmpfs(l) => l.dev,
             Live::Zram(l) => l.dev,
+            Live::Overlay(l) => l.dev,
         }
     }
 
@@ -164,6 +169,7 @@ impl Live {
         match self {
             Live::Tmpfs(l) => l.root,
             Live::Zram(l) => l.root,
+            Live::Overlay(l) => l.root,
         }
     }
 
@@ -171,6 +177,7 @@ impl Live {
         match self {
             Live::Tmpfs(l) => l.usage,
             Live::Zram(l) => l.usage,
+            Live::Overlay(l) => l.usage(),
         }
     }
 
@@ -189,6 +196,7 @@ impl Live {
             Live::Zram(l) => {
                 Ok(zram::online(m, l, root, page_size)?.map(|(o, c)| (MountOptions::Zram(o), c)))
             }
+            Live::Overlay(l) => overlay::online(m, l, page_size).map(|()| None),
         }
     }
 
@@ -198,6 +206,7 @@ impl Live {
         match self {
             Live::Tmpfs(_) => None,
             Live::Zram(l) => Some(l.compressed()),
+            Live::Overlay(l) => l.upper.compressed(),
         }
     }
 }

@@ -313,6 +313,17 @@ pub fn install(cx: &Context, mode: Mode, root: &Path) -> Result<BootReport> {
             m.name
         );
     }
+    if let Some(m) = cx
+        .spec
+        .mounts
+        .iter()
+        .find(|m| mode == Mode::Fstab && m.seed == crate::spec::Seed::Overlay)
+    {
+        bail!(
+            "`{}` is a seed: overlay mount, which fstab cannot express (it is two mounts, the tmpfs of its upper layer under the state directory and the overlay on it, and its changes must be written back before the overlay goes); use --mode systemd or sysv, which run `tmpfsctl apply` and `tmpfsctl down`",
+            m.name
+        );
+    }
     let mut wanted = artifacts(cx, mode);
     if mode == Mode::Fstab {
         wanted.extend(helper_link(cx, root)?);

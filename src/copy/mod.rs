@@ -28,6 +28,7 @@ pub mod journal;
 mod marks;
 mod measure;
 mod ops;
+pub mod overlay;
 mod place;
 mod scan;
 mod seed;

@@ -64,6 +64,17 @@ pub(super) struct Seen {
 }
 
 impl Seen {
+    /// The same, from a stat taken through `std`.
+    pub(super) fn of_metadata(md: &std::fs::Metadata) -> Seen {
+        use std::os::unix::fs::MetadataExt;
+        Seen {
+            ino: md.ino(),
+            mode: md.mode(),
+            size: md.size() as i64,
+            mtime: (md.mtime(), md.mtime_nsec()),
+        }
+    }
+
     pub(super) fn of(st: &FileStat) -> Seen {
         let sig = Sig::of(st);
         Seen {

@@ -213,8 +213,10 @@ pub(super) fn tolerated_errors(name: &[u8]) -> Option<&'static [i32]> {
     }
 }
 
+/// overlayfs' own attributes (opaque, whiteout, origin) describe a layer, not the
+/// file: never copied, so an overlay's upper layer written back leaves none on disk.
 fn is_copied(name: &&CStr) -> bool {
-    tolerated_errors(name.to_bytes()).is_some()
+    !name.to_bytes().starts_with(b"trusted.overlay.") && tolerated_errors(name.to_bytes()).is_some()
 }
 
 fn tolerated(name: &CStr, err: &io::Error) -> bool {

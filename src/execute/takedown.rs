@@ -44,7 +44,27 @@ pub fn run(
             res.result = DownOutcome::Refused;
             res.reason = Some(reason);
         }
-        Takedown::CleanUp => crate::sync::clean_up(name, table, state)?,
+        Takedown::CleanUp => {
+            // An overlay's upper layer left without its overlay goes to disk first.
+            let rescued = match spec.mount(name).filter(|m| m.seed == crate::spec::Seed::Overlay) {
+                Some(m) => crate::sync::overlay::rescue(m, table, state, by)?,
+                None => None,
+            };
+            if let Some(sync) = rescued {
+                let failed = sync.result == SyncOutcome::Failed;
+                let why = sync.reason.clone().unwrap_or_default();
+                res.syncs.push(sync);
+                if failed {
+                    res.result = DownOutcome::Failed;
+                    res.reason = Some(format!(
+                        "the upper layer left at {} was not written back ({why}); it stays for a retry",
+                        state.stage(name).display()
+                    ));
+                    return Ok(());
+                }
+            }
+            crate::sync::clean_up(name, table, state)?
+        }
         Takedown::Unmount(e) => {
             res.result = if mount::unmount_if_idle(&e.mount_point)? {
                 DownOutcome::Unmounted
@@ -60,6 +80,11 @@ pub fn run(
                 .expect("decide writes back only mounts of the spec");
             let mut watch = None;
             if let Some(e) = &switch {
+                if m.seed == crate::spec::Seed::Overlay
+                    && !overlay_first_pass(m, &e.mount_point, state, by, res)?
+                {
+                    return Ok(());
+                }
                 let started = Instant::now();
                 // From before the switch: the application's deletions on disk from
                 // its first moment there on.
@@ -88,6 +113,34 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// The write-back of an overlay while it is still mounted, before the switch:
+/// the merge has the disk directory to itself. On failure nothing is switched:
+/// the application keeps its overlay, the reason is reported, and `false` is
+/// returned.
+fn overlay_first_pass(
+    m: &crate::spec::MountSpec,
+    merged: &std::path::Path,
+    state: &State,
+    by: &str,
+    res: &mut DownResult,
+) -> Result<bool> {
+    let stage = state.stage(&m.name);
+    let first = crate::copy::baseline::now_after_tick();
+    let sync = crate::sync::overlay::pass(m, Some(merged), &stage, state, Default::default(), None, by)?;
+    let failed = sync.result == SyncOutcome::Failed;
+    if failed {
+        res.result = DownOutcome::Failed;
+        res.reason = Some(format!(
+            "writing the upper layer back failed ({}); the overlay stays in place and nothing was switched",
+            sync.reason.clone().unwrap_or_default()
+        ));
+    } else {
+        crate::sync::overlay::mark_switch(&stage, first)?;
+    }
+    res.syncs.push(sync);
+    Ok(!failed)
 }
 
 /// Puts the application back on its disk directory in one step: the tmpfs `live`

@@ -37,6 +37,7 @@ fn on_disk() -> Observed {
         at_path: AtPath::Disk,
         ours_elsewhere: None,
         stage_mounted: false,
+        stage_holds_upper: false,
         side: SideBind::Absent,
         disk: Some(DISK),
         recorded: false,
@@ -83,6 +84,7 @@ fn actions(p: &MountPlan) -> Vec<&'static str> {
             Step::BindSide { .. } => "bind-side",
             Step::MountStage { .. } => "mount-stage",
             Step::Seed { .. } => "seed",
+            Step::MountOverlay { .. } => "mount-overlay",
             Step::MoveIntoPlace { .. } => "move-into-place",
             Step::Remount { .. } => "remount",
             Step::SetRoot { .. } => "set-root",
@@ -722,4 +724,53 @@ fn the_agents_resize_is_one_remount_keeping_every_other_option() {
         same_inodes.describe(),
         "remount /var/cache/nginx online: size 512MiB -> 256MiB"
     );
+}
+
+fn overlay_spec() -> MountSpec {
+    MountSpec {
+        seed: Seed::Overlay,
+        ..mspec()
+    }
+}
+
+#[test]
+fn an_overlay_is_mounted_onto_the_path_without_a_seed_or_a_move() {
+    let p = run(&overlay_spec(), &on_disk());
+    assert_eq!(actions(&p), ["bind-side", "mount-stage", "mount-overlay"]);
+    match p.steps.last() {
+        Some(Step::MountOverlay {
+            lower,
+            stage,
+            path,
+            root,
+            flags,
+            ..
+        }) => {
+            assert_eq!(lower, Path::new("/run/tmpfsctl/lower/nginx"));
+            assert_eq!(stage, Path::new("/run/tmpfsctl/stage/nginx"));
+            assert_eq!(path, Path::new("/var/cache/nginx"));
+            assert_eq!(*root, DISK, "the upper layer's root is the disk directory's");
+            assert_eq!(*flags, mspec().flags);
+        }
+        other => panic!("not an overlay mount: {other:?}"),
+    }
+}
+
+#[test]
+fn an_upper_layer_left_without_its_overlay_is_never_detached() {
+    let o = Observed {
+        stage_mounted: true,
+        stage_holds_upper: true,
+        ..on_disk()
+    };
+    let p = run(&overlay_spec(), &o);
+    assert!(p.steps.is_empty(), "{:?}", p.steps);
+    assert!(cannot(&p).contains("run `tmpfsctl sync nginx`"), "{p:?}");
+}
+
+#[test]
+fn switching_a_live_mount_between_copy_and_overlay_is_refused() {
+    let p = run(&overlay_spec(), &offloaded(live()));
+    assert!(refused(&p).contains("the live mount is a full copy in RAM and the spec asks for an overlay"));
+    assert!(p.steps.is_empty());
 }

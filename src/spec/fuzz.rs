@@ -415,6 +415,7 @@ fn observed(m: &MountSpec, rng: &mut Rng) -> Observed {
         at_path,
         ours_elsewhere: rng.percent(10).then(|| "/elsewhere".into()),
         stage_mounted: rng.percent(20),
+        stage_holds_upper: rng.percent(5),
         side: *rng.pick(&[
             SideBind::Absent,
             SideBind::Bound,

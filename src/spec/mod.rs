@@ -234,6 +234,9 @@ pub enum Seed {
     Copy,
     /// Start empty; the on-disk contents stay reachable under the side path.
     Empty,
+    /// Copy nothing: the RAM holds the upper layer of an overlayfs whose lower
+    /// layer is the disk directory (docs/overlay.md).
+    Overlay,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -580,6 +580,34 @@ fn persist_every_writes_back_on_schedule() {
     assert_eq!(agent.stop(), 0);
 }
 
+/// A `seed: overlay` mount with `persist: every` is written back on schedule
+/// by the agent, which otherwise leaves it alone.
+#[test]
+fn persist_every_writes_an_overlay_back_on_schedule() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    fs::write(cache.join("seeded"), "seeded").unwrap();
+    let spec = spec_one(&sb, &cache, "    seed: overlay\n    persist: every 10s\n");
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    fs::write(cache.join("periodic"), "v1").unwrap();
+    fs::remove_file(cache.join("seeded")).unwrap();
+    let m = agent.wait_for("a periodic write-back", |m| m.actions("c", "sync") >= 1.0);
+    assert_eq!(
+        fs::read_to_string(sb.state.join("lower/c/periodic")).unwrap(),
+        "v1"
+    );
+    assert!(!sb.state.join("lower/c/seeded").exists());
+    assert_eq!(m.get("tmpfsctl_mount_last_sync_success{name=\"c\"}"), 1.0);
+    assert_eq!(agent.stop(), 0);
+    assert_eq!(
+        sb.top(&cache).unwrap().fstype,
+        "overlay",
+        "the agent leaves the mount"
+    );
+}
+
 /// With the agent running, `sync` reads only the directories that changed (its
 /// change tracker answers), `sync --full` reads everything, and without the agent
 /// `sync` reads everything and says why; every pass leaves the disk equal to the RAM.

@@ -79,6 +79,7 @@ fn every_example_is_valid_in_a_fake_root() {
         "squid-cache-dir",
         "php-sessions-opcache",
         "ci-build-cache",
+        "overlay-build-cache",
         "demo",
     ] {
         assert!(

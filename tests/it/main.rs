@@ -21,6 +21,7 @@ mod examples;
 mod hostile_state;
 mod no_write_lost;
 mod output;
+mod overlay;
 mod power_cut;
 mod progress;
 mod residency;

@@ -333,6 +333,39 @@ fn zram_compression_this_kernel_lacks_is_refused_with_its_list() {
     assert!(zb.recorded().is_empty(), "the device made for it was removed");
 }
 
+/// `seed: overlay` with its upper layer on a zram device: applied without a
+/// copy, written back by `down`, and the device removed after it.
+#[test]
+fn an_overlay_upper_layer_on_zram_is_written_back_and_its_device_removed() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
+    assert_eq!(sb.top(&sb.state.join("stage/cache")).unwrap().fstype, "ext4");
+    assert_eq!(zb.recorded().len(), 1, "one device made");
+    let st = sb.run([
+        "status".as_ref(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        spec.as_os_str(),
+    ]);
+    assert_eq!(st.json()["mounts"][0]["state"], "offloaded", "{st}");
+    assert!(st.json()["mounts"][0]["compressed"].is_object(), "{st}");
+    fs::write(cache.join("sub/new.html"), "<html>new</html>").unwrap();
+    fs::remove_file(cache.join("sub/p7.html")).unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.top(&cache), None);
+    assert_eq!(
+        fs::read_to_string(cache.join("sub/new.html")).unwrap(),
+        "<html>new</html>"
+    );
+    assert!(!cache.join("sub/p7.html").exists());
+    assert!(cache.join("sub/p8.html").exists());
+    assert!(zb.recorded().is_empty(), "the device made for it was removed");
+}
+
 #[test]
 fn zram_mounts_boot_through_apply_not_fstab() {
     let sb = Sandbox::new();

@@ -178,6 +178,12 @@ pub(super) fn mount(
             max_total,
         },
     );
+    if seed == Some(Seed::Overlay) {
+        if let (Some(p), Some(raw), Some(n)) = (&path, &m.path, &name) {
+            paths::overlay_lower(cx, &field("path"), raw, p, n);
+        }
+        overlay_limits(cx, i, m, persist, m.watchdog.is_some() || wd_defaults.is_some());
+    }
     match backend {
         Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
         Some(Backend::Tmpfs) => zram_only(cx, i, m),
@@ -273,6 +279,33 @@ fn zram_limits(
             &field,
             "`grow` cannot work on a zram mount: a zram device's size is fixed once set (docs/zram.md, \"Why not grow\"); raise `size` and run `down`, then `apply`, and bound its RAM with `watchdog.memory`".to_string(),
             Some("warn, evict, fallback on a zram mount"),
+        );
+    }
+}
+
+/// What `seed: overlay` cannot do, each refused with its reason
+/// (docs/overlay.md). Placed at the mount's own field when it has one, else at
+/// its seed or name (the value came from `defaults:`).
+fn overlay_limits(cx: &mut Ctx, i: usize, m: &RawMount, persist: Option<Persist>, watchdog: bool) {
+    let Some(anchor) = m.seed.as_ref().or(m.name.as_ref()) else {
+        return;
+    };
+    let field = |f: &str| format!("mounts[{i}].{f}");
+    let at = |s: Option<&Spanned<String>>| s.unwrap_or(anchor).referenced;
+    if persist == Some(Persist::None) {
+        cx.at_loc(
+            &at(m.persist.as_ref()),
+            &field("persist"),
+            "seed: overlay keeps every write only in the RAM upper layer; with persist: none `down` would drop them all, and a cache that may lose its writes needs no overlay (seed: empty)".to_string(),
+            Some("persist: on-stop or every <duration> with seed: overlay"),
+        );
+    }
+    if watchdog {
+        cx.at_loc(
+            &at(None),
+            &field("watchdog"),
+            "a watchdog cannot act on a seed: overlay mount: evict would have to drop files from a mounted upper layer, which overlayfs does not allow (docs/overlay.md), and grow and fallback act on a tmpfs at the path".to_string(),
+            Some("no watchdog on a seed: overlay mount (nor in defaults)"),
         );
     }
 }
@@ -487,7 +520,11 @@ fn huge(cx: &mut Ctx, field: &str, s: &Spanned<String>) -> Option<Huge> {
     choice(cx, field, s, "huge page policy", &Huge::ALL)
 }
 
-pub(in crate::spec) const SEEDS: [(&str, Seed); 2] = [("copy", Seed::Copy), ("empty", Seed::Empty)];
+pub(in crate::spec) const SEEDS: [(&str, Seed); 3] = [
+    ("copy", Seed::Copy),
+    ("empty", Seed::Empty),
+    ("overlay", Seed::Overlay),
+];
 pub(in crate::spec) const ON_FAILURES: [(&str, OnFailure); 2] =
     [("keep-disk", OnFailure::KeepDisk), ("fail", OnFailure::Fail)];
 /// What `flags` accepts in `options` (the JSON schema's list).

@@ -205,6 +205,70 @@ fn system_dir(path: &str) -> Option<String> {
     })
 }
 
+/// The filesystems a `seed: overlay` disk directory may be on: local POSIX
+/// filesystems, where overlayfs accepts a lower layer and the write-back can
+/// set owners, modes and device numbers. Refused: overlayfs itself (another
+/// overlay, or ours over a parent), network and FUSE filesystems (their
+/// contents may change behind the overlay's back, which it does not allow),
+/// and those without owners (vfat, exfat, ntfs).
+/// Their statfs magic numbers, in the order of OVERLAY_LOWER_ACCEPTED.
+const OVERLAY_LOWER_FS: &[i64] = &[
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0xF2F5_2010, // f2fs
+    0xCA45_1A4E, // bcachefs
+    0x2FC1_2FC1, // zfs
+    0x0102_1994, // tmpfs
+];
+const OVERLAY_LOWER_ACCEPTED: &str =
+    "a directory on ext2/3/4, xfs, btrfs, f2fs, bcachefs, zfs or tmpfs for seed: overlay";
+
+/// Whether the disk directory of a `seed: overlay` mount can be its lower
+/// layer (the closest existing directory, for one still to be created). Where
+/// the mount's own overlay is in place, its lower layer is the disk directory.
+pub(super) fn overlay_lower(cx: &mut Ctx, field: &str, s: &Spanned<String>, p: &Path, name: &str) {
+    if cx.paths.tree().is_none() {
+        return;
+    }
+    let mut here = cx.paths.host_path(p);
+    if matches!(cx.paths, Paths::Check) {
+        let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/self/mountinfo"));
+        let ours = table.ok().and_then(|t| {
+            let top = t.top_at(p)?;
+            crate::backend::overlay::is_ours(top, &crate::spec::source_for(name))
+                .then(|| top.super_option("lowerdir").map(PathBuf::from))?
+        });
+        if let Some(lower) = ours {
+            here = lower;
+        }
+    }
+    let st = loop {
+        match nix::sys::statfs::statfs(&here) {
+            Ok(st) => break st,
+            Err(_) if here.pop() => {}
+            Err(_) => return,
+        }
+    };
+    let magic = st.filesystem_type().0 as i64;
+    if OVERLAY_LOWER_FS.contains(&magic) {
+        return;
+    }
+    let what = if magic == 0x794C_7630 {
+        "overlayfs; an overlay cannot be the lower layer of tmpfsctl's".to_string()
+    } else {
+        format!(
+            "a filesystem of type 0x{magic:x}, which overlayfs and the write-back are not known to work with"
+        )
+    };
+    cx.at(
+        s,
+        field,
+        format!("path `{}` of a seed: overlay mount is on {what}", s.value),
+        Some(OVERLAY_LOWER_ACCEPTED),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,529 @@
+//! The write-back of `seed: overlay`: the overlay's upper layer (a tmpfs) merged
+//! into its lower layer, the disk directory. The upper layer holds only what the
+//! application changed: a whiteout (a character device 0:0) is a deletion, a
+//! directory with `trusted.overlay.opaque=y` replaces the lower one, every other
+//! entry is written over the disk's. Nothing else writes to the lower layer while
+//! the overlay is mounted (the disk directory is hidden under it and reachable
+//! only through the root-only side bind), so the merge needs no baseline: what the
+//! upper layer holds is newer than the disk, by construction.
+//!
+//! Every write to the lower layer is one the overlay cannot see: the entry it
+//! writes is shadowed by the upper entry it copies (docs/overlay.md). The one
+//! exception is a directory the application created (a pure upper directory):
+//! the overlay looks in no lower layer below it, so deleting a file there leaves
+//! no whiteout. The lower copy of such a directory would then bring deleted
+//! names back once its dentry leaves the cache. So before such a directory is
+//! first created on disk, the upper one is marked opaque: the overlay then keeps
+//! treating it as the whole directory (as it already did), and so does the merge.
+//!
+//! A name new to the disk directory races with the application's deletion of it:
+//! overlayfs decides whether an unlink or rename leaves a whiteout by looking the
+//! name up in the lower layer, so one deleted while the merge was writing it may
+//! leave none, and the merge's copy would come back. Such names are checked
+//! again after a barrier: a file created and removed through the overlay in the
+//! same directory, which waits for any unlink or rename there in flight (they
+//! hold the directory's lock). Every later one sees the lower name and leaves a
+//! whiteout; a name gone from the upper layer without one was deleted before,
+//! and its copy is removed.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::baseline::Time;
+use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
+use super::xattrs::{self, XattrBufs, XattrTarget};
+
+/// The xattr overlayfs marks an opaque directory with.
+pub const OPAQUE: &str = "trusted.overlay.opaque";
+/// The prefix of the merge's temporary names in the disk directory.
+pub const TEMP_PREFIX: &str = ".tmpfsctl-ovl.";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct OverlayStats {
+    /// Files, symlinks and special files written to the disk directory.
+    pub written: u64,
+    pub bytes: u64,
+    /// Disk entries removed for a whiteout or an opaque directory.
+    pub removed: u64,
+    /// Directories created on disk.
+    pub dirs: u64,
+    /// Entries of the upper layer already equal to the disk's.
+    pub unchanged: u64,
+    /// Entries left alone because the disk side changed them after `disk_since`
+    /// (the application, once switched back to its disk directory).
+    pub kept_disk: u64,
+}
+
+/// Which part of the upper layer a pass writes, and what it must not overwrite.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    /// Only upper entries changed (ctime) at or after this time; `None`: all.
+    pub upper_since: Option<Time>,
+    /// The disk directory is the application's again since this time: a disk
+    /// entry changed at or after it is the later change and is kept, and a name
+    /// deleted there (told by `deleted`) is not brought back.
+    pub disk_since: Option<Time>,
+}
+
+/// Merges the upper layer `upper` into the disk directory `disk`. `merged`: where
+/// the overlay is mounted (the barriers go through it), `None` when it is not.
+/// `deleted(dir, name)` says whether the application deleted `name` in the disk
+/// directory `dir` after `window.disk_since` (unused without it).
+pub fn merge_upper(
+    upper: &Path,
+    disk: &Path,
+    merged: Option<&Path>,
+    window: Window,
+    deleted: &mut dyn FnMut(&Path, &OsStr) -> bool,
+) -> Result<OverlayStats> {
+    let mut m = Merge {
+        window,
+        deleted,
+        stats: OverlayStats::default(),
+        links: HashMap::new(),
+        touched: HashSet::new(),
+        upper,
+        merged,
+        xattrs: XattrBufs::default(),
+    };
+    m.dir(upper, disk, false)?;
+    set_meta(&fs::symlink_metadata(upper).context(ctx("stat", upper))?, disk)?;
+    for d in &m.touched {
+        File::open(d)
+            .and_then(|f| f.sync_all())
+            .with_context(|| ctx("fsync", d))?;
+    }
+    Ok(m.stats)
+}
+
+struct Merge<'a> {
+    window: Window,
+    deleted: &'a mut dyn FnMut(&Path, &OsStr) -> bool,
+    stats: OverlayStats,
+    /// Upper inodes with more than one name, and the disk path the first was
+    /// written to in this pass: the others become hard links to it.
+    links: HashMap<(u64, u64), PathBuf>,
+    /// Disk directories whose names this pass changed: fsynced at the end.
+    touched: HashSet<PathBuf>,
+    upper: &'a Path,
+    merged: Option<&'a Path>,
+    xattrs: XattrBufs,
+}
+
+fn ctx(op: &str, p: &Path) -> String {
+    format!("{op} {}", p.display())
+}
+
+fn ctime(md: &fs::Metadata) -> Time {
+    (md.ctime(), md.ctime_nsec())
+}
+
+/// A temporary name of the merge's own (never the application's).
+fn ours(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+}
+
+fn is_whiteout(md: &fs::Metadata) -> bool {
+    md.file_type().is_char_device() && md.rdev() == 0
+}
+
+impl Merge<'_> {
+    /// Merges the upper directory `u` into the disk directory `d`; `opaque`: `u`
+    /// is the whole directory, and names only the disk has go.
+    fn dir(&mut self, u: &Path, d: &Path, opaque: bool) -> Result<()> {
+        let mut names = Vec::new();
+        for e in fs::read_dir(u).with_context(|| ctx("listing", u))? {
+            let name = e.with_context(|| ctx("listing", u))?.file_name();
+            if !ours(&name) {
+                names.push(name);
+            } else if let Some(merged) = self.merged {
+                // A barrier left by a killed pass: the application sees it.
+                let b = merged
+                    .join(u.strip_prefix(self.upper).expect("below the upper root"))
+                    .join(&name);
+                let _ = fs::remove_file(b);
+            }
+        }
+        names.sort();
+        let keep: HashSet<&OsString> = names.iter().collect();
+        for e in fs::read_dir(d).with_context(|| ctx("listing", d))? {
+            let name = e.with_context(|| ctx("listing", d))?.file_name();
+            // Temporaries of a killed pass go, as (in an opaque directory) every
+            // name the upper one lacks.
+            if ours(&name) || (opaque && !keep.contains(&name)) {
+                self.remove(d, &name)?;
+            }
+        }
+        let mut fresh = Vec::new();
+        for name in names {
+            if self.entry(u, d, &name)? {
+                fresh.push(name);
+            }
+        }
+        if fresh.is_empty() || opaque {
+            return Ok(());
+        }
+        self.barrier(u)?;
+        for name in fresh {
+            if lstat_opt(&u.join(&name))?.is_none() {
+                self.remove(d, &name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every unlink and rename in flight in the overlay's directory
+    /// for the upper directory `u` (see the module's comment).
+    fn barrier(&self, u: &Path) -> Result<()> {
+        let Some(merged) = self.merged else {
+            return Ok(());
+        };
+        let rel = u.strip_prefix(self.upper).expect("below the upper root");
+        let b = merged
+            .join(rel)
+            .join(format!("{TEMP_PREFIX}barrier.{}", std::process::id()));
+        match File::create_new(&b) {
+            Ok(_) => fs::remove_file(&b).with_context(|| ctx("removing", &b)),
+            // The directory is gone from the overlay: so is every name in it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).context(ctx("creating", &b)),
+        }
+    }
+
+    /// Merges one upper entry; `true` when it put a name the disk directory
+    /// did not have.
+    fn entry(&mut self, u_dir: &Path, d_dir: &Path, name: &OsStr) -> Result<bool> {
+        let u = u_dir.join(name);
+        let d = d_dir.join(name);
+        let md = match fs::symlink_metadata(&u) {
+            Ok(md) => md,
+            // Deleted by the application since the listing: a later pass sees its whiteout.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e).context(ctx("stat", &u)),
+        };
+        let changed = self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
+        let disk = lstat_opt(&d)?;
+        if changed && self.disk_won(d_dir, name, disk.as_ref()) {
+            self.stats.kept_disk += 1;
+            return Ok(false);
+        }
+        if is_whiteout(&md) {
+            if changed && disk.is_some() {
+                self.remove(d_dir, name)?;
+            }
+            return Ok(false);
+        }
+        if md.is_dir() {
+            let mut opaque = xattr_get(&u, OPAQUE)?.as_deref() == Some(b"y".as_slice());
+            match &disk {
+                Some(dm) if dm.is_dir() => {}
+                _ => {
+                    if !opaque {
+                        xattr_set(&u, OPAQUE, b"y")?;
+                        opaque = true;
+                    }
+                    if disk.is_some() {
+                        self.remove(d_dir, name)?;
+                    }
+                    fs::create_dir(&d).with_context(|| ctx("creating directory", &d))?;
+                    self.touched.insert(d_dir.to_path_buf());
+                    self.stats.dirs += 1;
+                }
+            }
+            self.dir(&u, &d, opaque)?;
+            set_meta(&md, &d)?;
+            let (uf, df) = (open_dir(&u)?, open_dir(&d)?);
+            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &d)?;
+            return Ok(disk.is_none());
+        }
+        if !changed {
+            return Ok(false);
+        }
+        if disk.as_ref().is_some_and(|dm| same_leaf(&md, dm, &u, &d))
+            && self.same_xattrs(u_dir, d_dir, name)?
+        {
+            self.stats.unchanged += 1;
+            return Ok(false);
+        }
+        self.leaf(&md, &u, d_dir, name, disk.as_ref())?;
+        Ok(disk.is_none())
+    }
+
+    /// Whether the disk entry is the application's later change (only once it
+    /// works on its disk directory again).
+    fn disk_won(&mut self, d_dir: &Path, name: &OsStr, disk: Option<&fs::Metadata>) -> bool {
+        let Some(since) = self.window.disk_since else {
+            return false;
+        };
+        match disk {
+            Some(dm) => !dm.is_dir() && ctime(dm) >= since,
+            None => (self.deleted)(d_dir, name),
+        }
+    }
+
+    /// Writes one non-directory under a temporary name, then renames it over
+    /// `name` (the disk entry compared, `disk`). Once the application works in
+    /// the disk directory, only over that entry, or into a name still free: an
+    /// entry it made or changed since stays.
+    fn leaf(
+        &mut self,
+        md: &fs::Metadata,
+        u: &Path,
+        d_dir: &Path,
+        name: &OsStr,
+        disk: Option<&fs::Metadata>,
+    ) -> Result<()> {
+        let d = d_dir.join(name);
+        let mut tmp_name = OsString::from(TEMP_PREFIX);
+        tmp_name.push(name);
+        let tmp = d_dir.join(&tmp_name);
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e).context(ctx("removing", &tmp)),
+            _ => {}
+        }
+        let key = (md.dev(), md.ino());
+        let ft = md.file_type();
+        if let Some(first) = self.links.get(&key).filter(|_| md.nlink() > 1) {
+            fs::hard_link(first, &tmp).with_context(|| ctx("linking", &tmp))?;
+        } else if ft.is_file() {
+            let mut src = File::open(u).with_context(|| ctx("opening", u))?;
+            // The file opened may be a newer one renamed over the name since its stat.
+            let md = src.metadata().with_context(|| ctx("stat", u))?;
+            let mut dst = File::create_new(&tmp).with_context(|| ctx("creating", &tmp))?;
+            self.stats.bytes += io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp))?;
+            dst.flush().with_context(|| ctx("writing", &tmp))?;
+            set_meta(&md, &tmp)?;
+            self.sync_xattrs(XattrTarget::Fd(src.as_fd()), XattrTarget::Fd(dst.as_fd()), &tmp)?;
+            dst.sync_all().with_context(|| ctx("fsync", &tmp))?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
+            symlink(&target, &tmp).with_context(|| ctx("creating symlink", &tmp))?;
+            set_meta(md, &tmp)?;
+            self.sync_xattrs_at(u, &tmp)?;
+        } else {
+            let c = CString::new(tmp.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+            // SAFETY: `c` is a valid NUL-terminated path.
+            if unsafe { libc::mknod(c.as_ptr(), md.mode(), md.rdev()) } != 0 {
+                return Err(io::Error::last_os_error()).context(ctx("mknod", &tmp));
+            }
+            set_meta(md, &tmp)?;
+            self.sync_xattrs_at(u, &tmp)?;
+        }
+        let mut disk = disk;
+        if disk.is_some_and(|dm| dm.is_dir()) {
+            self.remove(d_dir, name)?;
+            disk = None;
+        }
+        if self.window.disk_since.is_some() {
+            let dir = File::open(d_dir).with_context(|| ctx("opening", d_dir))?;
+            let (t, n) = (cstr(&tmp_name)?, cstr(name)?);
+            let how = match disk {
+                Some(dm) => Place::Over(Seen::of_metadata(dm)),
+                None => Place::Free,
+            };
+            let placed = put_in_place(dir.as_fd(), &t, &n, how)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), d.display()))?;
+            if placed != Placed::Yes {
+                match fs::remove_file(&tmp) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(e).context(ctx("removing", &tmp))
+                    }
+                    _ => {}
+                }
+                self.stats.kept_disk += 1;
+                return Ok(());
+            }
+        } else {
+            fs::rename(&tmp, &d).with_context(|| format!("renaming {} to {}", tmp.display(), d.display()))?;
+        }
+        if md.nlink() > 1 && ft.is_file() {
+            self.links.entry(key).or_insert_with(|| d.clone());
+        }
+        self.touched.insert(d_dir.to_path_buf());
+        self.stats.written += 1;
+        Ok(())
+    }
+
+    /// Makes the extended attributes of `dst` (at `path`) those of `src`.
+    fn sync_xattrs(&mut self, src: XattrTarget<'_>, dst: XattrTarget<'_>, path: &Path) -> Result<()> {
+        xattrs::sync_xattrs(src, dst, &mut self.xattrs)
+            .map_err(|e| anyhow::Error::new(e.at(path.to_path_buf())))
+    }
+
+    /// [`Self::sync_xattrs`] for entries that cannot be opened (symlinks, nodes).
+    fn sync_xattrs_at(&mut self, u: &Path, d: &Path) -> Result<()> {
+        let (ud, un) = split(u)?;
+        let (dd, dn) = split(d)?;
+        self.sync_xattrs(
+            XattrTarget::At(ud.as_fd(), &un),
+            XattrTarget::At(dd.as_fd(), &dn),
+            d,
+        )
+    }
+
+    fn same_xattrs(&mut self, u_dir: &Path, d_dir: &Path, name: &OsStr) -> Result<bool> {
+        let (ud, dd, n) = (open_dir(u_dir)?, open_dir(d_dir)?, cstr(name)?);
+        xattrs::same_xattrs(
+            XattrTarget::At(ud.as_fd(), &n),
+            XattrTarget::At(dd.as_fd(), &n),
+            &mut self.xattrs,
+        )
+        .map_err(|e| anyhow::Error::new(e.at(d_dir.join(name))))
+    }
+
+    /// Removes `name` from the disk directory, and all below it; once the
+    /// application works there again (`disk_since`), what it changed since is
+    /// kept, with the directories that lead to it.
+    fn remove(&mut self, d_dir: &Path, name: &OsStr) -> Result<()> {
+        let d = d_dir.join(name);
+        let Some(md) = lstat_opt(&d)? else {
+            return Ok(());
+        };
+        if self.window.disk_since.is_some_and(|t| ctime(&md) >= t) && !md.is_dir() {
+            self.stats.kept_disk += 1;
+            return Ok(());
+        }
+        if md.is_dir() {
+            for e in fs::read_dir(&d).with_context(|| ctx("listing", &d))? {
+                self.remove(&d, &e.with_context(|| ctx("listing", &d))?.file_name())?;
+            }
+            match fs::remove_dir(&d) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && self.window.disk_since.is_some() => {
+                    return Ok(())
+                }
+                r => r.with_context(|| ctx("removing", &d))?,
+            }
+        } else if self.window.disk_since.is_some() {
+            let dir = File::open(d_dir).with_context(|| ctx("opening", d_dir))?;
+            let mut temp = OsString::from(TEMP_PREFIX);
+            temp.push("rm.");
+            temp.push(name);
+            let gone = remove_seen(dir.as_fd(), &cstr(name)?, Seen::of_metadata(&md), &cstr(&temp)?)
+                .with_context(|| ctx("removing", &d))?;
+            if !gone {
+                self.stats.kept_disk += 1;
+                return Ok(());
+            }
+        } else {
+            fs::remove_file(&d).with_context(|| ctx("removing", &d))?;
+        }
+        self.touched.insert(d_dir.to_path_buf());
+        self.stats.removed += 1;
+        Ok(())
+    }
+}
+
+fn open_dir(p: &Path) -> Result<File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(p)
+        .with_context(|| ctx("opening", p))
+}
+
+/// The directory of `p`, open, and its last name.
+fn split(p: &Path) -> Result<(File, CString)> {
+    let parent = p.parent().context("a path with a parent")?;
+    let name = p.file_name().context("a path with a name")?;
+    Ok((open_dir(parent)?, cstr(name)?))
+}
+
+fn cstr(name: &OsStr) -> Result<CString> {
+    CString::new(name.as_bytes()).context("a name with a NUL byte")
+}
+
+fn lstat_opt(p: &Path) -> Result<Option<fs::Metadata>> {
+    match fs::symlink_metadata(p) {
+        Ok(md) => Ok(Some(md)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).context(ctx("stat", p)),
+    }
+}
+
+/// Whether the disk entry already is the upper one: same type, size, mtime,
+/// mode and owner (and link target), and the upper one unchanged since the
+/// disk one was written (size and mtime alone miss a rewrite of the same
+/// length in the same clock tick).
+fn same_leaf(u: &fs::Metadata, d: &fs::Metadata, up: &Path, dp: &Path) -> bool {
+    let same = ctime(u) < ctime(d)
+        && u.mode() == d.mode()
+        && u.uid() == d.uid()
+        && u.gid() == d.gid()
+        && u.size() == d.size()
+        && (u.mtime(), u.mtime_nsec()) == (d.mtime(), d.mtime_nsec());
+    if !same || u.file_type().is_symlink() {
+        return same && fs::read_link(up).ok() == fs::read_link(dp).ok();
+    }
+    if !u.is_file() {
+        return same && u.rdev() == d.rdev();
+    }
+    same
+}
+
+/// Gives `p` the owner, mode and times of `md`'s entry (the upper one).
+fn set_meta(md: &fs::Metadata, p: &Path) -> Result<()> {
+    std::os::unix::fs::lchown(p, Some(md.uid()), Some(md.gid())).with_context(|| ctx("chown", p))?;
+    if !md.file_type().is_symlink() {
+        fs::set_permissions(p, fs::Permissions::from_mode(md.mode() & 0o7777))
+            .with_context(|| ctx("chmod", p))?;
+    }
+    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+    let times = [
+        libc::timespec {
+            tv_sec: md.atime(),
+            tv_nsec: md.atime_nsec(),
+        },
+        libc::timespec {
+            tv_sec: md.mtime(),
+            tv_nsec: md.mtime_nsec(),
+        },
+    ];
+    // SAFETY: `c` is a valid path and `times` two timespecs.
+    if unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error()).context(ctx("setting times of", p));
+    }
+    Ok(())
+}
+
+fn xattr_get(p: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+    let n = CString::new(name).expect("xattr names have no NUL");
+    let mut buf = [0u8; 16];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::ERANGE) => Ok(None),
+            _ => Err(e).context(ctx(&format!("reading {name} of"), p)),
+        };
+    }
+    Ok(Some(buf[..r as usize].to_vec()))
+}
+
+fn xattr_set(p: &Path, name: &str, value: &[u8]) -> Result<()> {
+    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+    let n = CString::new(name).expect("xattr names have no NUL");
+    // SAFETY: valid C strings and a value of the given length.
+    if unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } != 0 {
+        return Err(io::Error::last_os_error()).context(ctx(&format!("setting {name} on"), p));
+    }
+    Ok(())
+}

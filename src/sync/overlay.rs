@@ -1,0 +1,204 @@
+//! The write-back of `seed: overlay` mounts: the upper layer on the tmpfs at
+//! `STATE/stage/NAME` merged into the disk directory ([`copy::overlay`]).
+//!
+//! While the overlay is mounted nobody but the merge writes to the disk
+//! directory, so `sync` merges everything. `down` does that first, while the
+//! application still works on the overlay, then switches it to the disk
+//! directory (the overlay is held at `STATE/held/NAME`, as a tmpfs is), then
+//! merges what changed in between: only upper entries changed since the first
+//! pass began, and never over what the application changed or deleted on disk
+//! since the switch (its later change wins; deletions are told by the same
+//! fanotify watch the other write-back uses). The time of the switch is kept in
+//! the tmpfs itself, so a retry after a failure or a crash knows it.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::{SyncOutcome, SyncResult};
+use crate::backend::overlay::UPPER;
+use crate::copy::baseline::{now_after_tick, Time};
+use crate::copy::overlay::{merge_upper, OverlayStats, Window};
+use crate::copy::{DiskDeletions, SyncStats};
+use crate::host::mountinfo::MountTable;
+use crate::spec::MountSpec;
+use crate::state::{State, SyncRecord};
+
+/// The record of the switch, in the tmpfs beside the upper and work directories.
+const SWITCHED: &str = "switched";
+
+/// One pass of the upper layer on the tmpfs at `stage` into the disk
+/// directory, recorded for `status` as every write-back is. `merged`: where
+/// the overlay is mounted, if it is.
+pub fn pass(
+    m: &MountSpec,
+    merged: Option<&Path>,
+    stage: &Path,
+    state: &State,
+    window: Window,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+    by: &str,
+) -> Result<SyncResult> {
+    let started = Instant::now();
+    let mut deleted = |dir: &Path, name: &OsStr| -> bool {
+        let Some(d) = deletions else {
+            return false;
+        };
+        let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
+            return false;
+        };
+        let mut d = d.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        d.deleted(f.as_fd(), &c).is_some()
+    };
+    let res = merge_upper(
+        &stage.join(UPPER),
+        &state.side(&m.name),
+        merged,
+        window,
+        &mut deleted,
+    )
+    .with_context(|| format!("writing the upper layer of `{}` back", m.name));
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = res.as_ref().ok().map(sync_stats);
+    let reason = res.as_ref().err().map(|e| format!("{e:#}"));
+    let st = stats.clone().unwrap_or_default();
+    state.write_sync(
+        &m.name,
+        &SyncRecord {
+            by: by.to_string(),
+            at: crate::state::unix_now(),
+            seconds,
+            ok: res.is_ok(),
+            error: reason.clone(),
+            files_written: st.files_written,
+            bytes_written: st.bytes_written,
+            deleted: st.deleted,
+        },
+    )?;
+    Ok(SyncResult {
+        name: m.name.clone(),
+        path: m.path.clone(),
+        result: if res.is_ok() {
+            SyncOutcome::Synced
+        } else {
+            SyncOutcome::Failed
+        },
+        reason,
+        stats,
+        whole_tree: None,
+        seconds,
+    })
+}
+
+fn sync_stats(s: &OverlayStats) -> SyncStats {
+    SyncStats {
+        files_written: s.written,
+        bytes_written: s.bytes,
+        deleted: s.removed,
+        dirs_created: s.dirs,
+        unchanged: s.unchanged,
+        kept_disk: s.kept_disk,
+        ..SyncStats::default()
+    }
+}
+
+/// Writes back an upper layer whose overlay went away (unmounted by hand, or
+/// a crash after the overlay's unmount): its tmpfs is still at the staging
+/// point, and its writes are not on disk yet. `None` when there is none.
+/// Only through a side bind that leads to the disk directory.
+pub fn rescue(m: &MountSpec, table: &MountTable, state: &State, by: &str) -> Result<Option<SyncResult>> {
+    let stage = state.stage(&m.name);
+    let Some(tmpfs) = table
+        .top_at(&stage)
+        .filter(|e| crate::backend::is_ours(e, &m.source()))
+    else {
+        return Ok(None);
+    };
+    let has_entries = std::fs::read_dir(stage.join(UPPER)).is_ok_and(|mut d| d.next().is_some());
+    if !has_entries {
+        return Ok(None);
+    }
+    if !crate::observe::side_reaches_disk(table, tmpfs.dev, &state.side(&m.name)) {
+        return Ok(Some(SyncResult {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            result: SyncOutcome::Failed,
+            reason: Some(format!(
+                "{} holds writes of `{}` not yet on disk, and the disk directory is not reachable at {}",
+                stage.display(),
+                m.name,
+                state.side(&m.name).display()
+            )),
+            stats: None,
+            whole_tree: None,
+            seconds: 0.0,
+        }));
+    }
+    pass(m, None, &stage, state, after_switch(&stage)?, None, by).map(Some)
+}
+
+/// Records, just before the switch, that the application is on its disk
+/// directory from now on, and when the pass before it began (`first_pass`).
+pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
+    let t = now_after_tick();
+    let text = format!("{} {} {} {}\n", first_pass.0, first_pass.1, t.0, t.1);
+    crate::state::write_atomic(&stage.join(SWITCHED), text.as_bytes())
+}
+
+/// The window of the pass after the switch: upper entries changed since the
+/// first pass began, never over the application's disk changes since the
+/// switch. Without a record (the overlay went away some other way) every upper
+/// entry is written, and a disk entry changed after the upper layer's last
+/// change is the application's later one.
+pub fn after_switch(stage: &Path) -> Result<Window> {
+    let recorded = std::fs::read_to_string(stage.join(SWITCHED))
+        .ok()
+        .and_then(|text| {
+            let v: Vec<i64> = text
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()?;
+            match v[..] {
+                [a, b, c, d] => Some(((a, b), (c, d))),
+                _ => None,
+            }
+        });
+    Ok(match recorded {
+        Some((first, switched)) => Window {
+            upper_since: Some(first),
+            disk_since: Some(switched),
+        },
+        None => {
+            let (s, ns) = latest_ctime(&stage.join(UPPER))?;
+            Window {
+                upper_since: None,
+                disk_since: Some(if ns == 999_999_999 {
+                    (s + 1, 0)
+                } else {
+                    (s, ns + 1)
+                }),
+            }
+        }
+    })
+}
+
+/// The latest ctime in the tree at `dir`.
+fn latest_ctime(dir: &Path) -> Result<Time> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(dir).with_context(|| format!("stat {}", dir.display()))?;
+    let mut latest = (md.ctime(), md.ctime_nsec());
+    if md.is_dir() {
+        for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e.with_context(|| format!("listing {}", dir.display()))?;
+            latest = latest.max(latest_ctime(&e.path())?);
+        }
+    }
+    Ok(latest)
+}

@@ -1,0 +1,388 @@
+//! `seed: overlay`: the built binary against real overlay mounts, each test in a
+//! private mount namespace. The disk directory is the lower layer (through the
+//! side bind), the upper layer is on a tmpfs at `STATE/stage/NAME`; a write-back
+//! merges the upper layer into the disk directory (docs/overlay.md).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::{App, Sandbox};
+
+fn overlay_spec(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
+    sb.one_mount_spec(
+        "cache",
+        cache,
+        "64MiB",
+        &format!("    seed: overlay\n    persist: on-stop\n{extra}"),
+    )
+}
+
+/// Every entry below `dir` by relative path: a file's contents, a symlink's
+/// target, `fifo`, and directories (with a trailing slash).
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.insert(format!("{rel}/"), String::new());
+                walk(root, &p, out);
+            } else if ft.is_symlink() {
+                out.insert(rel, format!("-> {}", fs::read_link(&p).unwrap().display()));
+            } else if ft.is_fifo() {
+                out.insert(rel, "fifo".into());
+            } else {
+                out.insert(rel, fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The mounts of tmpfsctl-NAME sources left in the sandbox (the state
+/// directory's own private binds are not counted).
+fn ours_left(sb: &Sandbox) -> Vec<tmpfsctl::host::mountinfo::MountEntry> {
+    sb.mounts()
+        .into_iter()
+        .filter(|e| e.source.starts_with("tmpfsctl-"))
+        .collect()
+}
+
+fn xattr(p: &Path, name: &std::ffi::CStr) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and name, and a buffer of its length.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+fn opaque(dir: &Path) -> bool {
+    xattr(dir, c"trusted.overlay.opaque").as_deref() == Some(b"y".as_slice())
+}
+
+/// apply copies nothing and mounts the overlay; sync and down write back every
+/// change (new, rewritten, deleted, renamed, a replaced directory, a new
+/// directory) and bring back nothing deleted; afterwards nothing of tmpfsctl's
+/// is mounted.
+#[test]
+fn apply_sync_down_write_back_every_change() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o750);
+    fs::create_dir(cache.join("d")).unwrap();
+    for i in 0..20 {
+        fs::write(cache.join(format!("d/f{i}")), format!("seeded {i}")).unwrap();
+    }
+    fs::create_dir(cache.join("replaced")).unwrap();
+    fs::write(cache.join("replaced/old"), "old").unwrap();
+    let spec = overlay_spec(&sb, &cache, "");
+
+    let plan = sb.run(["plan", "--format", "json", spec.to_str().unwrap()]);
+    plan.code(0);
+    let actions: Vec<String> = plan.json()["plan"]["mounts"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["action"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(actions, ["bind-side", "mount-stage", "mount-overlay"], "{plan}");
+
+    sb.run(["apply", spec.to_str().unwrap()])
+        .code(0)
+        .stdout_has("changed: yes");
+    let top = sb.top(&cache).expect("a mount at the path");
+    assert_eq!(
+        (top.fstype.as_str(), top.source.as_str()),
+        ("overlay", "tmpfsctl-cache")
+    );
+    assert!(top.has_mount_option("nosuid") && top.has_mount_option("nodev"));
+    let stage = sb.state.join("stage/cache");
+    let upper = stage.join("upper");
+    assert_eq!(sb.top(&stage).map(|e| e.fstype), Some("tmpfs".to_string()));
+    assert_eq!(fs::read_dir(&upper).unwrap().count(), 0, "nothing copied");
+    assert_eq!(crate::common::mode_of(&cache), 0o750, "the disk directory's root");
+    let st = sb.run(["status", "--format", "json", spec.to_str().unwrap()]);
+    st.code(0);
+    assert_eq!(st.json()["mounts"][0]["state"], "offloaded", "{st}");
+    assert_eq!(
+        st.json()["mounts"][0]["overlay"]["upper"],
+        upper.to_str().unwrap(),
+        "{st}"
+    );
+    sb.run(["apply", spec.to_str().unwrap()])
+        .code(0)
+        .stdout_has("changed: no");
+
+    fs::write(cache.join("d/f0"), "rewritten").unwrap();
+    fs::remove_file(cache.join("d/f1")).unwrap();
+    fs::rename(cache.join("d/f2"), cache.join("d/f2-renamed")).unwrap();
+    fs::remove_dir_all(cache.join("replaced")).unwrap();
+    fs::create_dir(cache.join("replaced")).unwrap();
+    fs::write(cache.join("replaced/new"), "new").unwrap();
+    fs::create_dir_all(cache.join("fresh/sub")).unwrap();
+    fs::write(cache.join("fresh/sub/a"), "a").unwrap();
+    fs::write(cache.join("fresh/sub/b"), "b").unwrap();
+    fs::hard_link(cache.join("fresh/sub/b"), cache.join("d/b-link")).unwrap();
+    std::os::unix::fs::symlink("../d/f0", cache.join("fresh/to-f0")).unwrap();
+    nix::unistd::mkfifo(
+        &cache.join("fresh/fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    // redirect_dir=off: a directory the disk has cannot be renamed, only copied.
+    let renamed = fs::rename(cache.join("d"), cache.join("d-renamed"));
+    assert_eq!(renamed.unwrap_err().raw_os_error(), Some(libc::EXDEV));
+    let c = std::ffi::CString::new(cache.join("fresh/sub/b").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid path, name and value.
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.origin".as_ptr(), b"ram".as_ptr().cast(), 3, 0) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    let want = tree(&cache);
+
+    let sync = sb.run(["sync", "--format", "json", spec.to_str().unwrap()]);
+    sync.code(0);
+    assert_eq!(sync.json()[0]["result"], "synced", "{sync}");
+    let lower = sb.state.join("lower/cache");
+    assert_eq!(tree(&lower), want, "the disk directory after sync");
+    assert!(
+        fs::symlink_metadata(upper.join("d/f1"))
+            .unwrap()
+            .file_type()
+            .is_char_device(),
+        "the whiteout stays in the upper layer"
+    );
+    assert!(
+        opaque(&upper.join("fresh")),
+        "a directory made in RAM is marked opaque before its copy reaches the disk"
+    );
+    assert!(
+        !opaque(&lower.join("fresh")),
+        "overlayfs' own attributes stay in RAM"
+    );
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    assert_eq!(
+        ino(&lower.join("fresh/sub/b")),
+        ino(&lower.join("d/b-link")),
+        "hard links stay linked"
+    );
+    assert_eq!(
+        fs::read_link(lower.join("fresh/to-f0")).unwrap(),
+        Path::new("../d/f0")
+    );
+    assert!(fs::symlink_metadata(lower.join("fresh/fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(
+        xattr(&lower.join("fresh/sub/b"), c"user.origin").as_deref(),
+        Some(b"ram".as_slice()),
+        "extended attributes are written back"
+    );
+
+    // A deletion in a directory that only RAM had when it was made: the overlay
+    // leaves no whiteout there; the write-back still deletes it on disk.
+    fs::remove_file(cache.join("fresh/sub/a")).unwrap();
+    fs::write(cache.join("late"), "late").unwrap();
+    let want = tree(&cache);
+    let down = sb.run(["down", "--format", "json", spec.to_str().unwrap()]);
+    down.code(0);
+    assert_eq!(down.json()[0]["result"], "unmounted", "{down}");
+    assert_eq!(ours_left(&sb), [], "nothing of tmpfsctl's is mounted");
+    assert_eq!(tree(&cache), want, "the disk directory after down");
+    assert!(!cache.join("fresh/sub/a").exists());
+    assert_eq!(fs::read_to_string(cache.join("d/f0")).unwrap(), "rewritten");
+}
+
+/// An overlay unmounted by hand leaves its upper layer's writes only in RAM:
+/// `apply` refuses to replace it, `sync` (or `down`) writes them back and
+/// releases it, and a disk change made after the upper layer's last one is kept.
+#[test]
+fn an_upper_layer_left_without_its_overlay_is_written_back_by_sync_or_down() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::write(cache.join("kept"), "seeded").unwrap();
+    fs::write(cache.join("gone"), "seeded").unwrap();
+    let spec = overlay_spec(&sb, &cache, "");
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    fs::write(cache.join("new"), "ram").unwrap();
+    fs::write(cache.join("later-on-disk"), "ram, earlier").unwrap();
+    fs::remove_file(cache.join("gone")).unwrap();
+    nix::mount::umount(&cache).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(cache.join("later-on-disk"), "disk, later").unwrap();
+
+    let r = sb.run(["apply", spec.to_str().unwrap()]);
+    r.code(3)
+        .stdout_has("run `tmpfsctl sync cache` to write them back");
+    assert_eq!(sb.top(&cache), None, "nothing mounted over the disk directory");
+    sb.run(["sync", spec.to_str().unwrap()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("new")).unwrap(), "ram");
+    assert_eq!(
+        fs::read_to_string(cache.join("later-on-disk")).unwrap(),
+        "disk, later"
+    );
+    assert!(!cache.join("gone").exists());
+    assert_eq!(fs::read_to_string(cache.join("kept")).unwrap(), "seeded");
+    assert_eq!(ours_left(&sb), [], "released");
+    // `down` rescues it the same way.
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    assert_eq!(sb.top(&cache).map(|e| e.fstype), Some("overlay".to_string()));
+    fs::write(cache.join("before-down"), "ram").unwrap();
+    nix::mount::umount(&cache).unwrap();
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("before-down")).unwrap(), "ram");
+    assert_eq!(ours_left(&sb), [], "released");
+}
+
+/// An application writing, rewriting, deleting and renaming all along, through
+/// apply, two syncs and down: nothing it wrote is lost and nothing it deleted
+/// comes back, across the switch back to the disk directory.
+#[test]
+fn a_busy_application_loses_nothing() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let seeded: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("s-{i}"), format!("seeded {i}").into_bytes()))
+        .collect();
+    for (n, c) in &seeded {
+        fs::write(cache.join(n), c).unwrap();
+    }
+    let spec = overlay_spec(&sb, &cache, "");
+    let app = App::start(cache.clone(), seeded, 15);
+    std::thread::sleep(Duration::from_millis(50));
+    for cmd in ["apply", "sync", "sync", "down"] {
+        app.event(cmd);
+        sb.run([cmd, spec.to_str().unwrap()]).code(0);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let exp = app.stop();
+    assert!(exp.ops > 300, "the application did only {} operations", exp.ops);
+    exp.assert_nothing_lost(&cache, "seed: overlay");
+}
+
+/// `apply` killed after each of its steps is finished by the next `apply`:
+/// one overlay at the path over the disk directory, one tmpfs at the staging
+/// point, nothing stacked.
+#[test]
+fn a_killed_apply_is_finished_by_the_next() {
+    for point in ["after-bind-side", "after-mount-stage", "after-mount-overlay"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::write(cache.join("seeded"), "seeded").unwrap();
+        let spec = overlay_spec(&sb, &cache, "");
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_FAILPOINT", format!("{point}:cache"));
+        let killed = sb.run_with(c, ["apply", spec.to_str().unwrap()]);
+        assert_eq!(killed.signal, Some(9), "{point}: {killed}");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        sb.run(["apply", spec.to_str().unwrap()])
+            .code(0)
+            .stdout_has("changed: no");
+        let ours: Vec<(String, PathBuf)> = ours_left(&sb)
+            .into_iter()
+            .map(|e| (e.fstype, e.mount_point))
+            .collect();
+        assert_eq!(
+            ours,
+            [
+                ("tmpfs".to_string(), sb.state.join("stage/cache")),
+                ("overlay".to_string(), cache.clone())
+            ],
+            "{point}"
+        );
+        assert_eq!(
+            fs::read_to_string(cache.join("seeded")).unwrap(),
+            "seeded",
+            "{point}"
+        );
+    }
+}
+
+/// `down` killed at each point of its takedown (after the overlay is held,
+/// after the switch, after the held overlay is released) is finished by the
+/// next `down`, with the application writing on disk in between: nothing
+/// lost, nothing back, nothing of tmpfsctl's left mounted.
+#[test]
+fn a_killed_down_is_finished_by_the_next() {
+    for point in ["after-hold", "after-switch", "after-release"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::write(cache.join("seeded"), "seeded").unwrap();
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::write(cache.join("ram"), "ram").unwrap();
+        fs::remove_file(cache.join("seeded")).unwrap();
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_FAILPOINT", format!("{point}:cache"));
+        let killed = sb.run_with(c, ["down", spec.to_str().unwrap()]);
+        assert_eq!(killed.signal, Some(9), "{point}: {killed}");
+        if point != "after-hold" {
+            assert_ne!(
+                sb.top(&cache).map(|e| e.fstype),
+                Some("overlay".to_string()),
+                "{point}: switched"
+            );
+            fs::write(cache.join("disk"), "written on disk after the switch").unwrap();
+        }
+        let again = sb.run(["down", spec.to_str().unwrap()]);
+        again.code(0);
+        assert_eq!(fs::read_to_string(cache.join("ram")).unwrap(), "ram", "{point}");
+        assert!(!cache.join("seeded").exists(), "{point}: a deletion came back");
+        if point != "after-hold" {
+            assert!(cache.join("disk").exists(), "{point}: {again}");
+        }
+        assert_eq!(ours_left(&sb), [], "{point}: left mounted");
+    }
+}
+
+/// What seed: overlay does not do yet is refused before anything is touched,
+/// each with its reason; so is fstab, which cannot express it.
+#[test]
+fn what_an_overlay_cannot_do_is_refused() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let refused = |spec: &str, why: &str| {
+        let p = sb.write_spec("bad.yaml", spec);
+        let r = sb.run(["validate", p.to_str().unwrap()]);
+        assert_eq!(r.code, Some(2), "{r}");
+        r.stderr_has(why);
+    };
+    let mount = |extra: &str| {
+        format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 64MiB\n    seed: overlay\n{extra}",
+            cache.display()
+        )
+    };
+    refused(&mount(""), "with persist: none `down` would drop them all");
+    refused(
+        &mount("    persist: on-stop\n    watchdog: { high: 90%, action: warn }\n"),
+        "a watchdog cannot act on a seed: overlay mount",
+    );
+    assert!(sb.mounts().is_empty(), "validation touches nothing");
+
+    let root = sb.path("root");
+    crate::common::root_only_users(&root);
+    fs::create_dir_all(root.join("var/cache/app")).unwrap();
+    let spec = overlay_spec(&sb, Path::new("/var/cache/app"), "");
+    let install = |mode: &str| {
+        sb.run([
+            "boot",
+            "install",
+            spec.to_str().unwrap(),
+            "--mode",
+            mode,
+            "--root",
+            root.to_str().unwrap(),
+        ])
+    };
+    let r = install("fstab");
+    assert_ne!(r.code, Some(0), "{r}");
+    r.stderr_has("`cache` is a seed: overlay mount, which fstab cannot express");
+    assert!(!root.join("etc/fstab").exists(), "nothing written");
+    install("systemd").code(0).stdout_has("changed: yes");
+}
