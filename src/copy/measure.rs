@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat;
 
@@ -44,9 +45,13 @@ pub fn measure(dir: &Path) -> Result<TreeSize, CopyError> {
             .map_err(src_err("read directory"))
             .map_err(|f| f.at(rel.path(None)))?;
         let name = entry.file_name();
-        let st = stat::fstatat(listing.fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(src_err("stat"))
-            .map_err(|f| f.at(rel.path(Some(name))))?;
+        // The application works in the tree meanwhile: a name gone since the listing
+        // is not there to copy either (the seed skips it the same way).
+        let st = match stat::fstatat(listing.fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(src_err("stat")(e).at(rel.path(Some(name)))),
+        };
         let is_dir = file_type(&st) == libc::S_IFDIR;
         if is_dir || st.st_nlink <= 1 || linked.insert((st.st_dev, st.st_ino)) {
             size.allocated += ops::allocated_bytes(&st);
@@ -54,13 +59,49 @@ pub fn measure(dir: &Path) -> Result<TreeSize, CopyError> {
             size.inodes += 1;
         }
         if is_dir && st.st_dev == root_dev {
-            let child = open_src(listing.fd(), name, OFlag::O_DIRECTORY)
-                .map_err(src_err("open directory"))
-                .and_then(src_listing)
-                .map_err(|f| f.at(rel.path(Some(name))))?;
+            let child = match open_src(listing.fd(), name, OFlag::O_DIRECTORY) {
+                Ok(fd) => src_listing(fd).map_err(|f| f.at(rel.path(Some(name))))?,
+                // Removed, or replaced by a non-directory, since the stat.
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
+                Err(e) => return Err(src_err("open directory")(e).at(rel.path(Some(name)))),
+            };
             rel.push(name);
             stack.push((child, rel.len()));
         }
     }
     Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names and directories removed while the tree is measured are left out, not an
+    /// error: `apply` measures a directory the application works in.
+    #[test]
+    fn what_vanishes_while_measured_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let names: Vec<_> = (0..2000)
+            .map(|i| dir.path().join(format!("d{}", i % 20)).join(format!("f{i}")))
+            .collect();
+        for n in &names {
+            std::fs::create_dir_all(n.parent().unwrap()).unwrap();
+            std::fs::write(n, "x").unwrap();
+        }
+        std::thread::scope(|s| {
+            let app = s.spawn(|| {
+                for n in names.iter().rev() {
+                    std::fs::remove_file(n).unwrap();
+                }
+                for i in 0..20 {
+                    std::fs::remove_dir(dir.path().join(format!("d{i}"))).unwrap();
+                }
+            });
+            while !app.is_finished() {
+                let size = measure(dir.path()).expect("measured while the application deletes");
+                assert!(size.inodes <= 2020);
+            }
+        });
+        assert_eq!(measure(dir.path()).unwrap(), TreeSize::default());
+    }
 }

@@ -424,3 +424,48 @@ fn a_link_the_disk_made_to_an_unchanged_name_stays() {
         assert_eq!(fs::read(dst.join("a/other")).unwrap(), b"o");
     });
 }
+
+/// The application makes, in the disk directory, the very directories the pass is
+/// creating (Apache makes its cache's subdirectories as it needs them): each one the
+/// application made first is merged into, not a failed pass ("File exists").
+#[test]
+fn a_directory_the_application_makes_on_disk_meanwhile_is_merged_into() {
+    with_trees(|src, dst| {
+        let names: Vec<String> = (0..1500).map(|i| format!("d{i:04}")).collect();
+        for n in &names {
+            fs::create_dir(src.join(n)).unwrap();
+            fs::write(src.join(n).join("f"), n).unwrap();
+        }
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let made = std::thread::scope(|s| {
+            let app = s.spawn(|| {
+                let mut made = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    for n in names.iter().rev() {
+                        made += u32::from(fs::create_dir(dst.join(n)).is_ok());
+                    }
+                }
+                made
+            });
+            let synced = sync_tree(
+                src,
+                dst,
+                Merge {
+                    base: &Baseline::none(),
+                    journal: None,
+                    deletions: None,
+                    dirty: None,
+                },
+                None,
+            );
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            let made = app.join().unwrap();
+            synced.expect("the pass merges into what the application made");
+            made
+        });
+        assert!(made > 0, "the application made none of the directories first");
+        for n in &names {
+            assert_eq!(fs::read_to_string(dst.join(n).join("f")).unwrap(), *n);
+        }
+    });
+}

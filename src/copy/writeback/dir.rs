@@ -91,7 +91,7 @@ impl Syncer<'_, '_> {
         tentative: Option<Time>,
     ) -> Result<Stepped, Stop> {
         let dst_dir = parent.dst.fd.as_fd();
-        let mut changed = false;
+        let (mut changed, mut raced) = (false, false);
         let (dst, before) = match d {
             Some(d) if file_type(&d) == libc::S_IFDIR => {
                 if d.st_dev != self.dst_dev {
@@ -119,14 +119,28 @@ impl Syncer<'_, '_> {
                     self.reporter.stats.deleted += 1;
                 }
                 // Owner-only until its metadata is applied.
-                stat::mkdirat(dst_dir, name, Mode::S_IRWXU).map_err(dst_err("create directory"))?;
-                changed = true;
+                let made = match stat::mkdirat(dst_dir, name, Mode::S_IRWXU) {
+                    Ok(()) => true,
+                    // The application made it meanwhile (it works in the disk
+                    // directory while a held tmpfs is merged): merged into as it is.
+                    Err(Errno::EEXIST) => false,
+                    Err(e) => return Err(dst_err("create directory")(e).into()),
+                };
                 let fd = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
                 let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
-                self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
-                (fd, None)
+                if made {
+                    changed = true;
+                    self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
+                    (fd, None)
+                } else {
+                    raced = true;
+                    (fd, Some(st))
+                }
             }
         };
+        // A directory the application made on disk while the pass ran keeps its own
+        // metadata: the later change.
+        let ram_meta = ram_meta && !raced;
         let disk_deleted_at = tentative
             .or_else(|| before.as_ref().map(ctime))
             .unwrap_or(parent.disk_deleted_at);
