@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# End-to-end, "no write lost" with `persist`: nginx `proxy_cache` and a
+# second application that logs every change it makes (tests/e2e_churn.py:
+# files written under a temporary name and renamed into place, replaced,
+# deleted, renamed) share one managed directory with `persist: on-stop`,
+# under wrk load, while tmpfsctl runs
+#
+#   apply (seeded from disk), sync x3, down, apply (seeded again), sync, down
+#
+# with the applications working through all of it. Then, with everything
+# stopped and the directory back on disk:
+#
+#   1 the churn's log replayed gives the exact set of names that must exist:
+#     lost 0, resurrected 0, no torn or foreign content (files holding an
+#     older version of their own name, the documented stale-view conflict,
+#     are counted and shown)
+#   2 nginx, started again on the disk directory, answers HIT for every key
+#     it cached on disk before the first apply (seeded, written back) and
+#     for every key it cached in RAM after it (written back by sync/down)
+#   3 zero non-2xx responses and socket errors under load, no nginx error but
+#     the known one of a response in flight at a switch; no write-back
+#     temporaries, no held tmpfs, no mount left
+#
+# Usage (as root):  bash tests/nginx_persist.sh [path/to/tmpfsctl]
+# Needs nginx, wrk, curl and python3. Private mount namespace, loopback only,
+# about 40 s; stops everything it started. E2E_BREAK=drop or copy breaks the
+# write-back on purpose (tests/e2e_lib.sh): the checks must then fail.
+set -euo pipefail
+
+E2E=nginx_persist E2E_TOOLS="nginx wrk curl python3" E2E_TIMEOUT=150
+. "$(dirname "$0")/e2e_lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+SPEC=$WORK/spec.yaml
+NAME=e2e-nginxp
+CACHE=$WORK/cache
+E2E_SPECS=("$SPEC")
+E2E_LOGS=(tmpfsctl.log nginx-error.log wrk-load.out churn.out)
+CHURN=
+
+mkdir -p "$CACHE/churn"
+chown www-data:www-data "$CACHE"
+chmod 0755 "$CACHE"
+e2e_origin_blob 16384
+e2e_nginx_conf "levels=1:2 keys_zone=c:16m max_size=1g inactive=1h use_temp_path=off" "$CACHE/nginx"
+e2e_load_lua 3000
+cat > "$SPEC" <<EOF
+version: 1
+mounts:
+  - name: $NAME
+    path: $CACHE
+    size: 256MiB
+    persist: on-stop
+EOF
+
+url() { echo "http://127.0.0.1:$PROXY/$1"; }
+# $1: prefix, $2: count: fetches /PREFIX/1 .. /PREFIX/COUNT; prints how many were HITs
+fetch() {
+    local i hits=0
+    for i in $(seq "$2"); do
+        curl -fsS -o /dev/null -D - "$(url "$1/$i")" | grep -qi '^X-Cache: HIT' && hits=$((hits + 1))
+    done
+    echo "$hits"
+}
+churn() { python3 "$HERE/e2e_churn.py" "$@"; }
+start_churn() {
+    python3 "$HERE/e2e_churn.py" run "$CACHE/churn" "$WORK/churn.log" --seed "$1" >>"$WORK/churn.out" 2>&1 &
+    CHURN=$!
+    e2e_track "$CHURN"
+}
+stop_churn() { e2e_stop "$CHURN"; CHURN=; }
+
+log "nginx $(nginx -v 2>&1 | sed 's/.*\///'), proxy 127.0.0.1:$PROXY, tmpfsctl $("$BIN" --version)"
+
+# --- on disk: nginx caches /pre/*, the churn makes its first files --------------
+e2e_start_nginx "$(url warmup)"
+fetch pre 100 >/dev/null
+churn run "$CACHE/churn" "$WORK/churn.log" --seconds 1 --seed 1 >>"$WORK/churn.out"
+ondisk=$(e2e_count_files "$CACHE")
+
+# --- apply: seeded; nginx caches /ram/* in RAM ------------------------------------
+e2e_step apply "$SPEC" "$NAME" "$CACHE"
+seeded=$(e2e_count_files "$CACHE")
+log "seed: $seeded files in RAM, $ondisk on disk before"
+[ -n "${E2E_BREAK:-}" ] || [ "$seeded" = "$ondisk" ] || fail "the seed copied $seeded of $ondisk files"
+hits=$(fetch pre 100)
+log "after apply: $hits of 100 keys cached on disk are HITs from RAM"
+[ "$hits" = 100 ] || fail "only $hits of 100 keys cached on disk are HITs after the seed"
+fetch ram 200 >/dev/null
+
+# --- under load: sync x3, down, apply, sync, down ------------------------------------
+start_churn 2
+e2e_start_load load 20
+sleep 2
+for i in 1 2 3; do
+    e2e_step sync "$SPEC" "$NAME" "$CACHE"
+    sleep 1.5
+done
+e2e_step down "$SPEC" "$NAME" "$CACHE"
+[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE"
+sleep 3
+e2e_step apply "$SPEC" "$NAME" "$CACHE"
+sleep 2
+e2e_step sync "$SPEC" "$NAME" "$CACHE"
+sleep 2
+e2e_step down "$SPEC" "$NAME" "$CACHE"
+sleep 2
+stop_churn
+e2e_check_load load
+kill -QUIT "$NGINX"
+wait "$NGINX" || true
+e2e_stop "$NGINX"
+
+# --- checks, on disk ----------------------------------------------------------------
+passed=0
+e2e_check_on_disk "$CACHE"
+log "churn: $(grep -h '=' "$WORK/churn.out" | tr '\n' ' ')"
+if churn check "$CACHE/churn" "$WORK/churn.log" >"$WORK/churn-check.out"; then
+    log "churn: $(head -1 "$WORK/churn-check.out")"
+    passed=$((passed + 1))
+else
+    cat "$WORK/churn-check.out" >&2
+    fail "churn: the disk directory is not what the application left"
+fi
+
+e2e_start_nginx "$(url warmup2)"
+pre=$(fetch pre 100)
+ram=$(fetch ram 200)
+log "nginx restarted on disk: $pre of 100 keys cached before the apply and $ram of 200 cached in RAM are HITs"
+[ "$pre" = 100 ] && [ "$ram" = 200 ] || fail "nginx lost cached keys: pre $pre/100, ram $ram/200 HITs"
+passed=$((passed + 1))
+
+inflight=$(grep -c '\[crit\].*(2: No such file or directory) while reading upstream' "$WORK/nginx-error.log" || true)
+other=$(grep '\[crit\]\|\[alert\]\|\[emerg\]' "$WORK/nginx-error.log" |
+    grep -vc '(2: No such file or directory) while reading upstream' || true)
+log "nginx: $inflight responses in flight at a switch (not cached), $other other errors"
+[ "$other" = 0 ] || fail "nginx logged errors"
+passed=$((passed + 1))
+log "passed in $(e2e_elapsed) s"
+echo "$E2E: $passed passed, 0 failed"
