@@ -55,6 +55,7 @@ e2e_stop() {
 e2e_cleanup() {
     set +e
     local i pid
+    touch "$WORK/stop"
     for ((i = ${#E2E_PIDS[@]} - 1; i >= 0; i--)); do
         pid=${E2E_PIDS[i]}
         { kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; } || true
@@ -187,6 +188,41 @@ e2e_check_load() {
     log "$1: $total requests, non-2xx: ${non2xx:-0}, ${sockerr:-no socket errors}"
     [ "${total:-0}" -gt 100 ] || fail "$1: too few requests ($total)"
     [ -z "$non2xx" ] || fail "$1: $non2xx non-2xx responses"
+    [ -z "$sockerr" ] || fail "$1: $sockerr"
+}
+
+# Load until stopped, for phases whose length is not known in advance: wrk
+# runs of 2 s one after the other until e2e_check_loop. $1: phase name
+e2e_start_loop() {
+    local name=$1
+    (
+        i=0
+        while [ ! -e "$WORK/stop" ] && [ ! -e "$WORK/stop-$name" ]; do
+            wrk -t2 -c"${E2E_CONNS:-16}" -d2s --timeout 5s -s "$WORK/load.lua" "${2:-http://127.0.0.1:$PROXY/}" \
+                >"$WORK/wrk-$name.$i.out" 2>&1 || echo "wrk failed" >>"$WORK/wrk-$name.$i.out"
+            i=$((i + 1))
+        done
+    ) &
+    WRK=$!
+    e2e_track "$WRK"
+}
+
+# $1: phase name; stops the loop and checks for zero failed responses
+e2e_check_loop() {
+    touch "$WORK/stop-$1"
+    wait "$WRK" || true
+    e2e_stop "$WRK"
+    WRK=
+    cat "$WORK/wrk-$1".*.out >"$WORK/wrk-$1.out"
+    local out=$WORK/wrk-$1.out runs total non2xx sockerr
+    runs=$(ls "$WORK/wrk-$1".*.out | wc -l)
+    total=$(awk '/requests in/ { n += $1 } END { print n + 0 }' "$out")
+    non2xx=$(awk -F': ' '/Non-2xx or 3xx responses/ { n += $2 } END { print n + 0 }' "$out")
+    sockerr=$(grep -o 'Socket errors:.*' "$out" | sort | uniq -c | tr '\n' ';' || true)
+    log "$1: $total requests in $runs wrk runs, non-2xx: $non2xx, ${sockerr:-no socket errors}"
+    grep -q 'wrk failed' "$out" && fail "$1: wrk failed"
+    [ "$total" -gt 100 ] || fail "$1: too few requests ($total)"
+    [ "$non2xx" = 0 ] || fail "$1: $non2xx non-2xx responses"
     [ -z "$sockerr" ] || fail "$1: $sockerr"
 }
 

@@ -89,7 +89,7 @@ fetch ram 200 >/dev/null
 
 # --- under load: sync x3, down, apply, sync, down ------------------------------------
 start_churn 2
-e2e_start_load load 20
+e2e_start_loop load
 sleep 2
 for i in 1 2 3; do
     e2e_step sync "$SPEC" "$NAME" "$CACHE"
@@ -105,7 +105,7 @@ sleep 2
 e2e_step down "$SPEC" "$NAME" "$CACHE"
 sleep 2
 stop_churn
-e2e_check_load load
+e2e_check_loop load
 kill -QUIT "$NGINX"
 wait "$NGINX" || true
 e2e_stop "$NGINX"
