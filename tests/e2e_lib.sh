@@ -81,6 +81,26 @@ fail() {
     exit 1
 }
 
+# A failed check that does not stop the run: the rest still runs and counts,
+# and e2e_finish reports it and exits 1.
+E2E_PROBLEMS=()
+E2E_PASSED=0
+e2e_problem() {
+    echo "$E2E: FAILED: $*" >&2
+    E2E_PROBLEMS+=("$*")
+}
+e2e_pass() { E2E_PASSED=$((E2E_PASSED + 1)); log "ok: $*"; }
+e2e_finish() {
+    local p
+    log "done in $(e2e_elapsed) s"
+    if [ "${#E2E_PROBLEMS[@]}" != 0 ]; then
+        for p in "${E2E_PROBLEMS[@]}"; do echo "$E2E: not ok: $p"; done
+        echo "$E2E: $E2E_PASSED passed, ${#E2E_PROBLEMS[@]} failed"
+        exit 1
+    fi
+    echo "$E2E: $E2E_PASSED passed, 0 failed"
+}
+
 # Seconds since the script started.
 e2e_elapsed() { echo $(($(date +%s) - E2E_START)); }
 
@@ -220,10 +240,12 @@ e2e_check_loop() {
     non2xx=$(awk -F': ' '/Non-2xx or 3xx responses/ { n += $2 } END { print n + 0 }' "$out")
     sockerr=$(grep -o 'Socket errors:.*' "$out" | sort | uniq -c | tr '\n' ';' || true)
     log "$1: $total requests in $runs wrk runs, non-2xx: $non2xx, ${sockerr:-no socket errors}"
-    grep -q 'wrk failed' "$out" && fail "$1: wrk failed"
-    [ "$total" -gt 100 ] || fail "$1: too few requests ($total)"
-    [ "$non2xx" = 0 ] || fail "$1: $non2xx non-2xx responses"
-    [ -z "$sockerr" ] || fail "$1: $sockerr"
+    local n=${#E2E_PROBLEMS[@]}
+    grep -q 'wrk failed' "$out" && e2e_problem "$1: wrk failed"
+    [ "$total" -gt 100 ] || e2e_problem "$1: too few requests ($total)"
+    [ "$non2xx" = 0 ] || e2e_problem "$1: $non2xx non-2xx responses"
+    [ -z "$sockerr" ] || e2e_problem "$1: $sockerr"
+    [ "${#E2E_PROBLEMS[@]}" != "$n" ] || e2e_pass "$1: every response 2xx, no socket error"
 }
 
 # --- persisted mounts -------------------------------------------------------
@@ -258,38 +280,47 @@ e2e_temporaries() {
     find "$1" -name '.tmpfsctl-wb.*' | wc -l
 }
 
-# $1: managed path; fails unless it is the disk directory again (no tmpfs on it,
-# nothing held, no write-back pending)
+# $1: managed path, $2: when; a problem unless it is the disk directory again
+# (no tmpfs on it, nothing held, no write-back temporaries)
 e2e_check_on_disk() {
-    local path=$1
+    local path=$1 n=${#E2E_PROBLEMS[@]} tmp
     [ "$(findmnt -rn -o FSTYPE --mountpoint "$path" || true)" = "" ] ||
-        fail "$path is still a mount point: $(findmnt -rn --mountpoint "$path")"
+        e2e_problem "$2: $path is still a mount point: $(findmnt -rn --mountpoint "$path")"
     if findmnt -rn -o TARGET | grep -q "^$TMPFSCTL_STATE_DIR/held/"; then
-        fail "a held tmpfs is left: $(findmnt -rn -o TARGET | grep "^$TMPFSCTL_STATE_DIR/held/")"
+        e2e_problem "$2: a held tmpfs is left: $(findmnt -rn -o TARGET | grep "^$TMPFSCTL_STATE_DIR/held/")"
     fi
-    local tmp
     tmp=$(e2e_temporaries "$path")
-    [ "$tmp" = 0 ] || fail "$tmp write-back temporaries (.tmpfsctl-wb.*) left in $path"
+    [ "$tmp" = 0 ] || e2e_problem "$2: $tmp write-back temporaries (.tmpfsctl-wb.*) left in $path"
+    [ "${#E2E_PROBLEMS[@]}" != "$n" ] || e2e_pass "$2: on its disk directory, nothing held, no write-back temporaries"
 }
 
 # $1: apply|sync|down, $2: spec, $3: mount name, $4: managed path: runs it
-# (through e2e_tmpfsctl), logs how long it took and fails if it failed (with
-# E2E_BREAK set it only logs: the checks at the end are what must fail).
+# (through e2e_tmpfsctl), logs how long it took, and records a problem if it
+# failed (with E2E_BREAK set it only logs: the checks at the end are what
+# must fail). A failed apply is tried again, up to 5 times, so that the
+# phases after it still run in RAM; the failure stays recorded.
 e2e_step() {
-    local t0 rc=0 ms
-    t0=$(date +%s%N)
-    if [ "$1" = apply ]; then
-        "$BIN" apply "$2" >>"$WORK/tmpfsctl.log" 2>&1 || rc=$?
-    else
-        e2e_tmpfsctl "$@" || rc=$?
-    fi
-    ms=$((($(date +%s%N) - t0) / 1000000))
-    log "tmpfsctl $1: exit $rc in $ms ms (started $(date -d @"${t0:0:10}.${t0:10:3}" +%T.%3N))"
-    if [ "$rc" != 0 ]; then
-        [ -n "${E2E_BREAK:-}" ] || fail "tmpfsctl $1 exited with $rc"
-    fi
-    if [ "$1" = apply ] && [ -z "${E2E_BREAK:-}" ]; then
-        [ "$(findmnt -rn -o FSTYPE --mountpoint "$4")" = tmpfs ] || fail "apply: $4 is not on tmpfs"
+    local t0 rc=0 ms try=1 started
+    while :; do
+        t0=$(date +%s%N)
+        started=$(date -d @"${t0:0:10}.${t0:10:3}" +%T.%3N)
+        rc=0
+        if [ "$1" = apply ]; then
+            "$BIN" apply "$2" >>"$WORK/tmpfsctl.log" 2>&1 || rc=$?
+        else
+            e2e_tmpfsctl "$@" || rc=$?
+        fi
+        ms=$((($(date +%s%N) - t0) / 1000000))
+        log "tmpfsctl $1: exit $rc in $ms ms (started $started)"
+        [ "$rc" = 0 ] || [ -n "${E2E_BREAK:-}" ] ||
+            e2e_problem "tmpfsctl $1 (started $started) exited with $rc: $(grep -o 'reason: .*\|WRITE-BACK PENDING.*\|error: .*' "$WORK/tmpfsctl.log" | tail -1)"
+        [ "$rc" != 0 ] && [ "$1" = apply ] && [ "$try" -lt 5 ] && [ -z "${E2E_BREAK:-}" ] || break
+        try=$((try + 1))
+        sleep 0.2
+    done
+    if [ "$1" = apply ] && [ -z "${E2E_BREAK:-}" ] &&
+        [ "$(findmnt -rn -o FSTYPE --mountpoint "$4")" != tmpfs ]; then
+        e2e_problem "apply: $4 is not on tmpfs after $try attempts"
     fi
     return 0
 }

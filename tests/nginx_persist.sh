@@ -81,10 +81,11 @@ ondisk=$(e2e_count_files "$CACHE")
 e2e_step apply "$SPEC" "$NAME" "$CACHE"
 seeded=$(e2e_count_files "$CACHE")
 log "seed: $seeded files in RAM, $ondisk on disk before"
-[ -n "${E2E_BREAK:-}" ] || [ "$seeded" = "$ondisk" ] || fail "the seed copied $seeded of $ondisk files"
+[ "$seeded" = "$ondisk" ] || e2e_problem "the seed copied $seeded of $ondisk files"
 hits=$(fetch pre 100)
 log "after apply: $hits of 100 keys cached on disk are HITs from RAM"
-[ "$hits" = 100 ] || fail "only $hits of 100 keys cached on disk are HITs after the seed"
+if [ "$hits" = 100 ]; then e2e_pass "seeded: every key nginx cached on disk is a HIT from RAM"
+else e2e_problem "only $hits of 100 keys cached on disk are HITs after the seed"; fi
 fetch ram 200 >/dev/null
 
 # --- under load: sync x3, down, apply, sync, down ------------------------------------
@@ -96,7 +97,7 @@ for i in 1 2 3; do
     sleep 1.5
 done
 e2e_step down "$SPEC" "$NAME" "$CACHE"
-[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE"
+[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE" "after the first down"
 sleep 3
 e2e_step apply "$SPEC" "$NAME" "$CACHE"
 sleep 2
@@ -111,29 +112,25 @@ wait "$NGINX" || true
 e2e_stop "$NGINX"
 
 # --- checks, on disk ----------------------------------------------------------------
-passed=0
-e2e_check_on_disk "$CACHE"
+e2e_check_on_disk "$CACHE" "at the end"
 log "churn: $(grep -h '=' "$WORK/churn.out" | tr '\n' ' ')"
 if churn check "$CACHE/churn" "$WORK/churn.log" >"$WORK/churn-check.out"; then
-    log "churn: $(head -1 "$WORK/churn-check.out")"
-    passed=$((passed + 1))
+    e2e_pass "churn: $(head -1 "$WORK/churn-check.out")"
 else
     cat "$WORK/churn-check.out" >&2
-    fail "churn: the disk directory is not what the application left"
+    e2e_problem "churn: the disk directory is not what the application left: $(head -1 "$WORK/churn-check.out")"
 fi
 
 e2e_start_nginx "$(url warmup2)"
 pre=$(fetch pre 100)
 ram=$(fetch ram 200)
 log "nginx restarted on disk: $pre of 100 keys cached before the apply and $ram of 200 cached in RAM are HITs"
-[ "$pre" = 100 ] && [ "$ram" = 200 ] || fail "nginx lost cached keys: pre $pre/100, ram $ram/200 HITs"
-passed=$((passed + 1))
+if [ "$pre" = 100 ] && [ "$ram" = 200 ]; then e2e_pass "nginx on disk: every key cached before the load is a HIT"
+else e2e_problem "nginx lost cached keys: pre $pre/100, ram $ram/200 HITs"; fi
 
 inflight=$(grep -c '\[crit\].*(2: No such file or directory) while reading upstream' "$WORK/nginx-error.log" || true)
 other=$(grep '\[crit\]\|\[alert\]\|\[emerg\]' "$WORK/nginx-error.log" |
     grep -vc '(2: No such file or directory) while reading upstream' || true)
 log "nginx: $inflight responses in flight at a switch (not cached), $other other errors"
-[ "$other" = 0 ] || fail "nginx logged errors"
-passed=$((passed + 1))
-log "passed in $(e2e_elapsed) s"
-echo "$E2E: $passed passed, 0 failed"
+if [ "$other" = 0 ]; then e2e_pass "nginx logged no other error"; else e2e_problem "nginx logged $other errors"; fi
+e2e_finish

@@ -110,14 +110,13 @@ stop_squid
 ondisk=$(e2e_count_files "$CACHE")
 
 # --- apply: seeded; Squid starts on RAM, caches /ram/* -------------------------------
-passed=0
 e2e_step apply "$SPEC" "$NAME" "$CACHE"
 seeded=$(e2e_count_files "$CACHE")
 start_squid 2
 pre=$(fetch pre 100)
 log "seed: $seeded files in RAM ($ondisk on disk); Squid on RAM: $pre of 100 /pre keys are HITs"
-[ "$pre" = 100 ] || fail "Squid on the seeded tmpfs: only $pre of 100 /pre keys are HITs"
-passed=$((passed + 1))
+if [ "$pre" = 100 ]; then e2e_pass "seeded: Squid on RAM has every /pre key"
+else e2e_problem "Squid on the seeded tmpfs: only $pre of 100 /pre keys are HITs"; fi
 fetch ram 200 >/dev/null
 sleep 1
 swapfiles >"$WORK/swapfiles.before"
@@ -131,7 +130,7 @@ for i in 1 2 3; do
     sleep 1.5
 done
 e2e_step down "$SPEC" "$NAME" "$CACHE"
-[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE"
+[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE" "after the first down"
 sleep 3
 e2e_step apply "$SPEC" "$NAME" "$CACHE"
 sleep 2
@@ -144,15 +143,16 @@ stop_squid
 e2e_stop "$NGINX"
 
 # --- checks, on disk ---------------------------------------------------------------------
-e2e_check_on_disk "$CACHE"
+e2e_check_on_disk "$CACHE" "at the end"
 swapfiles >"$WORK/swapfiles.after"
 missing=$(comm -23 "$WORK/swapfiles.before" "$WORK/swapfiles.after" | wc -l)
 log "swap files: $(wc -l <"$WORK/swapfiles.before") in RAM before the load, $missing of them missing or changed on disk at the end; $(wc -l <"$WORK/swapfiles.after") on disk"
 if [ "$missing" != 0 ]; then
     comm -23 "$WORK/swapfiles.before" "$WORK/swapfiles.after" | head -5 >&2
-    fail "$missing swap files lost"
+    e2e_problem "$missing swap files lost"
+else
+    e2e_pass "every swap file Squid had in RAM before the load is on disk"
 fi
-passed=$((passed + 1))
 
 seen=$(wc -l <"$WORK/logs/cache.log")
 e2e_start_nginx "http://127.0.0.1:$ORIGIN/warmup"
@@ -165,12 +165,10 @@ tail -n +$((seen + 1)) "$WORK/logs/cache.log" >"$WORK/cache-restart.log"
 rebuild=$(grep -o '[0-9]* Entries scanned\|[0-9]* Invalid entries\|[0-9]* Objects loaded' "$WORK/cache-restart.log" | tr '\n' ',' | sed 's/,$//; s/,/, /g')
 log "Squid restarted on disk: rebuild ${rebuild:-not logged}; HITs: /pre $pre of 100, /ram $ram of 200 (and /obj $obj of 300 sampled from the load)"
 bad=$(grep -ci 'FATAL\|assertion failed' "$WORK/logs/cache.log" || true)
-[ "$bad" = 0 ] || fail "Squid logged $bad FATAL errors or failed assertions"
+[ "$bad" = 0 ] || e2e_problem "Squid logged $bad FATAL errors or failed assertions"
 swapfail=$(grep -c 'TCP_SWAPFAIL' "$WORK/logs/access.log" || true)
 log "Squid: TCP_SWAPFAIL_MISS over the whole run: $swapfail"
-[ "$pre" = 100 ] && [ "$ram" = 200 ] || fail "Squid lost cached keys: /pre $pre/100, /ram $ram/200 HITs"
-passed=$((passed + 1))
+if [ "$pre" = 100 ] && [ "$ram" = 200 ]; then e2e_pass "Squid restarted clean on disk: every /pre and /ram key a HIT"
+else e2e_problem "Squid lost cached keys: /pre $pre/100, /ram $ram/200 HITs"; fi
 stop_squid
-passed=$((passed + 1))
-log "passed in $(e2e_elapsed) s"
-echo "$E2E: $passed passed, 0 failed"
+e2e_finish

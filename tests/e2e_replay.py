@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""What an application left in a directory, from its own system calls.
+
+  e2e_replay.py DIR INITIAL STRACE_LOG [TRACED_AS]
+
+INITIAL lists the files below DIR (relative paths, one a line) when the trace
+began; STRACE_LOG is `strace -f [-ttt] -e trace=... -o` output of every
+process that changed DIR, in the order the calls returned (a call split by
+another one, "<unfinished ...>" then "<... resumed>", counts when it
+resumed; failed calls change nothing). (Not -z: strace 6.1 drops the
+resumed half of a successful call with it.) Files created (open with O_CREAT, mknod, link, symlink), renamed
+and deleted below DIR are replayed, and the result is compared with the files
+below DIR now: lost (should be there, is not) and resurrected (is there,
+though deleted or never made). Directories are not compared: a directory
+emptied by a cleaner while the other side still held files is the merge's
+documented choice. Exit status 1 on any difference.
+"""
+import os
+import re
+import sys
+
+STR = r'"((?:[^"\\]|\\.)*)"'
+CALL = re.compile(r"^(?:\d+\s+)?(?:[\d.:]+\s+)?(\w+)\((.*)\)\s+=\s+(-?\d+)")
+
+
+def unescape(s):
+    return s.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("latin-1").decode(
+        "utf-8", "surrogateescape")
+
+
+def main():
+    root, initial, trace = sys.argv[1:4]
+    root = os.path.realpath(root)
+    # [TRACED_AS]: DIR's path in the trace, when DIR is a copy
+    traced = sys.argv[4] if len(sys.argv) > 4 else root
+    files = set(l for l in open(initial).read().splitlines() if l)
+
+    def rel(p):
+        p = os.path.normpath(p)
+        if p == traced or not p.startswith(traced + "/"):
+            return None
+        return p[len(traced) + 1:]
+
+    ops = 0
+    pending = {}  # pid -> the first half of a call another one interrupted
+    for line in open(trace, errors="surrogateescape"):
+        line = line.strip()
+        pid = line.split(" ", 1)[0]
+        if line.endswith("<unfinished ...>"):
+            pending[pid] = line[: -len("<unfinished ...>")].rstrip()
+            continue
+        r = re.match(r"^(\d+)\s+(?:[\d.]+\s+)?<\.\.\. \w+ resumed>\s?(.*)$", line)
+        if r:
+            if pid not in pending:
+                continue
+            line = pending.pop(pid) + r.group(2)
+        m = CALL.match(line)
+        if not m or int(m.group(3)) < 0:
+            continue
+        name, args = m.group(1), m.group(2)
+        paths = [unescape(s) for s in re.findall(STR, args)]
+        if name in ("open", "openat", "creat", "mknod", "mknodat"):
+            if name in ("open", "openat") and "O_CREAT" not in args:
+                continue
+            r = rel(paths[0]) if paths else None
+            if r is not None:
+                files.add(r)
+                ops += 1
+        elif name in ("rename", "renameat", "renameat2"):
+            if len(paths) != 2 or "RENAME_EXCHANGE" in args:
+                continue
+            a, b = rel(paths[0]), rel(paths[1])
+            if a is None:
+                moved = set()
+            elif a in files:
+                moved = {a}
+            else:  # a directory: everything below it
+                moved = {f for f in files if f.startswith(a + "/")}
+            files -= moved
+            if b is not None:
+                for f in moved:
+                    files.add(b + f[len(a):])
+            ops += 1
+        elif name in ("unlink", "unlinkat"):
+            r = rel(paths[0]) if paths else None
+            if r is not None and "AT_REMOVEDIR" not in args:
+                files.discard(r)
+                ops += 1
+        elif name in ("link", "linkat", "symlink", "symlinkat"):
+            r = rel(paths[-1]) if paths else None
+            if r is not None:
+                files.add(r)
+                ops += 1
+    actual = set()
+    for dirpath, dirs, names in os.walk(root):
+        for n in names:
+            actual.add(os.path.relpath(os.path.join(dirpath, n), root))
+    lost = sorted(files - actual)
+    resurrected = sorted(actual - files)
+    print(f"replayed {ops} file operations: expected {len(files)} files, found {len(actual)}; "
+          f"lost {len(lost)}, resurrected {len(resurrected)}")
+    for f in lost[:10]:
+        print(f"  lost: {f}")
+    for f in resurrected[:10]:
+        print(f"  resurrected: {f}")
+    sys.exit(1 if lost or resurrected else 0)
+
+
+if __name__ == "__main__":
+    main()
