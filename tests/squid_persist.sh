@@ -148,7 +148,7 @@ swapfiles >"$WORK/swapfiles.after"
 missing=$(comm -23 "$WORK/swapfiles.before" "$WORK/swapfiles.after" | wc -l)
 log "swap files: $(wc -l <"$WORK/swapfiles.before") in RAM before the load, $missing of them missing or changed on disk at the end; $(wc -l <"$WORK/swapfiles.after") on disk"
 if [ "$missing" != 0 ]; then
-    comm -23 "$WORK/swapfiles.before" "$WORK/swapfiles.after" | head -5 >&2
+    comm -23 "$WORK/swapfiles.before" "$WORK/swapfiles.after" | sed -n 1,5p >&2
     e2e_problem "$missing swap files lost"
 else
     e2e_pass "every swap file Squid had in RAM before the load is on disk"
