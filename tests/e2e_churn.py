@@ -11,7 +11,7 @@ so that what must be there at the end is known exactly.
       in was just switched to the other side, is logged as failed and
       changes nothing). Runs again with the same LOG append to it.
 
-  e2e_churn.py check DIR LOG
+  e2e_churn.py check DIR LOG [WINDOWS]
       Replays LOG and compares the result with DIR: prints the counts and
       exits 1 when a name is missing (lost), present though deleted or never
       written (resurrected), or a file holds a torn or foreign content.
@@ -19,6 +19,8 @@ so that what must be there at the end is known exactly.
       failed: the write-back's documented conflict rule (a rename or deletion
       the application made on its stale view, after a switch, wins over the
       RAM's later version; docs/writeback.md "What is not covered").
+      WINDOWS (lines "START END", HH:MM:SS.mmm) are the times apply ran:
+      a lost or resurrected name written in one is marked so.
 
 File contents: "churn ID SIZE\\n", filler, "end ID\\n"; IDs are unique.
 """
@@ -184,8 +186,25 @@ def replay(logpath):
     return state, history
 
 
-def check(root, logpath):
+def writes_in(logpath, windows):
+    """name -> the apply windows during which the log wrote it ("put" or "mv" into it)."""
+    found = {}
+    for line in open(logpath).read().splitlines():
+        t, op = line.split(" ", 1)
+        op = op.split(" ")
+        name = op[2] if op[0] in ("put", "mv") else None
+        for start, end in windows:
+            if name and start <= t <= end:
+                found.setdefault(name, []).append(f"{t} (apply {start}-{end})")
+    return found
+
+
+def check(root, logpath, windows_path=None):
     state, history = replay(logpath)
+    windows = []
+    if windows_path and os.path.exists(windows_path):
+        windows = [tuple(l.split()) for l in open(windows_path).read().splitlines() if l]
+    during = writes_in(logpath, windows)
     actual = {}
     for d in DIRS:
         p = os.path.join(root, d)
@@ -220,7 +239,12 @@ def check(root, logpath):
     for name in lost[:10]:
         print(f"  lost: {name} (last written {state[name]})")
     for name in resurrected[:10]:
-        print(f"  resurrected: {name}")
+        why = during.get(name)
+        print(f"  resurrected: {name}" + (f"; written on disk while apply ran: {why[-1]}" if why else ""))
+    explained = sum(1 for n in lost + resurrected if n in during)
+    if windows:
+        print(f"  {explained} of the {len(lost) + len(resurrected)} lost or resurrected names were written "
+              f"while an apply ran ({len(windows)} applies)")
     for name, got, want in bad[:10]:
         print(f"  torn or foreign: {name} holds {got}, expected {want}")
     for name, got, want in stale[:10]:
@@ -234,8 +258,8 @@ def main():
         opts = dict(zip(a[3::2], a[4::2]))
         run(a[1], a[2], float(opts.get("--seconds", 0)), opts.get("--seed"),
             float(opts.get("--rate", 300)))
-    elif len(a) == 3 and a[0] == "check":
-        sys.exit(check(a[1], a[2]))
+    elif len(a) in (3, 4) and a[0] == "check":
+        sys.exit(check(a[1], a[2], a[3] if len(a) == 4 else None))
     else:
         sys.exit(__doc__)
 

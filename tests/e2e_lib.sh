@@ -312,6 +312,9 @@ e2e_step() {
         fi
         ms=$((($(date +%s%N) - t0) / 1000000))
         log "tmpfsctl $1: exit $rc in $ms ms (started $started)"
+        # When each apply ran (its seed among it), for the checks to say which
+        # differences a write during a seed explains.
+        [ "$1" != apply ] || echo "$started $(date +%T.%3N)" >>"$WORK/apply-windows"
         [ "$rc" = 0 ] || [ -n "${E2E_BREAK:-}" ] ||
             e2e_problem "tmpfsctl $1 (started $started) exited with $rc: $(grep -o 'reason: .*\|WRITE-BACK PENDING.*\|error: .*' "$WORK/tmpfsctl.log" | tail -1)"
         [ "$rc" != 0 ] && [ "$1" = apply ] && [ "$try" -lt 5 ] && [ -z "${E2E_BREAK:-}" ] || break

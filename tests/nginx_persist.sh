@@ -114,7 +114,7 @@ e2e_stop "$NGINX"
 # --- checks, on disk ----------------------------------------------------------------
 e2e_check_on_disk "$CACHE" "at the end"
 log "churn: $(grep -h '=' "$WORK/churn.out" | tr '\n' ' ')"
-if churn check "$CACHE/churn" "$WORK/churn.log" >"$WORK/churn-check.out"; then
+if churn check "$CACHE/churn" "$WORK/churn.log" "$WORK/apply-windows" >"$WORK/churn-check.out"; then
     e2e_pass "churn: $(head -1 "$WORK/churn-check.out")"
 else
     cat "$WORK/churn-check.out" >&2
