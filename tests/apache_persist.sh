@@ -84,15 +84,6 @@ CacheLock off
 ProxyPass / http://127.0.0.1:$ORIGIN/
 EOF
 
-url() { echo "http://127.0.0.1:$PROXY/$1"; }
-# $1: prefix, $2: count: fetches /PREFIX/1 .. /PREFIX/COUNT; prints how many were HITs
-fetch() {
-    local i hits=0
-    for i in $(seq "$2"); do
-        curl -fsS -o /dev/null -D - "$(url "$1/$i")" | grep -qi '^X-Cache: HIT' && hits=$((hits + 1))
-    done
-    echo "$hits"
-}
 # Apache and an htcacheclean loop (4 MiB: well below the 16 MiB the load
 # caches, so it deletes all the time), all under one strace.
 start_traced() {
@@ -108,7 +99,7 @@ start_traced() {
             kill -TERM $!; wait' traced "$WORK" "$CACHE" >>"$WORK/logs/traced.out" 2>&1 &
     TRACED=$!
     e2e_track "$TRACED"
-    e2e_wait_url "$(url "warmup/$1")" || fail "apache does not answer"
+    e2e_wait_url "$(e2e_url "warmup/$1")" || fail "apache does not answer"
 }
 stop_traced() {
     touch "$WORK/stop-traced"
@@ -125,29 +116,16 @@ listing >"$WORK/initial"
 
 # --- on disk: Apache caches /pre/* -----------------------------------------------
 start_traced 1
-fetch pre 100 >/dev/null
+e2e_fetch pre 100 >/dev/null
 ondisk=$(e2e_count_files "$CACHE")
 
 # --- apply (seeded), Apache caches /ram/*; under load: sync x3, down, apply, sync, down --
 e2e_step apply "$SPEC" "$NAME" "$CACHE"
 seeded=$(e2e_count_files "$CACHE")
 log "seed: $seeded files in RAM ($ondisk on disk a moment before; htcacheclean works meanwhile)"
-fetch ram 200 >/dev/null
+e2e_fetch ram 200 >/dev/null
 e2e_start_loop load
-sleep 2
-for i in 1 2 3; do
-    e2e_step sync "$SPEC" "$NAME" "$CACHE"
-    sleep 1.5
-done
-e2e_step down "$SPEC" "$NAME" "$CACHE"
-[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE" "after the first down"
-sleep 3
-e2e_step apply "$SPEC" "$NAME" "$CACHE"
-sleep 2
-e2e_step sync "$SPEC" "$NAME" "$CACHE"
-sleep 2
-e2e_step down "$SPEC" "$NAME" "$CACHE"
-sleep 2
+e2e_persist_cycle "$SPEC" "$NAME" "$CACHE"
 e2e_check_loop load
 stop_traced
 
@@ -167,8 +145,8 @@ headers=$(find "$CACHE" -name '*.header' | wc -l)
 datas=$(find "$CACHE" -name '*.data' | wc -l)
 log "entries on disk: $headers .header, $datas .data"
 start_traced 2
-fetch final 1 >/dev/null
-hit=$(fetch final 1)
+e2e_fetch final 1 >/dev/null
+hit=$(e2e_fetch final 1)
 stop_traced
 bad=$(grep -c '\[core:crit\]\|\[core:alert\]\|\[core:emerg\]\|AH00052' "$WORK/logs/error.log" || true)
 if [ "$bad" = 0 ] && [ "$hit" = 1 ]; then e2e_pass "Apache restarted on disk, caches there, logged no critical error"

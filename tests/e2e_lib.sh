@@ -330,3 +330,38 @@ e2e_step() {
 
 # $1: directory; the number of files below it
 e2e_count_files() { find "$1" -type f | wc -l; }
+
+# $1: path: the URL of /PATH on the proxy
+e2e_url() { echo "http://127.0.0.1:$PROXY/$1"; }
+
+# $1: prefix, $2: count: fetches /PREFIX/1 .. /PREFIX/COUNT through the proxy;
+# prints how many were HITs (`X-Cache: HIT`, which nginx, Squid and Apache's
+# CacheHeader all send)
+e2e_fetch() {
+    local i hits=0
+    for i in $(seq "$2"); do
+        curl -fsS -o /dev/null -D - "$(e2e_url "$1/$i")" | grep -qi '^X-Cache: HIT' && hits=$((hits + 1))
+    done
+    echo "$hits"
+}
+
+# The phases every persisted end-to-end test runs while its application
+# works under load: sync x3, down, 3 s on disk, apply (seeded again), sync,
+# down, 2 s on disk. $1: spec, $2: mount name, $3: managed path
+e2e_persist_cycle() {
+    local i
+    sleep 2
+    for i in 1 2 3; do
+        e2e_step sync "$@"
+        sleep 1.5
+    done
+    e2e_step down "$@"
+    [ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$3" "after the first down"
+    sleep 3
+    e2e_step apply "$@"
+    sleep 2
+    e2e_step sync "$@"
+    sleep 2
+    e2e_step down "$@"
+    sleep 2
+}

@@ -52,15 +52,6 @@ mounts:
     persist: on-stop
 EOF
 
-url() { echo "http://127.0.0.1:$PROXY/$1"; }
-# $1: prefix, $2: count: fetches /PREFIX/1 .. /PREFIX/COUNT; prints how many were HITs
-fetch() {
-    local i hits=0
-    for i in $(seq "$2"); do
-        curl -fsS -o /dev/null -D - "$(url "$1/$i")" | grep -qi '^X-Cache: HIT' && hits=$((hits + 1))
-    done
-    echo "$hits"
-}
 churn() { python3 "$HERE/e2e_churn.py" "$@"; }
 start_churn() {
     python3 "$HERE/e2e_churn.py" run "$CACHE/churn" "$WORK/churn.log" --seed "$1" >>"$WORK/churn.out" 2>&1 &
@@ -72,8 +63,8 @@ stop_churn() { e2e_stop "$CHURN"; CHURN=; }
 log "nginx $(nginx -v 2>&1 | sed 's/.*\///'), proxy 127.0.0.1:$PROXY, tmpfsctl $("$BIN" --version)"
 
 # --- on disk: nginx caches /pre/*, the churn makes its first files --------------
-e2e_start_nginx "$(url warmup)"
-fetch pre 100 >/dev/null
+e2e_start_nginx "$(e2e_url warmup)"
+e2e_fetch pre 100 >/dev/null
 churn run "$CACHE/churn" "$WORK/churn.log" --seconds 1 --seed 1 >>"$WORK/churn.out"
 ondisk=$(e2e_count_files "$CACHE")
 
@@ -82,29 +73,16 @@ e2e_step apply "$SPEC" "$NAME" "$CACHE"
 seeded=$(e2e_count_files "$CACHE")
 log "seed: $seeded files in RAM, $ondisk on disk before"
 [ "$seeded" = "$ondisk" ] || e2e_problem "the seed copied $seeded of $ondisk files"
-hits=$(fetch pre 100)
+hits=$(e2e_fetch pre 100)
 log "after apply: $hits of 100 keys cached on disk are HITs from RAM"
 if [ "$hits" = 100 ]; then e2e_pass "seeded: every key nginx cached on disk is a HIT from RAM"
 else e2e_problem "only $hits of 100 keys cached on disk are HITs after the seed"; fi
-fetch ram 200 >/dev/null
+e2e_fetch ram 200 >/dev/null
 
 # --- under load: sync x3, down, apply, sync, down ------------------------------------
 start_churn 2
 e2e_start_loop load
-sleep 2
-for i in 1 2 3; do
-    e2e_step sync "$SPEC" "$NAME" "$CACHE"
-    sleep 1.5
-done
-e2e_step down "$SPEC" "$NAME" "$CACHE"
-[ -n "${E2E_BREAK:-}" ] || e2e_check_on_disk "$CACHE" "after the first down"
-sleep 3
-e2e_step apply "$SPEC" "$NAME" "$CACHE"
-sleep 2
-e2e_step sync "$SPEC" "$NAME" "$CACHE"
-sleep 2
-e2e_step down "$SPEC" "$NAME" "$CACHE"
-sleep 2
+e2e_persist_cycle "$SPEC" "$NAME" "$CACHE"
 stop_churn
 e2e_check_loop load
 kill -QUIT "$NGINX"
@@ -121,9 +99,9 @@ else
     e2e_problem "churn: the disk directory is not what the application left: $(head -1 "$WORK/churn-check.out")"
 fi
 
-e2e_start_nginx "$(url warmup2)"
-pre=$(fetch pre 100)
-ram=$(fetch ram 200)
+e2e_start_nginx "$(e2e_url warmup2)"
+pre=$(e2e_fetch pre 100)
+ram=$(e2e_fetch ram 200)
 log "nginx restarted on disk: $pre of 100 keys cached before the apply and $ram of 200 cached in RAM are HITs"
 if [ "$pre" = 100 ] && [ "$ram" = 200 ]; then e2e_pass "nginx on disk: every key cached before the load is a HIT"
 else e2e_problem "nginx lost cached keys: pre $pre/100, ram $ram/200 HITs"; fi
