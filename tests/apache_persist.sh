@@ -31,10 +31,7 @@ set -euo pipefail
 E2E=apache_persist E2E_TOOLS="apache2 htcacheclean nginx wrk curl strace python3" E2E_TIMEOUT=170
 . "$(dirname "$0")/e2e_lib.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
-SPEC=$WORK/spec.yaml
-NAME=e2e-apache
-CACHE=$WORK/cache
-E2E_SPECS=("$SPEC")
+e2e_persist_spec e2e-apache
 E2E_LOGS=(tmpfsctl.log logs/error.log logs/traced.out nginx-error.log wrk-load.out)
 E2E_CONNS=8
 TRACED=
@@ -43,16 +40,8 @@ mkdir -p "$CACHE" "$WORK/logs"
 chown www-data:www-data "$CACHE"
 chmod 0750 "$CACHE"
 e2e_origin_blob 16384
-E2E_ORIGIN_RATE=4m e2e_nginx_conf ""
+E2E_ORIGIN_RATE=4m E2E_ORIGIN_EXPIRES=1h e2e_nginx_conf ""
 e2e_load_lua 1000
-cat > "$SPEC" <<EOF
-version: 1
-mounts:
-  - name: $NAME
-    path: $CACHE
-    size: 256MiB
-    persist: on-stop
-EOF
 mods=/usr/lib/apache2/modules
 cat > "$WORK/apache.conf" <<EOF
 ServerRoot $WORK

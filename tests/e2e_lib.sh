@@ -108,7 +108,9 @@ e2e_elapsed() { echo $(($(date +%s) - E2E_START)); }
 #   $1: the proxy_cache_path arguments after the path ("" for the origin alone)
 #   $2: the cache path (default WORK/cache)
 # The origin serves one file, WORK/origin/blob, under every URI, at 1 MB/s a
-# response (an origin is slower than the cache), valid for an hour.
+# response (an origin is slower than the cache; E2E_ORIGIN_RATE), with
+# `expires E2E_ORIGIN_EXPIRES` when that is set (Squid and Apache need a
+# lifetime from the origin; nginx's proxy_cache_valid gives its own).
 e2e_nginx_conf() {
     local cache_args=$1 cache=${2:-$WORK/cache} proxy=
     mkdir -p "$WORK/tmp" "$WORK/origin"
@@ -145,8 +147,8 @@ http {
     server {
         listen 127.0.0.1:$ORIGIN;
         root $WORK/origin;
-        limit_rate ${E2E_ORIGIN_RATE:-1m};
-        expires 1h;
+        limit_rate ${E2E_ORIGIN_RATE:-1m};${E2E_ORIGIN_EXPIRES:+
+        expires $E2E_ORIGIN_EXPIRES;}
         location / { try_files /blob =404; }
     }$proxy
 }
@@ -249,6 +251,19 @@ e2e_check_loop() {
 }
 
 # --- persisted mounts -------------------------------------------------------
+
+# $1: mount name: SPEC (WORK/spec.yaml, taken down at exit), NAME and CACHE
+# (WORK/cache, the managed directory, created) for a 256 MiB mount with
+# persist: on-stop
+e2e_persist_spec() {
+    SPEC=$WORK/spec.yaml
+    NAME=$1
+    CACHE=$WORK/cache
+    E2E_SPECS=("$SPEC")
+    mkdir -p "$CACHE"
+    printf 'version: 1\nmounts:\n  - name: %s\n    path: %s\n    size: 256MiB\n    persist: on-stop\n' \
+        "$NAME" "$CACHE" >"$SPEC"
+}
 
 # The write-back under test can be broken on purpose, to see that the checks
 # catch what it would do (E2E_BREAK, never set in CI):

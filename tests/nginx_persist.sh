@@ -30,10 +30,7 @@ set -euo pipefail
 E2E=nginx_persist E2E_TOOLS="nginx wrk curl python3" E2E_TIMEOUT=150
 . "$(dirname "$0")/e2e_lib.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
-SPEC=$WORK/spec.yaml
-NAME=e2e-nginxp
-CACHE=$WORK/cache
-E2E_SPECS=("$SPEC")
+e2e_persist_spec e2e-nginxp
 E2E_LOGS=(tmpfsctl.log nginx-error.log wrk-load.out churn.out)
 CHURN=
 
@@ -43,14 +40,6 @@ chmod 0755 "$CACHE"
 e2e_origin_blob 16384
 e2e_nginx_conf "levels=1:2 keys_zone=c:16m max_size=1g inactive=1h use_temp_path=off" "$CACHE/nginx"
 e2e_load_lua 3000
-cat > "$SPEC" <<EOF
-version: 1
-mounts:
-  - name: $NAME
-    path: $CACHE
-    size: 256MiB
-    persist: on-stop
-EOF
 
 churn() { python3 "$HERE/e2e_churn.py" "$@"; }
 start_churn() {

@@ -27,10 +27,7 @@ set -euo pipefail
 
 E2E=squid_persist E2E_TOOLS="squid nginx wrk curl" E2E_TIMEOUT=170
 . "$(dirname "$0")/e2e_lib.sh"
-SPEC=$WORK/spec.yaml
-NAME=e2e-squid
-CACHE=$WORK/cache
-E2E_SPECS=("$SPEC")
+e2e_persist_spec e2e-squid
 E2E_LOGS=(tmpfsctl.log logs/cache.log nginx-error.log wrk-load.out)
 SQUID=
 
@@ -38,16 +35,8 @@ mkdir -p "$CACHE" "$WORK/logs"
 chown proxy:proxy "$CACHE" "$WORK/logs"
 chmod 0750 "$CACHE"
 e2e_origin_blob 16384
-E2E_ORIGIN_RATE=4m e2e_nginx_conf ""
+E2E_ORIGIN_RATE=4m E2E_ORIGIN_EXPIRES=1h e2e_nginx_conf ""
 e2e_load_lua 3000
-cat > "$SPEC" <<EOF
-version: 1
-mounts:
-  - name: $NAME
-    path: $CACHE
-    size: 256MiB
-    persist: on-stop
-EOF
 cat > "$WORK/squid.conf" <<EOF
 http_port 127.0.0.1:$PROXY accel defaultsite=127.0.0.1 no-vhost
 cache_peer 127.0.0.1 parent $ORIGIN 0 no-query originserver name=origin
