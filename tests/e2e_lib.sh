@@ -313,7 +313,8 @@ e2e_check_on_disk() {
 # (through e2e_tmpfsctl), logs how long it took, and records a problem if it
 # failed (with E2E_BREAK set it only logs: the checks at the end are what
 # must fail). A failed apply is tried again, up to 5 times, so that the
-# phases after it still run in RAM; the failure stays recorded.
+# phases after it still run in RAM, and a failed down up to 3 times; the
+# failure stays recorded.
 e2e_step() {
     local t0 rc=0 ms try=1 started
     while :; do
@@ -332,7 +333,10 @@ e2e_step() {
         [ "$1" != apply ] || echo "$started $(date +%T.%3N)" >>"$WORK/apply-windows"
         [ "$rc" = 0 ] || [ -n "${E2E_BREAK:-}" ] ||
             e2e_problem "tmpfsctl $1 (started $started) exited with $rc: $(grep -o 'reason: .*\|WRITE-BACK PENDING.*\|error: .*' "$WORK/tmpfsctl.log" | tail -1)"
-        [ "$rc" != 0 ] && [ "$1" = apply ] && [ "$try" -lt 5 ] && [ -z "${E2E_BREAK:-}" ] || break
+        # A failed apply is tried again (up to 5 times), and so is a failed
+        # down (up to 3: WRITE-BACK PENDING is retried by down, as documented).
+        [ "$rc" != 0 ] && [ -z "${E2E_BREAK:-}" ] &&
+            { { [ "$1" = apply ] && [ "$try" -lt 5 ]; } || { [ "$1" = down ] && [ "$try" -lt 3 ]; }; } || break
         try=$((try + 1))
         sleep 0.2
     done

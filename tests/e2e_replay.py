@@ -30,7 +30,30 @@ def unescape(s):
         "utf-8", "surrogateescape")
 
 
+def stamp(line):
+    parts = line.split()
+    return float(parts[1]) if len(parts) > 1 and re.match(r"^\d+\.\d+$", parts[1]) else 0.0
+
+
+def clock(epoch):
+    """HH:MM:SS.mmm, local time, as the scripts log it."""
+    import time
+    return time.strftime("%H:%M:%S", time.localtime(float(epoch))) + f".{int(float(epoch) * 1000) % 1000:03d}"
+
+
 def main():
+    windows = []
+    if os.environ.get("E2E_WINDOWS") and os.path.exists(os.environ["E2E_WINDOWS"]):
+        windows = [tuple(l.split()) for l in open(os.environ["E2E_WINDOWS"]).read().splitlines() if l]
+    made_during = {}  # name -> when it was made while an apply ran
+
+    def note(name, line):
+        t = line.split()[1] if len(line.split()) > 1 else ""
+        if windows and re.match(r"^\d+\.\d+$", t):
+            c = clock(t)
+            for start, end in windows:
+                if start <= c <= end:
+                    made_during[name] = f"{c} (apply {start}-{end})"
     root, initial, trace = sys.argv[1:4]
     root = os.path.realpath(root)
     # [TRACED_AS]: DIR's path in the trace, when DIR is a copy
@@ -44,6 +67,7 @@ def main():
         return p[len(traced) + 1:]
 
     ops = 0
+    last = {}  # name -> when the last call on it returned
     ghosts = []  # names deleted or renamed away that the replay had as gone: they came back
     pending = {}  # pid -> the first half of a call another one interrupted
     for line in open(trace, errors="surrogateescape"):
@@ -52,11 +76,16 @@ def main():
         if line.endswith("<unfinished ...>"):
             pending[pid] = line[: -len("<unfinished ...>")].rstrip()
             continue
-        r = re.match(r"^(\d+)\s+(?:[\d.]+\s+)?<\.\.\. \w+ resumed>\s?(.*)$", line)
+        r = re.match(r"^(\d+)\s+(?:([\d.]+)\s+)?<\.\.\. \w+ resumed>\s?(.*)$", line)
+        # When the call entered and when it returned (-ttt; 0 without):
+        # calls on one name whose times overlap may be in either order.
+        exit_t = entry_t = stamp(line)
         if r:
             if pid not in pending:
                 continue
-            line = pending.pop(pid) + r.group(2)
+            first = pending.pop(pid)
+            entry_t = stamp(first)
+            line = first + r.group(3)
         m = CALL.match(line)
         if not m or int(m.group(3)) < 0:
             continue
@@ -68,6 +97,8 @@ def main():
             r = rel(paths[0]) if paths else None
             if r is not None:
                 files.add(r)
+                note(r, line)
+                last[r] = max(last.get(r, 0.0), exit_t)
                 ops += 1
         elif name in ("rename", "renameat", "renameat2"):
             if len(paths) != 2 or "RENAME_EXCHANGE" in args:
@@ -79,19 +110,26 @@ def main():
                 moved = {a}
             else:  # a directory: everything below it
                 moved = {f for f in files if f.startswith(a + "/")}
-                if not moved and "/" in a and not any(f.startswith(a + "/") for f in files):
+                if not moved and "/" in a and entry_t > last.get(a, 0.0):
                     ghosts.append(a)
             files -= moved
             if b is not None:
                 for f in moved:
                     files.add(b + f[len(a):])
+                    note(b + f[len(a):], line)
+                    last[b + f[len(a):]] = max(last.get(b + f[len(a):], 0.0), exit_t)
+            if a is not None:
+                last[a] = max(last.get(a, 0.0), exit_t)
             ops += 1
         elif name in ("unlink", "unlinkat"):
             r = rel(paths[0]) if paths else None
             if r is not None and "AT_REMOVEDIR" not in args:
-                if r not in files:
+                # Gone already, and not racing with the call that made it gone
+                # or put it back: it came back from elsewhere.
+                if r not in files and entry_t > last.get(r, 0.0):
                     ghosts.append(r)
                 files.discard(r)
+                last[r] = max(last.get(r, 0.0), exit_t)
                 ops += 1
         elif name in ("link", "linkat", "symlink", "symlinkat"):
             r = rel(paths[-1]) if paths else None
@@ -107,12 +145,17 @@ def main():
     print(f"replayed {ops} file operations: expected {len(files)} files, found {len(actual)}; "
           f"lost {len(lost)}, resurrected {len(resurrected)}, "
           f"deleted again after they had gone {len(ghosts)}")
+    def why(f):
+        return f"; made on disk while apply ran: {made_during[f]}" if f in made_during else ""
     for f in lost[:10]:
-        print(f"  lost: {f}")
+        print(f"  lost: {f}{why(f)}")
     for f in resurrected[:10]:
-        print(f"  resurrected: {f}")
+        print(f"  resurrected: {f}{why(f)}")
     for f in ghosts[:10]:
-        print(f"  deleted again: {f}")
+        print(f"  deleted again: {f}{why(f)}")
+    if windows:
+        bad = lost + resurrected + ghosts
+        print(f"  {sum(1 for f in bad if f in made_during)} of these {len(bad)} were made while an apply ran")
     sys.exit(1 if lost or resurrected or ghosts else 0)
 
 
