@@ -122,7 +122,7 @@ stop_traced
 e2e_check_on_disk "$CACHE" "at the end"
 deletions=$(grep -c 'unlink' "$WORK/logs/strace.1" || true)
 log "strace: $(wc -l <"$WORK/logs/strace.1") calls logged, $deletions deletions (htcacheclean and Apache)"
-if E2E_WINDOWS=$WORK/apply-windows python3 "$HERE/e2e_replay.py" "$CACHE" "$WORK/initial" "$WORK/logs/strace.1" >"$WORK/replay.out"; then
+if E2E_WINDOWS=$WORK/apply-windows E2E_DOWNS=$WORK/down-windows python3 "$HERE/e2e_replay.py" "$CACHE" "$WORK/initial" "$WORK/logs/strace.1" >"$WORK/replay.out"; then
     e2e_pass "replay: $(head -1 "$WORK/replay.out")"
 else
     cat "$WORK/replay.out" >&2

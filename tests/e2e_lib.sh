@@ -331,6 +331,9 @@ e2e_step() {
         # When each apply ran (its seed among it), for the checks to say which
         # differences a write during a seed explains.
         [ "$1" != apply ] || echo "$started $(date +%T.%3N)" >>"$WORK/apply-windows"
+        # And each down: between its switch and the end of its merge the
+        # application sees the disk's older entries (docs/writeback.md).
+        [ "$1" != down ] || echo "$started $(date +%T.%3N)" >>"$WORK/down-windows"
         [ "$rc" = 0 ] || [ -n "${E2E_BREAK:-}" ] ||
             e2e_problem "tmpfsctl $1 (started $started) exited with $rc: $(grep -o 'reason: .*\|WRITE-BACK PENDING.*\|error: .*' "$WORK/tmpfsctl.log" | tail -1)"
         # A failed apply is tried again (up to 5 times), and so is a failed
