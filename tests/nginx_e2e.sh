@@ -16,99 +16,23 @@
 # minutes), talks to loopback only, and stops everything it started.
 set -euo pipefail
 
-if [ -z "${TMPFSCTL_E2E_NS:-}" ]; then
-    exec env TMPFSCTL_E2E_NS=1 timeout --kill-after=10 180 \
-        unshare --mount --propagation private bash "$0" "$@"
-fi
-
-BIN=$(realpath "${1:-${TMPFSCTL:-target/debug/tmpfsctl}}")
-SECS=${E2E_SECONDS:-8}
-for tool in nginx wrk curl; do
-    command -v "$tool" >/dev/null || { echo "nginx_e2e: $tool is not installed" >&2; exit 1; }
-done
-[ -x "$BIN" ] || { echo "nginx_e2e: no tmpfsctl binary at $BIN (cargo build first)" >&2; exit 1; }
-
-WORK=$(mktemp -d /tmp/tmpfsctl-e2e.XXXXXX)
-export TMPFSCTL_STATE_DIR=$WORK/state
-# Ports from the PID, so two runs on one machine do not collide.
-PROXY=$((20000 + $$ % 20000))
-ORIGIN=$((PROXY + 1))
+E2E=nginx_e2e E2E_TOOLS="nginx wrk curl"
+. "$(dirname "$0")/e2e_lib.sh"
 AGENT=
-NGINX=
+E2E_SPECS=("$WORK/spec.yaml")
+E2E_LOGS=(agent.log nginx-error.log wrk-evict.out wrk-fallback.out)
 
-log() { printf '%s nginx_e2e: %s\n' "$(date +%T)" "$*"; }
-
-cleanup() {
-    set +e
-    [ -n "$AGENT" ] && kill -TERM "$AGENT" 2>/dev/null && wait "$AGENT" 2>/dev/null
-    [ -n "$NGINX" ] && kill -QUIT "$NGINX" 2>/dev/null && wait "$NGINX" 2>/dev/null
-    "$BIN" down "$WORK/spec.yaml" >/dev/null 2>&1
-    # Anything still mounted below WORK (the namespace dies with us anyway).
-    findmnt -rn -o TARGET | grep "^$WORK" | sort -r | xargs -r -n1 umount -l 2>/dev/null
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-fail() {
-    echo "nginx_e2e: FAILED: $*" >&2
-    for f in agent.log nginx-error.log wrk.out; do
-        [ -f "$WORK/$f" ] && { echo "--- $f (last 40 lines)" >&2; tail -n 40 "$WORK/$f" >&2; }
-    done
-    exit 1
-}
-
-mkdir -p "$WORK"/{cache,origin,tmp,logs}
-chown www-data:www-data "$WORK/cache" "$WORK/tmp"
+mkdir -p "$WORK/cache"
+chown www-data:www-data "$WORK/cache"
 chmod 0700 "$WORK/cache"
-chmod 0755 "$WORK"
 # 64 KiB objects: every URI is a distinct cache entry of the same file.
-head -c 65536 /dev/urandom > "$WORK/origin/blob"
-chmod -R a+rX "$WORK/origin"
-
-cat > "$WORK/nginx.conf" <<EOF
-user www-data;
-worker_processes 2;
-daemon off;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/tmp/body;
-    proxy_temp_path $WORK/tmp/proxy;
-    fastcgi_temp_path $WORK/tmp/fastcgi;
-    uwsgi_temp_path $WORK/tmp/uwsgi;
-    scgi_temp_path $WORK/tmp/scgi;
-    # nginx's own limit is far away: tmpfsctl is what keeps the cache in bounds.
-    proxy_cache_path $WORK/cache levels=1:2 keys_zone=c:16m max_size=1g inactive=1h use_temp_path=off;
-    # The origin is slower than the cache (1 MB/s per response), as origins
-    # are: misses, and with them cache writes, come at up to 16 MB/s.
-    server {
-        listen 127.0.0.1:$ORIGIN;
-        root $WORK/origin;
-        limit_rate 1m;
-        location / { try_files /blob =404; }
-    }
-    server {
-        listen 127.0.0.1:$PROXY;
-        location / {
-            proxy_pass http://127.0.0.1:$ORIGIN;
-            proxy_cache c;
-            proxy_cache_key \$uri;
-            proxy_cache_valid 200 1h;
-            add_header X-Cache \$upstream_cache_status;
-        }
-    }
-}
-EOF
-
-cat > "$WORK/load.lua" <<'EOF'
--- Random objects out of 4000 (250 MiB in all): the 24 MiB cache keeps filling.
-math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16))
-request = function()
-    return wrk.format("GET", "/obj/" .. math.random(1, 4000))
-end
-EOF
+e2e_origin_blob 65536
+# nginx's own limit is far away: tmpfsctl is what keeps the cache in bounds.
+# The origin is slower than the cache (1 MB/s per response), as origins
+# are: misses, and with them cache writes, come at up to 16 MB/s.
+e2e_nginx_conf "levels=1:2 keys_zone=c:16m max_size=1g inactive=1h use_temp_path=off"
+# Random objects out of 4000 (250 MiB in all): the 24 MiB cache keeps filling.
+e2e_load_lua 4000
 
 # $1: the watchdog line of the spec
 write_spec() {
@@ -126,6 +50,7 @@ start_agent() {
     "$BIN" agent "$WORK/spec.yaml" --metrics "$WORK/metrics.prom" --interval 500ms \
         >>"$WORK/agent.log" 2>&1 &
     AGENT=$!
+    e2e_track "$AGENT"
     for _ in $(seq 100); do
         grep -q 'state="offloaded"} 1' "$WORK/metrics.prom" 2>/dev/null && return 0
         kill -0 "$AGENT" 2>/dev/null || fail "the agent exited"
@@ -138,6 +63,7 @@ stop_agent() {
     kill -TERM "$AGENT"
     local rc=0
     wait "$AGENT" || rc=$?
+    e2e_stop "$AGENT"
     AGENT=
     [ "$rc" = 0 ] || fail "the agent exited with $rc on SIGTERM"
 }
@@ -148,16 +74,8 @@ metric() { # $1: series; prints its value or 0
 
 # $1: phase name; runs wrk and checks for zero failed responses
 load() {
-    wrk -t2 -c16 -d"${SECS}s" --timeout 5s -s "$WORK/load.lua" "http://127.0.0.1:$PROXY/" \
-        >"$WORK/wrk.out" 2>&1 || fail "$1: wrk failed"
-    local total non2xx sockerr
-    total=$(awk '/requests in/ { print $1 }' "$WORK/wrk.out")
-    non2xx=$(awk -F': ' '/Non-2xx or 3xx responses/ { print $2 }' "$WORK/wrk.out")
-    sockerr=$(grep -o 'Socket errors:.*' "$WORK/wrk.out" || true)
-    log "$1: $total requests, non-2xx: ${non2xx:-0}, ${sockerr:-no socket errors}"
-    [ "${total:-0}" -gt 100 ] || fail "$1: too few requests ($total)"
-    [ -z "$non2xx" ] || fail "$1: $non2xx non-2xx responses"
-    [ -z "$sockerr" ] || fail "$1: $sockerr"
+    e2e_start_load "$1" "$SECS"
+    e2e_check_load "$1"
 }
 
 log "nginx $(nginx -v 2>&1 | sed 's/.*\///'), proxy 127.0.0.1:$PROXY, origin 127.0.0.1:$ORIGIN, $SECS s per phase"
@@ -165,12 +83,7 @@ log "nginx $(nginx -v 2>&1 | sed 's/.*\///'), proxy 127.0.0.1:$PROXY, origin 127
 # --- phase 1: evict ---------------------------------------------------------
 write_spec "{ warn: 50%, high: 80%, low: 50%, action: evict }"
 start_agent
-nginx -p "$WORK" -c "$WORK/nginx.conf" &
-NGINX=$!
-for _ in $(seq 50); do
-    curl -fsS -o /dev/null "http://127.0.0.1:$PROXY/obj/warmup" 2>/dev/null && break
-    sleep 0.1
-done
+e2e_start_nginx "http://127.0.0.1:$PROXY/obj/warmup"
 [ "$(stat -c %U "$WORK/cache")" = www-data ] || fail "the tmpfs root is not owned by www-data"
 load evict
 evictions=$(metric 'tmpfsctl_mount_actions_total{name="e2e-nginx",action="evict"}')
