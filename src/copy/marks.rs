@@ -279,6 +279,10 @@ impl Marks {
     pub fn by_dir(&self) -> ByDir<'_> {
         let mut first: HashMap<&[u8], u32> = HashMap::new();
         let mut next = vec![0; self.numbers()];
+        // The directory of the records just chained and its first so far: records
+        // come in the walk's order, a directory's mostly together, so the table is
+        // looked up once for each run of them rather than for every record.
+        let mut run: Option<(&[u8], u32)> = None;
         // From the last, so that each directory's records chain in the order made.
         for n in (0..self.numbers()).rev() {
             if self
@@ -289,10 +293,21 @@ impl Marks {
                 continue;
             }
             let dir = split_parent(self.numbered_record(n).0).0;
+            let later = match run {
+                Some((d, later)) if d == dir => later,
+                _ => {
+                    if let Some((d, head)) = run {
+                        first.insert(d, head);
+                    }
+                    first.get(dir).copied().unwrap_or(0)
+                }
+            };
+            next[n] = later;
             // Below 2^32: `insert` checks.
-            if let Some(later) = first.insert(dir, n as u32 + 1) {
-                next[n] = later;
-            }
+            run = Some((dir, n as u32 + 1));
+        }
+        if let Some((d, head)) = run {
+            first.insert(d, head);
         }
         ByDir {
             marks: self,
