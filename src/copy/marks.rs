@@ -240,6 +240,23 @@ impl Marks {
         Arc::make_mut(&mut self.own).insert(&self.hasher, hash, path, mark);
     }
 
+    /// Records `mark` for `path` again, as the set `old` has it under the number `n`
+    /// ([`ByDir::numbered`]). When this set was made from `old` and shares its
+    /// records, that is setting its bit: the record is known without a lookup (a
+    /// tracked pass carries every record of the subtrees it skips so).
+    pub fn carry(&mut self, old: &Marks, n: usize, path: &[u8], mark: Mark) {
+        if let Some(shared) = &mut self.shared {
+            if old.shared.is_none() && Arc::ptr_eq(&shared.arena, &old.own) {
+                let own = &self.own;
+                if own.len() == 0 || own.find(self.hasher.hash_one(path), path).is_err() {
+                    shared.set_live(n, path, &mark, true);
+                    return;
+                }
+            }
+        }
+        self.insert(path, mark);
+    }
+
     /// The records in the order their paths were first recorded (the shared ones
     /// first, in the order of the set they come from).
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Mark)> + '_ {
@@ -446,12 +463,18 @@ pub struct ByDir<'a> {
 impl<'a> ByDir<'a> {
     /// The records of the entries of `dir` (not of those further below).
     pub fn records(&self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], Mark)> + '_ {
+        self.numbered(dir).map(|(_, path, mark)| (path, mark))
+    }
+
+    /// [`Self::records`], each with its number for [`Marks::carry`].
+    pub fn numbered(&self, dir: &[u8]) -> impl Iterator<Item = (usize, &'a [u8], Mark)> + '_ {
         let mut n = self.first.get(dir).copied().unwrap_or(0);
         let marks = self.marks;
         std::iter::from_fn(move || {
             let i = n.checked_sub(1)? as usize;
             n = self.next[i];
-            Some(marks.numbered_record(i))
+            let (path, mark) = marks.numbered_record(i);
+            Some((i, path, mark))
         })
     }
 
@@ -656,6 +679,35 @@ mod tests {
         fewer.insert(b"extra", m(0));
         assert_ne!(grown, fewer);
         assert_ne!(fewer, grown);
+    }
+
+    /// A record carried by its number is the one found by its path; a set that does
+    /// not share the old one's records, or has the path recorded anew, looks it up.
+    #[test]
+    fn a_record_carried_by_number_is_the_one_found_by_path() {
+        let mut old = Marks::default();
+        for (p, t) in [("d", 1), ("d/a", 2), ("d/b", 3), ("e/c", 4)] {
+            old.insert(p.as_bytes(), m(t));
+        }
+        let by_dir = old.by_dir();
+        let mut next = Marks::next_of(&old);
+        next.insert(b"d/b", m(30));
+        for (n, p, k) in by_dir.numbered(b"d") {
+            next.carry(&old, n, p, k);
+        }
+        let mut flat = Marks::default();
+        for (p, t) in [("d/a", 2), ("d/b", 3)] {
+            flat.insert(p.as_bytes(), m(t));
+        }
+        assert_eq!(next, flat);
+        assert_eq!((next.len(), next.path_bytes()), (2, 6));
+        // Not made from `old`: looked up and recorded anew.
+        let mut other = Marks::default();
+        for (n, p, k) in by_dir.numbered(b"e") {
+            other.carry(&old, n, p, k);
+        }
+        assert_eq!(other.get(b"e/c"), Some(m(4)));
+        assert_eq!(other.len(), 1);
     }
 
     #[test]
