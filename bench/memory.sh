@@ -10,9 +10,11 @@
 #     agent running), if fanotify is available (TRACKED=0 skips it).
 # Everything lives on tmpfs in a private mount namespace (gone with the script): a
 # file of 100 bytes takes a page, so 1,000,000 of them take about 4 GiB per copy,
-# two copies at a time. Prints the peak RSS in MiB and the seconds of each run.
+# two copies at a time. Prints the peak RSS in MiB, the seconds and the CPU seconds
+# of each run.
 #
-# Usage: sudo bench/memory.sh    (env: FILES=1000000 SIZE=100 TRACKED=1)
+# Usage: sudo bench/memory.sh    (env: FILES=1000000 SIZE=100 TRACKED=1; BENCH=binary
+# to measure another build of copybench)
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -40,15 +42,18 @@ mount -t tmpfs -o size=16g,mode=0755 tmpfsctl-mem-ram "$WORK/ram"
 mount -t tmpfs -o size=1g tmpfsctl-mem-state "$WORK/state"
 "$BENCH" gen "$WORK/disk" "$FILES" 1 "$SIZE"
 
-# Runs "$@" under /usr/bin/time -v; prints "LABEL: PEAK MiB, SECONDS s".
+# Runs "$@" under /usr/bin/time -v; prints "LABEL: PEAK MiB, SECONDS s, CPU s" (the
+# CPU time, user and system, suffers less than the wall time from other work on the
+# host).
 peak() {
     local label=$1
     shift
-    local out rss secs
+    local out rss secs cpu
     out=$(/usr/bin/time -v "$@" 2>&1 >"$WORK/stdout") || { echo "$out" >&2; exit 1; }
     rss=$(awk -F': ' '/Maximum resident set size/ { print $2 }' <<< "$out")
+    cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ { s += $2 } END { print s }' <<< "$out")
     secs=$(head -1 "$WORK/stdout")
-    printf '%-18s %7.1f MiB  %6.2f s\n' "$label:" "$(bc -l <<< "$rss / 1024")" "$secs"
+    printf '%-18s %7.1f MiB  %6.2f s  %6.2f s CPU\n' "$label:" "$(bc -l <<< "$rss / 1024")" "$secs" "$cpu"
 }
 
 peak seed "$BENCH" seed "$WORK/disk" "$WORK/ram"

@@ -4,8 +4,9 @@
 //! order, which the next pass nearly repeats), with an open-addressing index over
 //! them. No allocation per path.
 //!
-//! A tree of a million files keeps a million records, twice during a write-back (the
-//! old baseline and the next): each record is its path and its mark packed into
+//! A tree of a million files keeps a million records, once during a write-back (the
+//! next baseline shares the old one's unchanged records): each record is its path and
+//! its mark packed into
 //! variable-length integers, about 25 bytes besides the path where a [`Mark`] takes
 //! 64 (see docs/benchmarks.md, "Memory"). No hash is kept per record: an index slot
 //! holds high bits of its path's hash beside the record number, so a probe rarely
@@ -18,23 +19,74 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 
 use super::baseline::{Mark, Sig, Time};
 use super::ops::split_parent;
 
 /// Records by path; for a path recorded more than once the last record holds.
+///
+/// The set a write-back makes for the next baseline ([`Marks::next_of`]) shares the
+/// records of the old one instead of copying them: nearly all of them come back
+/// unchanged (in a pass that changed nothing, all), and a second copy of a million
+/// records is what kept a no-op pass over 64 MiB. Such a set holds a bit per old
+/// record for whether it is one of its own, and its changed or new records beside.
 #[derive(Clone, Default)]
 pub struct Marks {
     hasher: RandomState,
+    /// The records of the set this one was made from, of which `live` ones belong to
+    /// this set; a path is either there or in `own`, never in both.
+    shared: Option<Shared>,
+    own: Arc<Arena>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    arena: Arc<Arena>,
+    /// A bit per record of `arena`: it is one of this set's.
+    live: Vec<u64>,
+    len: usize,
+    path_bytes: usize,
+    deleted: usize,
+}
+
+impl Shared {
+    fn is_live(&self, i: usize) -> bool {
+        self.live[i / 64] & 1 << (i % 64) != 0
+    }
+
+    /// Makes the record `i`, of `path` and `mark`, one of the set's or not.
+    fn set_live(&mut self, i: usize, path: &[u8], mark: &Mark, live: bool) {
+        if self.is_live(i) == live {
+            return;
+        }
+        self.live[i / 64] ^= 1 << (i % 64);
+        let deleted = usize::from(matches!(mark, Mark::Deleted(_)));
+        if live {
+            self.len += 1;
+            self.path_bytes += path.len();
+            self.deleted += deleted;
+        } else {
+            self.len -= 1;
+            self.path_bytes -= path.len();
+            self.deleted -= deleted;
+        }
+    }
+}
+
+/// Records packed in one arena with an open-addressing index over them, hashed by the
+/// [`Marks`] holding them.
+#[derive(Clone, Default)]
+struct Arena {
     /// The records: each is the path's length, the path and the mark (see
     /// [`put_mark`]). A mark replaced by one of another length is appended again with
     /// its path, and the old bytes are left unused.
     bytes: Vec<u8>,
     /// Where each record starts in `bytes`, in the order their paths were first
     /// recorded.
-    starts: Vec<u64>,
+    starts: Starts,
     /// Index into `starts` plus one in the bits below the length, the high bits of
-    /// the path's hash above them ([`Marks::tag`]), 0 for a free slot; a power of two
+    /// the path's hash above them ([`Arena::tag`]), 0 for a free slot; a power of two
     /// long (or empty), at most half full.
     slots: Vec<u32>,
     /// The length of all paths, and how many records are [`Mark::Deleted`]: the
@@ -43,58 +95,261 @@ pub struct Marks {
     deleted: usize,
 }
 
+/// Record offsets: four bytes each while the arena is below 4 GiB (a million records
+/// take some 40 MiB), eight once it grows past.
+#[derive(Clone)]
+enum Starts {
+    Small(Vec<u32>),
+    Large(Vec<u64>),
+}
+
+impl Default for Starts {
+    fn default() -> Self {
+        Starts::Small(Vec::new())
+    }
+}
+
+impl Starts {
+    fn len(&self) -> usize {
+        match self {
+            Starts::Small(v) => v.len(),
+            Starts::Large(v) => v.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> usize {
+        match self {
+            Starts::Small(v) => v[i] as usize,
+            // Below the arena's length, a `usize`.
+            Starts::Large(v) => v[i] as usize,
+        }
+    }
+
+    fn set(&mut self, i: usize, start: usize) {
+        match self.fit(start) {
+            Starts::Small(v) => v[i] = start as u32,
+            Starts::Large(v) => v[i] = start as u64,
+        }
+    }
+
+    fn push(&mut self, start: usize) {
+        match self.fit(start) {
+            Starts::Small(v) => v.push(start as u32),
+            Starts::Large(v) => v.push(start as u64),
+        }
+    }
+
+    /// Itself, widened first if `start` does not fit four bytes.
+    fn fit(&mut self, start: usize) -> &mut Starts {
+        if let Starts::Small(v) = self {
+            if u32::try_from(start).is_err() {
+                *self = Starts::Large(v.iter().map(|&s| u64::from(s)).collect());
+            }
+        }
+        self
+    }
+}
+
 impl Marks {
-    /// Room for `records` records of `bytes` bytes in all (see [`Marks::byte_len`]),
-    /// without growing.
+    /// Room for `records` records of `bytes` bytes in all, without growing.
     pub fn with_capacity(records: usize, bytes: usize) -> Marks {
-        let mut marks = Marks {
+        let hasher = RandomState::new();
+        let mut own = Arena {
             bytes: Vec::with_capacity(bytes),
-            starts: Vec::with_capacity(records),
-            ..Marks::default()
+            starts: Starts::Small(Vec::with_capacity(records)),
+            ..Arena::default()
         };
-        marks.resize_index(records);
-        marks
+        own.resize_index(&hasher, records);
+        Marks {
+            hasher,
+            shared: None,
+            own: Arc::new(own),
+        }
+    }
+
+    /// An empty set for the records that follow `old` (the next baseline's), sharing
+    /// `old`'s records: one recorded again with the mark it has there costs a bit.
+    pub fn next_of(old: &Marks) -> Marks {
+        let (hasher, arena) = if old.shared.is_none() {
+            (old.hasher.clone(), Arc::clone(&old.own))
+        } else {
+            // Shared records of shared records would chain from pass to pass: an
+            // old set that shares is copied once (a second pass of one write-back).
+            let mut flat = Marks::with_capacity(old.len(), old.own.bytes.len());
+            for (path, mark) in old.iter() {
+                flat.insert(path, mark);
+            }
+            (flat.hasher, flat.own)
+        };
+        Marks {
+            hasher,
+            shared: Some(Shared {
+                live: vec![0; arena.len().div_ceil(64)],
+                arena,
+                len: 0,
+                path_bytes: 0,
+                deleted: 0,
+            }),
+            own: Arc::default(),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.starts.len()
-    }
-
-    /// The bytes the records take: what a copy of them needs at most.
-    pub fn byte_len(&self) -> usize {
-        self.bytes.len()
+        self.own.len() + self.shared.as_ref().map_or(0, |s| s.len)
     }
 
     /// The length of all paths.
     pub fn path_bytes(&self) -> usize {
-        self.path_bytes
+        self.own.path_bytes + self.shared.as_ref().map_or(0, |s| s.path_bytes)
     }
 
     /// How many records are [`Mark::Deleted`].
     pub fn deleted(&self) -> usize {
-        self.deleted
+        self.own.deleted + self.shared.as_ref().map_or(0, |s| s.deleted)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.len() == 0
     }
 
     pub fn get(&self, path: &[u8]) -> Option<Mark> {
-        let i = self.find(self.hasher.hash_one(path), path).ok()?;
-        Some(self.record(i).1)
+        let hash = self.hasher.hash_one(path);
+        if let Ok(i) = self.own.find(hash, path) {
+            return Some(self.own.record(i).1);
+        }
+        let shared = self.shared.as_ref()?;
+        let i = shared.arena.find(hash, path).ok()?;
+        shared.is_live(i).then(|| shared.arena.record(i).1)
     }
 
     /// Records `mark` for `path`, in place of an earlier record of it.
     pub fn insert(&mut self, path: &[u8], mark: Mark) {
+        let hash = self.hasher.hash_one(path);
+        if let Some(shared) = &mut self.shared {
+            if let Ok(i) = shared.arena.find(hash, path) {
+                if self.own.find(hash, path).is_err() {
+                    let (_, old) = shared.arena.record(i);
+                    if old == mark {
+                        shared.set_live(i, path, &old, true);
+                        return;
+                    }
+                    shared.set_live(i, path, &old, false);
+                }
+            }
+        }
+        Arc::make_mut(&mut self.own).insert(&self.hasher, hash, path, mark);
+    }
+
+    /// Records `mark` for `path` again, as the set `old` has it under the number `n`
+    /// ([`ByDir::numbered`]). When this set was made from `old` and shares its
+    /// records, that is setting its bit: the record is known without a lookup (a
+    /// tracked pass carries every record of the subtrees it skips so).
+    pub fn carry(&mut self, old: &Marks, n: usize, path: &[u8], mark: Mark) {
+        if let Some(shared) = &mut self.shared {
+            if old.shared.is_none() && Arc::ptr_eq(&shared.arena, &old.own) {
+                let own = &self.own;
+                if own.len() == 0 || own.find(self.hasher.hash_one(path), path).is_err() {
+                    shared.set_live(n, path, &mark, true);
+                    return;
+                }
+            }
+        }
+        self.insert(path, mark);
+    }
+
+    /// The records in the order their paths were first recorded (the shared ones
+    /// first, in the order of the set they come from).
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Mark)> + '_ {
+        self.numbered().map(|(_, path, mark)| (path, mark))
+    }
+
+    /// The records, each with a number below [`Self::numbers`]: a shared one's is its
+    /// number in the set it comes from, an own one's follows all of those.
+    fn numbered(&self) -> impl Iterator<Item = (usize, &[u8], Mark)> + '_ {
+        let shared = self.shared.iter().flat_map(|s| {
+            (0..s.arena.len()).filter(|&i| s.is_live(i)).map(|i| {
+                let (path, mark) = s.arena.record(i);
+                (i, path, mark)
+            })
+        });
+        let first_own = self.shared.as_ref().map_or(0, |s| s.arena.len());
+        shared.chain((0..self.own.len()).map(move |i| {
+            let (path, mark) = self.own.record(i);
+            (first_own + i, path, mark)
+        }))
+    }
+
+    fn numbers(&self) -> usize {
+        self.own.len() + self.shared.as_ref().map_or(0, |s| s.arena.len())
+    }
+
+    /// The record numbered `n` by [`Self::numbered`].
+    fn numbered_record(&self, n: usize) -> (&[u8], Mark) {
+        match &self.shared {
+            Some(s) if n < s.arena.len() => s.arena.record(n),
+            Some(s) => self.own.record(n - s.arena.len()),
+            None => self.own.record(n),
+        }
+    }
+
+    /// The records by the directory their path is in.
+    pub fn by_dir(&self) -> ByDir<'_> {
+        let mut first: HashMap<&[u8], u32> = HashMap::new();
+        let mut next = vec![0; self.numbers()];
+        // The directory of the records just chained and its first so far: records
+        // come in the walk's order, a directory's mostly together, so the table is
+        // looked up once for each run of them rather than for every record.
+        let mut run: Option<(&[u8], u32)> = None;
+        // From the last, so that each directory's records chain in the order made.
+        for n in (0..self.numbers()).rev() {
+            if self
+                .shared
+                .as_ref()
+                .is_some_and(|s| n < s.arena.len() && !s.is_live(n))
+            {
+                continue;
+            }
+            let dir = split_parent(self.numbered_record(n).0).0;
+            let later = match run {
+                Some((d, later)) if d == dir => later,
+                _ => {
+                    if let Some((d, head)) = run {
+                        first.insert(d, head);
+                    }
+                    first.get(dir).copied().unwrap_or(0)
+                }
+            };
+            next[n] = later;
+            // Below 2^32: `insert` checks.
+            run = Some((dir, n as u32 + 1));
+        }
+        if let Some((d, head)) = run {
+            first.insert(d, head);
+        }
+        ByDir {
+            marks: self,
+            first,
+            next,
+        }
+    }
+}
+
+impl Arena {
+    fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Records `mark` for `path` (hashed `hash` by `hasher`), in place of an earlier
+    /// record of it.
+    fn insert(&mut self, hasher: &RandomState, hash: u64, path: &[u8], mark: Mark) {
         // The index is then at most 2^32 slots, numbered by a u32.
         assert!(
             self.len() < 1 << 31,
             "fewer than 2^31 records: a tree cannot hold that many names"
         );
         if (self.len() + 1) * 2 > self.slots.len() {
-            self.resize_index(self.len() + 1);
+            self.resize_index(hasher, self.len() + 1);
         }
-        let hash = self.hasher.hash_one(path);
         let deleted = usize::from(matches!(mark, Mark::Deleted(_)));
         match self.find(hash, path) {
             Ok(i) => {
@@ -109,14 +364,14 @@ impl Marks {
                     self.bytes.truncate(end);
                 } else {
                     self.bytes.truncate(end);
-                    self.starts[i] = end as u64;
+                    self.starts.set(i, end);
                     self.push_record(path, &mark);
                 }
             }
             Err(slot) => {
                 // Below the index's length, which is at most 2^32.
                 self.slots[slot] = self.tag(hash) | (self.len() + 1) as u32;
-                self.starts.push(self.bytes.len() as u64);
+                self.starts.push(self.bytes.len());
                 self.push_record(path, &mark);
                 self.path_bytes += path.len();
                 self.deleted += deleted;
@@ -124,33 +379,8 @@ impl Marks {
         }
     }
 
-    /// The records in the order their paths were first recorded.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Mark)> + '_ {
-        (0..self.len()).map(|i| self.record(i))
-    }
-
-    /// The records by the directory their path is in.
-    pub fn by_dir(&self) -> ByDir<'_> {
-        let mut first: HashMap<&[u8], u32> = HashMap::new();
-        let mut next = vec![0; self.len()];
-        // From the last, so that each directory's records chain in the order made.
-        for i in (0..self.len()).rev() {
-            let dir = split_parent(read_path(&self.bytes, self.start(i)).0).0;
-            // Below 2^32: `insert` checks.
-            if let Some(later) = first.insert(dir, i as u32 + 1) {
-                next[i] = later;
-            }
-        }
-        ByDir {
-            marks: self,
-            first,
-            next,
-        }
-    }
-
     fn start(&self, i: usize) -> usize {
-        // Below `bytes.len()`, a `usize`.
-        self.starts[i] as usize
+        self.starts.get(i)
     }
 
     fn record(&self, i: usize) -> (&[u8], Mark) {
@@ -199,7 +429,7 @@ impl Marks {
     /// An index for at least `records` records at most half full, rebuilt by hashing
     /// every path again (the index doubles, so each path is hashed about twice in
     /// all).
-    fn resize_index(&mut self, records: usize) {
+    fn resize_index(&mut self, hasher: &RandomState, records: usize) {
         let want = (records * 2).next_power_of_two().max(16);
         if want <= self.slots.len() {
             return;
@@ -207,7 +437,7 @@ impl Marks {
         self.slots = vec![0; want];
         let mask = want - 1;
         for n in 0..self.len() {
-            let hash = self.hasher.hash_one(read_path(&self.bytes, self.start(n)).0);
+            let hash = hasher.hash_one(read_path(&self.bytes, self.start(n)).0);
             let mut i = hash as usize & mask;
             while self.slots[i] != 0 {
                 i = (i + 1) & mask;
@@ -233,12 +463,18 @@ pub struct ByDir<'a> {
 impl<'a> ByDir<'a> {
     /// The records of the entries of `dir` (not of those further below).
     pub fn records(&self, dir: &[u8]) -> impl Iterator<Item = (&'a [u8], Mark)> + '_ {
+        self.numbered(dir).map(|(_, path, mark)| (path, mark))
+    }
+
+    /// [`Self::records`], each with its number for [`Marks::carry`].
+    pub fn numbered(&self, dir: &[u8]) -> impl Iterator<Item = (usize, &'a [u8], Mark)> + '_ {
         let mut n = self.first.get(dir).copied().unwrap_or(0);
         let marks = self.marks;
         std::iter::from_fn(move || {
             let i = n.checked_sub(1)? as usize;
             n = self.next[i];
-            Some(marks.record(i))
+            let (path, mark) = marks.numbered_record(i);
+            Some((i, path, mark))
         })
     }
 
@@ -443,6 +679,107 @@ mod tests {
         fewer.insert(b"extra", m(0));
         assert_ne!(grown, fewer);
         assert_ne!(fewer, grown);
+    }
+
+    /// A record carried by its number is the one found by its path; a set that does
+    /// not share the old one's records, or has the path recorded anew, looks it up.
+    #[test]
+    fn a_record_carried_by_number_is_the_one_found_by_path() {
+        let mut old = Marks::default();
+        for (p, t) in [("d", 1), ("d/a", 2), ("d/b", 3), ("e/c", 4)] {
+            old.insert(p.as_bytes(), m(t));
+        }
+        let by_dir = old.by_dir();
+        let mut next = Marks::next_of(&old);
+        next.insert(b"d/b", m(30));
+        for (n, p, k) in by_dir.numbered(b"d") {
+            next.carry(&old, n, p, k);
+        }
+        let mut flat = Marks::default();
+        for (p, t) in [("d/a", 2), ("d/b", 3)] {
+            flat.insert(p.as_bytes(), m(t));
+        }
+        assert_eq!(next, flat);
+        assert_eq!((next.len(), next.path_bytes()), (2, 6));
+        // Not made from `old`: looked up and recorded anew.
+        let mut other = Marks::default();
+        for (n, p, k) in by_dir.numbered(b"e") {
+            other.carry(&old, n, p, k);
+        }
+        assert_eq!(other.get(b"e/c"), Some(m(4)));
+        assert_eq!(other.len(), 1);
+    }
+
+    #[test]
+    fn offsets_widen_past_four_bytes() {
+        let mut starts = Starts::default();
+        starts.push(7);
+        starts.push(u32::MAX as usize);
+        assert!(matches!(starts, Starts::Small(_)));
+        starts.set(0, 1 << 33);
+        assert!(matches!(starts, Starts::Large(_)));
+        starts.push(5);
+        let got: Vec<_> = (0..starts.len()).map(|i| starts.get(i)).collect();
+        assert_eq!(got, [1 << 33, u32::MAX as usize, 5]);
+    }
+
+    /// The next set shares what is recorded again unchanged, holds what changed, and
+    /// leaves out what was not recorded again, whatever the order; so does the set
+    /// after it, made from one that shares.
+    #[test]
+    fn the_next_set_holds_exactly_what_was_recorded_in_it() {
+        let mut old = Marks::default();
+        for (p, t) in [("a", 1), ("a/x", 2), ("a/y", 3), ("b", 4), ("gone", 5)] {
+            old.insert(p.as_bytes(), m(t));
+        }
+        let mut next = Marks::next_of(&old);
+        assert!(next.is_empty());
+        assert_eq!(next.get(b"a"), None);
+        next.insert(b"a/y", m(3));
+        next.insert(b"a/x", m(20));
+        next.insert(b"new", m(6));
+        next.insert(b"a", m(1));
+        next.insert(b"b", m(4));
+        // Changed after it was carried, and carried after it was changed.
+        next.insert(b"b", m(40));
+        next.insert(b"a/x", m(2));
+        let want = [("a", 1), ("a/x", 2), ("a/y", 3), ("b", 40), ("new", 6)];
+        let mut flat = Marks::default();
+        for (p, t) in want {
+            flat.insert(p.as_bytes(), m(t));
+            assert_eq!(next.get(p.as_bytes()), Some(m(t)));
+        }
+        assert_eq!(next.get(b"gone"), None);
+        assert_eq!(next, flat);
+        assert_eq!(
+            (next.len(), next.path_bytes(), next.deleted()),
+            (flat.len(), flat.path_bytes(), flat.deleted())
+        );
+        // Shared records first: a/x, recorded anew once, stays with the new ones.
+        let got: Vec<_> = next
+            .by_dir()
+            .records(b"a")
+            .map(|(p, k)| (p.to_vec(), k))
+            .collect();
+        assert_eq!(got, vec![(b"a/y".to_vec(), m(3)), (b"a/x".to_vec(), m(2))]);
+        let top: Vec<_> = next.by_dir().records(b"").map(|(p, _)| p.to_vec()).collect();
+        assert_eq!(top, [&b"a"[..], b"new", b"b"]);
+        // The old set is as it was.
+        assert_eq!(old.get(b"gone"), Some(m(5)));
+        assert_eq!(old.len(), 5);
+        let mut after = Marks::next_of(&next);
+        for (p, mark) in next.iter() {
+            if p != b"a" {
+                after.insert(p, mark);
+            }
+        }
+        after.insert(b"a/y", m(30));
+        flat.insert(b"a/y", m(30));
+        let mut without_a = Marks::default();
+        for (p, mark) in flat.iter().filter(|(p, _)| *p != b"a") {
+            without_a.insert(p, mark);
+        }
+        assert_eq!(after, without_a);
     }
 
     #[test]

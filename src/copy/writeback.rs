@@ -282,8 +282,9 @@ fn sync_pass(
             base,
             journal,
             deletions,
-            // Most records are carried over or made again: room for all at once.
-            marks: baseline::Marks::with_capacity(base.marks.len(), base.marks.byte_len()),
+            // Most records come back as they were: shared with the old baseline, not
+            // copied.
+            marks: baseline::Marks::next_of(&base.marks),
             by_dir,
             tracked: filter.is_some(),
             reporter: Reporter::new(progress),

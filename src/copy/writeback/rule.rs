@@ -134,14 +134,14 @@ impl Syncer<'_, '_> {
         let base = self.base;
         let mut present = 0;
         if let Some(m) = base.get(path) {
-            present += self.carry_mark(path, m);
+            present += self.carry_mark(path, m, None);
         }
         match self.by_dir.take() {
             Some(by_dir) if self.tracked => {
                 let mut todo = vec![path];
                 while let Some(dir) = todo.pop() {
-                    for (p, m) in by_dir.records(dir) {
-                        present += self.carry_mark(p, m);
+                    for (n, p, m) in by_dir.numbered(dir) {
+                        present += self.carry_mark(p, m, Some(n));
                         todo.push(p);
                     }
                 }
@@ -150,16 +150,17 @@ impl Syncer<'_, '_> {
             by_dir => {
                 self.by_dir = by_dir;
                 for (p, m) in base.below(path) {
-                    present += self.carry_mark(p, m);
+                    present += self.carry_mark(p, m, None);
                 }
             }
         }
         present
     }
 
-    /// Carries one record over; 1 if it stands for an entry, 0 for a deletion.
-    fn carry_mark(&mut self, path: &[u8], mark: Mark) -> u64 {
-        let mark = match mark {
+    /// Carries one record over, numbered `n` by the baseline's records by directory if
+    /// found there; 1 if it stands for an entry, 0 for a deletion.
+    fn carry_mark(&mut self, path: &[u8], old: Mark, n: Option<usize>) -> u64 {
+        let mark = match old {
             // Not read in this pass: trusted as before, or not at all.
             Mark::Entry(sig) if sig.is_dir() && !self.base.unchanged_dir(path, &sig) => Mark::Entry(Sig {
                 ctime: UNTRUSTED,
@@ -168,7 +169,10 @@ impl Syncer<'_, '_> {
             other => other,
         };
         let present = u64::from(!matches!(mark, Mark::Deleted(_)));
-        self.marks.insert(path, mark);
+        match n {
+            Some(n) if mark == old => self.marks.carry(&self.base.marks, n, path, mark),
+            _ => self.marks.insert(path, mark),
+        }
         present
     }
 
