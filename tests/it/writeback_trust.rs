@@ -469,3 +469,34 @@ fn a_directory_the_application_makes_on_disk_meanwhile_is_merged_into() {
         }
     });
 }
+
+/// A file the RAM rewrote in place leaves its RAM directory as it was; the pass's
+/// rename into the disk directory must not leave that one with a time of its own
+/// (it did, and counted it as kept from the disk).
+#[test]
+fn a_file_rewritten_in_place_leaves_its_directory_times_as_the_ram_has_them() {
+    use std::os::unix::fs::MetadataExt;
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("a")).unwrap();
+        fs::write(src.join("a/f"), "one").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(src.join("a/f"))
+            .unwrap()
+            .write_all(b"two")
+            .unwrap();
+        tick();
+        let st = stats_of(src, dst, &mut base);
+        assert_eq!((st.files_written, st.kept_disk), (1, 0), "{st:?}");
+        let mtime = |p: &Path| {
+            let m = fs::metadata(p).unwrap();
+            (m.mtime(), m.mtime_nsec())
+        };
+        assert_eq!(mtime(&dst.join("a")), mtime(&src.join("a")));
+        assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"two");
+    });
+}

@@ -12,7 +12,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use crate::copy::baseline::{Mark, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, Failed};
-use crate::copy::ops::{file_type, open_dst_dir};
+use crate::copy::ops::{atime, file_type, mtime, open_dst_dir};
 use crate::copy::scan::{read_names, Name, SrcEntry};
 
 use super::compare::{pair_listings, same_meta};
@@ -238,13 +238,25 @@ impl Syncer<'_, '_> {
                     Some(before) if same_xattrs && same_meta(s, before) => stats.unchanged += 1,
                     Some(_) => stats.metadata_updated += 1,
                 }
-            } else if same_meta(s, &now) {
-                self.reporter.stats.unchanged += 1;
             } else {
-                // Replaced or changed on disk since the baseline, or its metadata won
-                // before while the RAM's did not change since: owner, mode and times
-                // stay.
-                self.reporter.stats.kept_disk += 1;
+                if let Some(before) = left
+                    .before
+                    .as_ref()
+                    .filter(|b| left.changed && !same_meta(b, &now))
+                {
+                    // The pass's own names gave it a new mtime; its metadata stays the
+                    // disk's, as it was before the pass.
+                    stat::futimens(dst, &atime(before), &mtime(before)).map_err(dst_err("set times of"))?;
+                    now = stat::fstat(dst).map_err(dst_err("stat"))?;
+                }
+                if same_meta(s, &now) {
+                    self.reporter.stats.unchanged += 1;
+                } else {
+                    // Replaced or changed on disk since the baseline, or its metadata
+                    // won before while the RAM's did not change since: owner, mode and
+                    // times stay.
+                    self.reporter.stats.kept_disk += 1;
+                }
             }
             self.record(left.rel.clone(), &now);
         }
