@@ -182,21 +182,13 @@ pub fn run(args: &BenchArgs, json: bool, state: &State) -> Result<ExitCode> {
     };
 
     let started = Instant::now();
-    let signals = SignalGuard::install()?;
-    let joined = std::thread::Builder::new()
-        .name("tmpfsctl-bench".into())
-        .spawn(move || private::bench(&settings))
-        .context("starting the benchmark thread")?
-        .join();
-    drop(signals);
-    let (rows, notes) = match joined {
-        Ok(Ok(x)) => x,
-        Ok(Err(e)) if e.is::<Interrupted>() => {
-            out::eprint("interrupted; the temporary files and tmpfs were removed\n");
-            return Ok(ExitCode::Interrupted);
-        }
-        Ok(Err(e)) => return Err(e.context("benchmark failed; the temporary files and tmpfs were removed")),
-        Err(_) => bail!("the benchmark thread panicked; the temporary tmpfs went with its namespace"),
+    let (rows, notes) = match guarded(
+        move || private::bench(&settings),
+        "the temporary files and tmpfs were removed",
+        "the temporary tmpfs went with its namespace",
+    )? {
+        Some(x) => x,
+        None => return Ok(ExitCode::Interrupted),
     };
 
     let report = BenchReport {
@@ -207,14 +199,7 @@ pub fn run(args: &BenchArgs, json: bool, state: &State) -> Result<ExitCode> {
         runs: args.runs,
         small_files: n_nosync,
         small_files_fsync: n_fsync,
-        host: HostInfo {
-            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            mem_total: mem.mem_total,
-            mem_available: mem.mem_available,
-            kernel: nix::sys::utsname::uname()
-                .map(|u| u.release().to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        },
+        host: HostInfo::now(&mem),
         rows,
         notes,
         seconds: started.elapsed().as_secs_f64(),
@@ -255,25 +240,13 @@ fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: 
         progress: !json && io::stderr().is_terminal(),
     };
     let started = Instant::now();
-    let signals = SignalGuard::install()?;
-    let joined = std::thread::Builder::new()
-        .name("tmpfsctl-bench".into())
-        .spawn(move || backends::bench(&settings))
-        .context("starting the benchmark thread")?
-        .join();
-    drop(signals);
-    let (rows, zram) = match joined {
-        Ok(Ok(x)) => x,
-        Ok(Err(e)) if e.is::<Interrupted>() => {
-            out::eprint("interrupted; the copies, the tmpfs and the zram device were removed\n");
-            return Ok(ExitCode::Interrupted);
-        }
-        Ok(Err(e)) => {
-            return Err(e.context("benchmark failed; the copies, the tmpfs and the zram device were removed"))
-        }
-        Err(_) => bail!(
-            "the benchmark thread panicked; the mounts went with its namespace, and the zram device is removed by the next `apply` or `down`"
-        ),
+    let (rows, zram) = match guarded(
+        move || backends::bench(&settings),
+        "the copies, the tmpfs and the zram device were removed",
+        "the mounts went with its namespace, and the zram device is removed by the next `apply` or `down`",
+    )? {
+        Some(x) => x,
+        None => return Ok(ExitCode::Interrupted),
     };
     let mut report = backends::BackendReport {
         data_dir: dir.display().to_string(),
@@ -282,14 +255,7 @@ fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: 
         bytes: sample.bytes,
         runs: args.runs,
         zram,
-        host: HostInfo {
-            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            mem_total: mem.mem_total,
-            mem_available: mem.mem_available,
-            kernel: nix::sys::utsname::uname()
-                .map(|u| u.release().to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        },
+        host: HostInfo::now(&mem),
         rows,
         notes: Vec::new(),
         seconds: started.elapsed().as_secs_f64(),
@@ -303,4 +269,31 @@ fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: 
         out::print(&backends::human(&report));
     }
     Ok(ExitCode::Ok)
+}
+
+/// Runs `bench` on a thread of its own while SIGINT, SIGTERM and SIGHUP only ask it
+/// to stop, so that it removes what it made first: `None` when it was interrupted.
+/// `removed` and `left` say what became of what it made, after a failure and after
+/// a panic.
+fn guarded<T: Send + 'static>(
+    bench: impl FnOnce() -> Result<T> + Send + 'static,
+    removed: &str,
+    left: &str,
+) -> Result<Option<T>> {
+    let signals = SignalGuard::install()?;
+    let joined = std::thread::Builder::new()
+        .name("tmpfsctl-bench".into())
+        .spawn(bench)
+        .context("starting the benchmark thread")?
+        .join();
+    drop(signals);
+    match joined {
+        Ok(Ok(x)) => Ok(Some(x)),
+        Ok(Err(e)) if e.is::<Interrupted>() => {
+            out::eprint(&format!("interrupted; {removed}\n"));
+            Ok(None)
+        }
+        Ok(Err(e)) => Err(e.context(format!("benchmark failed; {removed}"))),
+        Err(_) => bail!("the benchmark thread panicked; {left}"),
+    }
 }

@@ -179,14 +179,27 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut seeded = None;
     let mut baseline = None;
     let mut pinned = None;
+    let mut seed_started = None;
+    let mut deletions = None;
     for step in &mp.steps {
         let started = Instant::now();
-        if let Step::MoveIntoPlace { .. } = step {
+        if let Step::Seed { .. } = step {
+            seed_started = Some((copy::baseline::now_after_tick(), Instant::now()));
+        }
+        if let Step::MoveIntoPlace { stage, .. } = step {
             // The baseline the first write-back merges against: what the disk held
             // when it was copied, and a time after every copy and before the
             // application can see the tmpfs (its changes come after it).
             let mut b: copy::Baseline = baseline.take().unwrap_or_default();
             b.taken = Some(copy::baseline::now_after_tick());
+            if seed_started.is_some() {
+                // What the application deletes in the tmpfs from now on, for the merge
+                // of what it wrote on disk during the seed (see `sync::seed_window`).
+                deletions = crate::host::deletions::Deletions::watch(stage).ok().map(|mut w| {
+                    w.since(b.taken.expect("set just above"));
+                    w
+                });
+            }
             if let Err(e) = state.save_baseline(&m.name, &b) {
                 let rollback = roll_back(std::mem::take(&mut undo));
                 let reason = match rollback {
@@ -235,6 +248,12 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
         })?;
     }
     state.clear_degraded(&m.name)?;
+    if let Some(t0) = seed_started {
+        if let Err(e) = crate::sync::seed_window::catch_up(m, state, t0, opts.progress, deletions) {
+            // The mount is in place; what stays on disk is kept by the write-back.
+            tracing::warn!("{}: {e}", m.name);
+        }
+    }
     let outcome = if done.is_empty() {
         Outcome::Unchanged
     } else {

@@ -56,6 +56,13 @@ impl<'a> Progress<'a> {
         }
     }
 
+    /// Times the operation from `at`, where an earlier part of it began (the seed
+    /// before the merge that completes it).
+    pub fn begun_at(mut self, at: Instant) -> Self {
+        self.started = at;
+        self
+    }
+
     /// The running totals: entries done and data bytes copied.
     pub fn update(&mut self, entries: u64, bytes: u64) {
         self.rec.entries = entries;

@@ -9,6 +9,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 pub mod overlay;
+pub mod seed_window;
 
 use crate::backend;
 use crate::copy::baseline::now_after_tick;

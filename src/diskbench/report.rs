@@ -57,6 +57,20 @@ pub struct HostInfo {
     pub kernel: String,
 }
 
+impl HostInfo {
+    /// This host as a report shows it, with `mem` as read before the run.
+    pub fn now(mem: &crate::host::meminfo::MemInfo) -> HostInfo {
+        HostInfo {
+            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            mem_total: mem.mem_total,
+            mem_available: mem.mem_available,
+            kernel: nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
     pub disk_dir: String,

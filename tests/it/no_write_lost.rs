@@ -92,6 +92,48 @@ fn writes_during_seeding_and_after_survive_down() {
     assert_eq!(fs::read_dir(cache.join("d7")).unwrap().count(), 400);
 }
 
+/// What the application writes on disk while `apply` seeds, after the seed copied
+/// that directory, is in the tmpfs once it is in place (it was hidden under it);
+/// and when the application then deletes those names in RAM, `down` does not bring
+/// the disk's versions back (it did: they were the disk's own to the write-back).
+#[test]
+fn writes_during_seeding_are_seen_in_ram_and_their_deletion_sticks() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    many_files(&cache, 20_000);
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(cache.clone(), Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(20));
+    let apply = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    stop.store(true, Ordering::Relaxed);
+    let done = w.join().unwrap();
+    apply.code(0);
+    assert!(done.len() > 100, "the writer wrote only {} files", done.len());
+    let in_ram = names(&cache);
+    let hidden: Vec<_> = done.difference(&in_ram).collect();
+    assert!(
+        hidden.is_empty(),
+        "{} of {} writes hidden under the tmpfs: {hidden:?}\n{apply}",
+        hidden.len(),
+        done.len()
+    );
+    for n in &done {
+        fs::remove_file(cache.join(n)).unwrap();
+    }
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    let back: Vec<_> = names(&cache)
+        .into_iter()
+        .filter(|n| n.starts_with("w-"))
+        .collect();
+    assert!(
+        back.is_empty(),
+        "{} deleted names came back: {back:?}\n{down}",
+        back.len()
+    );
+}
+
 /// What the application deletes or renames on disk after the switch does not come
 /// back from the RAM copy, and what it wrote in RAM before is written back.
 #[test]

@@ -50,9 +50,9 @@ fn status_shows_a_seed_and_a_write_back_while_they_run() {
             ]);
             if let Some(p) = r.code(0).json()["mounts"][0]
                 .get("progress")
-                .filter(|p| p["entries"].as_u64() > Some(0))
+                .filter(|p| p["entries"].as_u64() > Some(0) && p["op"] == op)
             {
-                seen = Some(p.clone());
+                seen.get_or_insert_with(|| p.clone());
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Usage (as root): unshare --mount --propagation private bash tests/repro/measure_vanish.sh target/debug/tmpfsctl
-# Not run by CI: a reproduction of a bug found by the persisted end-to-end tests.
-# Reproduction: `apply` of a persisted (seed: copy) mount fails (DEGRADED, exit 3)
-# when a file vanishes between the size measurement's readdir and its stat,
-# as an application's temporary files do all the time.
+# Not run by CI (copy::measure's what_vanishes_while_measured_is_left_out is): a
+# reproduction of a bug the persisted end-to-end tests found, fixed since. Before,
+# `apply` of a persisted (seed: copy) mount failed (DEGRADED, exit 3) when a file
+# vanished between the size measurement's readdir and its stat, as an
+# application's temporary files do all the time.
 set -u
 BIN=$1
 W=$(mktemp -d /tmp/measvan.XXXXXX); export TMPFSCTL_STATE_DIR=$W/state

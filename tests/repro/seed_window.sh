@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Usage (as root): unshare --mount --propagation private bash tests/repro/seed_window.sh target/debug/tmpfsctl
-# Not run by CI: a reproduction of a bug found by the persisted end-to-end tests.
-# Reproduction: files the application writes on disk while `apply` seeds are
-# hidden under the tmpfs (the application does not see them while offloaded),
-# and come back at `down` even though the application deleted that name in RAM.
+# Not run by CI (no_write_lost::writes_during_seeding_are_seen_in_ram_and_their_deletion_sticks
+# is): a reproduction of a bug the persisted end-to-end tests found, fixed by
+# src/sync/seed_window.rs. Before, files the application wrote on disk while
+# `apply` seeded were hidden under the tmpfs (the application did not see them
+# while offloaded), and came back at `down` after it deleted them in RAM.
 set -eu
 BIN=$1
 W=$(mktemp -d /tmp/seedwin.XXXXXX); export TMPFSCTL_STATE_DIR=$W/state
