@@ -16,23 +16,32 @@
 //! tmpfs: with no record the merge deletes nothing, and the write-back later lets
 //! the disk's deletion stand.
 //!
-//! A persisted mount into which anything was brought then gets a write-back at
-//! once, so that its baseline knows the names brought in: without it, one the
-//! application deletes in RAM would be the disk's own again at the next write-back.
+//! The write-back's baseline then records, as both sides agreed on them, the disk's
+//! entries the merge saw that the seed did not record as they are: without that, a
+//! name brought in and then deleted (or renamed away) by the application in RAM would
+//! be the disk's own to the next write-back, which keeps it.
 
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::copy::baseline::Time;
+use anyhow::Context;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{self, FileStat};
+
+use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
 use crate::host::deletions::Deletions;
 use crate::progress::Progress;
-use crate::spec::{MountSpec, Persist};
+use crate::spec::MountSpec;
 use crate::state::State;
 
 /// Merges what changed in the disk directory of `m` since `seed_started` into its
 /// tmpfs, now at its path; `watch`: the application's deletions in the tmpfs since
-/// it became visible. Then, for a persisted mount, a write-back.
+/// it became visible. Then records what it brought in (see [`record_brought_in`]).
 ///
 /// `began`: when the seed began, from which a long seed and this merge together report
 /// their progress (`terminal`: as [`Progress::new`] takes it).
@@ -63,16 +72,44 @@ pub fn catch_up(
     )
     .map_err(|e| format!("bringing in what the application wrote on disk during the seed: {e}"))?;
     drop(shown);
-    let st = &merged.stats;
-    let brought_in =
-        st.files_written + st.metadata_updated + st.dirs_created + st.links_written + st.specials_written;
-    // Nothing brought in: the seed's records already stand for all the tmpfs holds.
-    if m.persist != Persist::None && brought_in > 0 {
-        let synced = super::sync_one(m, &m.path, state, None, "apply", true)
-            .map_err(|e| format!("the write-back after the seed: {e:#}"))?;
-        if let Some(reason) = synced.reason {
-            return Err(format!("the write-back after the seed: {reason}"));
+    record_brought_in(m, state, &merged.baseline)
+        .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
+    Ok(merged.stats)
+}
+
+/// Adds to the seed's baseline of `m` every disk entry among `seen` (the paths the
+/// merge walked) that it lacks or records otherwise, as it is on disk now: the
+/// version the merge compared. The disk directory is hidden under the tmpfs, so
+/// nothing changes it meanwhile.
+fn record_brought_in(m: &MountSpec, state: &State, seen: &Baseline) -> anyhow::Result<()> {
+    let side = state.side(&m.name);
+    let root = std::fs::File::open(&side).with_context(|| format!("opening {}", side.display()))?;
+    let mut base = state.baseline(&m.name)?;
+    let mut added = 0u64;
+    for (path, _) in seen.marks.iter() {
+        let Ok(st) = stat_beneath(root.as_fd(), path) else {
+            continue;
+        };
+        let sig = Sig::of(&st);
+        if base.get(path) != Some(Mark::Entry(sig)) {
+            base.marks.insert(path, Mark::Entry(sig));
+            added += 1;
         }
     }
-    Ok(merged.stats)
+    if added > 0 {
+        state.save_baseline(&m.name, &base)?;
+    }
+    Ok(())
+}
+
+/// `path` below `root`, not through a symlink: the application may have made one.
+fn stat_beneath(root: BorrowedFd<'_>, path: &[u8]) -> nix::Result<FileStat> {
+    let fd = openat2(
+        root,
+        Path::new(OsStr::from_bytes(path)),
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+    )?;
+    stat::fstat(&fd)
 }
