@@ -249,14 +249,7 @@ def check(root, logpath, windows_path=None):
         print(f"  torn or foreign: {name} holds {got}, expected {want}")
     for name, got, want in stale[:10]:
         print(f"  stale: {name} holds {got}, the application last wrote {want}")
-    # Names the application wrote on disk while an apply seeded are the open
-    # seed-window bug (docs/writeback.md, "Seeding"): reported, and failed only
-    # with E2E_STRICT=1 until it is fixed.
-    unexplained = [n for n in lost + resurrected if n not in during]
-    if explained and not unexplained:
-        print(f"  KNOWN BUG (seed window): {explained} names; E2E_STRICT=1 fails on them")
-    failing = (lost or resurrected) if os.environ.get("E2E_STRICT") == "1" else unexplained
-    return 1 if failing or bad else 0
+    return 1 if lost or resurrected or bad else 0
 
 
 def main():

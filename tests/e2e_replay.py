@@ -169,15 +169,7 @@ def main():
     if windows:
         bad = lost + resurrected + ghosts
         print(f"  {sum(1 for f in bad if f in made_during)} of these {len(bad)} were made while an apply ran")
-    # Files made on disk while an apply seeded are the open seed-window bug
-    # (docs/writeback.md, "Seeding"): reported, and failed only with E2E_STRICT=1
-    # until it is fixed.
-    bad = lost + resurrected + ghosts
-    unexplained = [f for f in bad if f not in made_during]
-    if bad and not unexplained:
-        print(f"  KNOWN BUG (seed window): {len(bad)} files; E2E_STRICT=1 fails on them")
-    failing = bad if os.environ.get("E2E_STRICT") == "1" else unexplained
-    sys.exit(1 if failing else 0)
+    sys.exit(1 if lost or resurrected or ghosts else 0)
 
 
 if __name__ == "__main__":
