@@ -30,7 +30,11 @@ done
 
 WORK=$(mktemp -d "/tmp/tmpfsctl-$E2E.XXXXXX")
 export TMPFSCTL_STATE_DIR=$WORK/state
-PROXY=$((20000 + $$ % 20000))
+# Ports from the PID, so two runs on one machine do not collide, and below the
+# kernel's ephemeral range (ip_local_port_range, 32768 and up by default), which
+# the load's own client sockets take ports from: a port there may be in use.
+low=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+PROXY=$((10000 + $$ % (low - 10002)))
 ORIGIN=$((PROXY + 1))
 E2E_PIDS=()
 E2E_SPECS=()

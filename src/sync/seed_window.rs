@@ -72,8 +72,20 @@ pub fn catch_up(
     )
     .map_err(|e| format!("bringing in what the application wrote on disk during the seed: {e}"))?;
     drop(shown);
-    record_brought_in(m, state, &merged.baseline)
-        .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
+    let st = &merged.stats;
+    let wrote =
+        st.files_written + st.metadata_updated + st.dirs_created + st.links_written + st.specials_written;
+    let deleted_in_ram = merged
+        .baseline
+        .marks
+        .iter()
+        .any(|(_, m)| matches!(m, Mark::Deleted(_)));
+    // Otherwise the seed's records stand: the tmpfs holds what it copied and the
+    // application's own changes since, which the write-back takes as such.
+    if wrote > 0 || deleted_in_ram {
+        record_brought_in(m, state, &merged.baseline)
+            .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
+    }
     Ok(merged.stats)
 }
 
