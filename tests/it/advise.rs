@@ -210,12 +210,14 @@ fn advise_reports_a_synthetic_writer_within_tolerances() {
     let peak = f(&j, "/activity/peak_1s/bytes_written");
     within("peak_1s.bytes_written", peak, bytes / 6.0, bytes, &j);
     assert_eq!(u(&j, "/activity/overflows"), 0);
-    // The tree: KEEP files (one more while a temporary file is in flight) and the
-    // directory itself.
+    // The tree: KEEP files (one more while a temporary file is in flight, one fewer
+    // when the listing misses the name being renamed: readdir need not return an
+    // entry renamed while it reads, and ext4 moves it in its hash order; seen in CI
+    // under load) and the directory itself.
     within(
         "tree.end.files",
         f(&j, "/tree/end/files"),
-        KEEP as f64,
+        KEEP as f64 - 1.0,
         KEEP as f64 + 1.0,
         &j,
     );
