@@ -213,7 +213,9 @@ pub fn sync_one(
         );
     }
     let st = stats.clone().unwrap_or_default();
-    state.write_sync(
+    // Only what `status` shows of the last write-back: a state directory on a full
+    // disk must not turn a pending write-back into a failed one.
+    let recorded = state.write_sync(
         &m.name,
         &SyncRecord {
             by: by.to_string(),
@@ -225,7 +227,10 @@ pub fn sync_one(
             bytes_written: st.bytes_written,
             deleted: st.deleted,
         },
-    )?;
+    );
+    if let Err(e) = recorded {
+        tracing::warn!("{}: {e:#}", m.name);
+    }
     Ok(SyncResult {
         name: m.name.clone(),
         path: m.path.clone(),
