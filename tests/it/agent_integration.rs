@@ -403,8 +403,9 @@ fn grow_in_steps_to_max_size_then_evict() {
     let u = Usage::of(&cache).unwrap();
     assert_eq!(u.size, 12 * MIB);
     // The eviction may run while c000 is still being written (it is kept as
-    // open for writing), so that file's rest can land after it: the agent's
-    // own figure must be at or below `low`, the final one within c000's size.
+    // open for writing), so that file's rest can land during and after it: the
+    // agent's own figure and the final one must each be within c000's size of
+    // `low` (the agent's was 41.7% once, in CI under load).
     let log = agent.log();
     let after: f64 = log
         .lines()
@@ -418,7 +419,10 @@ fn grow_in_steps_to_max_size_then_evict() {
                 .filter(|_| l.contains("evicted"))
         })
         .unwrap_or(f64::NAN);
-    assert!(after <= 40.0, "eviction stopped above low\n{log}");
+    assert!(
+        after <= 40.0 + 100.0 * 2.0 / 12.0,
+        "eviction stopped above low\n{log}"
+    );
     assert!(u.used <= 12 * MIB * 40 / 100 + 2 * MIB, "{u:?}\n{log}");
     assert!(
         agent.log().contains("grow skipped: already at max_size"),
