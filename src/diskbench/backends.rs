@@ -449,24 +449,7 @@ pub fn human(r: &BackendReport) -> String {
         "ZRAM".into(),
         "ZRAM/TMPFS".into(),
     ];
-    let all: Vec<&[String; 4]> = std::iter::once(&head).chain(cells.iter()).collect();
-    let w: Vec<usize> = (0..4)
-        .map(|i| all.iter().map(|c| c[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for c in all {
-        let pad = |s: &str, n: usize| " ".repeat(n.saturating_sub(s.chars().count()));
-        out.push_str(&format!(
-            "{}{}  {}{}  {}{}  {}{}\n",
-            c[0],
-            pad(&c[0], w[0]),
-            pad(&c[1], w[1]),
-            c[1],
-            pad(&c[2], w[2]),
-            c[2],
-            pad(&c[3], w[3]),
-            c[3]
-        ));
-    }
+    super::report::table(&mut out, &head, &cells);
     out.push('\n');
     for n in &r.notes {
         out.push_str(&format!("- {n}\n"));

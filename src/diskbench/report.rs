@@ -168,16 +168,29 @@ pub fn human(r: &BenchReport) -> String {
         "TMPFS".into(),
         "TMPFS/DISK".into(),
     ];
+    table(&mut out, &head, &cells);
+    if !r.notes.is_empty() {
+        out.push('\n');
+        for n in &r.notes {
+            out.push_str(&format!("- {n}\n"));
+        }
+    }
+    out
+}
+
+/// A table of four columns: the first left-aligned, the others right-aligned, each
+/// as wide as its widest cell, the header first.
+pub(super) fn table(out: &mut String, head: &[String; 4], cells: &[[String; 4]]) {
     let width = |i: usize| {
         cells
             .iter()
-            .chain(std::iter::once(&head))
+            .chain(std::iter::once(head))
             .map(|c| c[i].chars().count())
             .max()
             .unwrap_or(0)
     };
     let w = [width(0), width(1), width(2), width(3)];
-    for c in std::iter::once(&head).chain(cells.iter()) {
+    for c in std::iter::once(head).chain(cells.iter()) {
         let pad = |s: &str, n: usize| " ".repeat(n.saturating_sub(s.chars().count()));
         out.push_str(&format!(
             "{}{}  {}{}  {}{}  {}{}\n",
@@ -191,11 +204,4 @@ pub fn human(r: &BenchReport) -> String {
             c[3]
         ));
     }
-    if !r.notes.is_empty() {
-        out.push('\n');
-        for n in &r.notes {
-            out.push_str(&format!("- {n}\n"));
-        }
-    }
-    out
 }
