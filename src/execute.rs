@@ -21,6 +21,7 @@ use crate::progress::Progress;
 use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, OnFailure, Spec};
 use crate::state::{Record, State};
+use crate::sync::seed_window::SeedDeletions;
 
 /// Seeding leaves this share of the tmpfs free for the application.
 const SEED_HEADROOM_PCT: u64 = 10;
@@ -181,12 +182,17 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut pinned = None;
     let mut seed_started = None;
     let mut deletions = None;
+    let mut seed_deletions = None;
+    let mut switched_at = None;
     for step in &mp.steps {
         let started = Instant::now();
-        if let Step::Seed { .. } = step {
+        if let Step::Seed { from, .. } = step {
+            // What the application deletes on disk from now on (see `sync::seed_window`).
+            seed_deletions = SeedDeletions::watch(from);
             seed_started = Some((copy::baseline::now_after_tick(), Instant::now()));
         }
         if let Step::MoveIntoPlace { stage, .. } = step {
+            drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
             // The baseline the first write-back merges against: what the disk held
             // when it was copied, and a time after every copy and before the
             // application can see the tmpfs (its changes come after it).
@@ -208,6 +214,9 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 };
                 return failed(reason);
             }
+            // The few deletions since the first look, as close to the switch as can be.
+            drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
+            switched_at = b.taken;
         }
         match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
             Ok(stats) => {
@@ -221,6 +230,17 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                     baseline = Some(b);
                 }
                 done.push(step.describe());
+                if let Step::MoveIntoPlace { .. } = step {
+                    // What was deleted on disk between the last look and the switch.
+                    if let (Some(w), Some(taken)) = (seed_deletions.take(), switched_at) {
+                        if let Err(e) = w.drop_after_switch(&m.path, taken) {
+                            tracing::warn!(
+                                "{}: dropping what the application deleted on disk during the seed: {e:#}",
+                                m.name
+                            );
+                        }
+                    }
+                }
                 failpoint(step, &m.name);
             }
             Err(e) => {
@@ -262,6 +282,25 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut r = result(mp, outcome, done, None);
     r.seeded = seeded;
     Ok(r)
+}
+
+/// Drops from the stage what the application deleted on disk after the seed copied it.
+/// A failure leaves those names in RAM until the next write-back, which lets the
+/// disk's deletion stand: a warning, and no more looks.
+fn drop_deleted_during_seed(watch: &mut Option<SeedDeletions>, stage: &Path, name: &str) {
+    let Some(w) = watch.as_mut() else {
+        return;
+    };
+    match w.drop_deleted(stage) {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::debug!("{name}: dropped {n} entries the application deleted on disk during the seed")
+        }
+        Err(e) => {
+            tracing::warn!("{name}: dropping what the application deleted on disk during the seed: {e:#}");
+            *watch = None;
+        }
+    }
 }
 
 /// What to undo when a later step of the same mount fails.

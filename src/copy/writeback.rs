@@ -34,6 +34,24 @@ use compare::Pairing;
 pub use tracked::Dirty;
 pub(super) use tracked::Filter;
 
+/// Removes `name` from `dir`, a directory with everything below it, without following
+/// symlinks or entering another filesystem; returns how many entries went.
+pub fn remove_entry(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::CStr) -> std::io::Result<u64> {
+    let dev = stat::fstat(dir)?.st_dev;
+    remove::plain_remove(dir, name, None, dev).map_err(|f| f.err)
+}
+
+/// Removes the non-directory `name` from `dir`, where an application works, if it is
+/// still the entry `seen` (renamed away, checked, then unlinked or put back); returns
+/// whether it went.
+pub fn remove_unchanged(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    seen: &FileStat,
+) -> nix::Result<bool> {
+    super::place::remove_seen(dir, name, super::place::Seen::of(seen), &TempNames::new().next())
+}
+
 /// What a [`sync_tree`] did. Every source entry below the root counts once, in
 /// `files_written`, `metadata_updated`, `dirs_created`, `links_written`,
 /// `specials_written`, `unchanged` or `kept_disk`; every removed destination entry
@@ -401,10 +419,10 @@ struct Frame {
     /// When the disk deleted a name this directory lacks: its ctime before the pass,
     /// or, for a directory the disk deleted, when that happened.
     disk_deleted_at: Time,
-    /// Created only to hold what the RAM wrote after the disk deleted the directory
-    /// (at this time): removed again from its parent, under its name, if that was
-    /// nothing, and remembered as deleted.
-    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    /// Created only to hold what the RAM wrote after the disk deleted the directory:
+    /// removed again from its parent, under its name, if that was nothing, and
+    /// remembered as deleted.
+    tentative: Option<Tentative>,
     /// The RAM side's metadata wins (see [`Verdict`](baseline::Verdict)).
     ram_meta: bool,
     /// The disk directory kept its names since the baseline, whose records stand for
@@ -427,9 +445,23 @@ struct Left {
     meta: Option<FileStat>,
     before: Option<FileStat>,
     changed: bool,
-    tentative: Option<(Time, Arc<DstDir>, CString)>,
+    tentative: Option<Tentative>,
     ram_meta: bool,
     rel: Vec<u8>,
+}
+
+/// A directory the disk deleted, made again for what the RAM wrote in it since.
+struct Tentative {
+    /// When the disk deleted it.
+    at: Time,
+    parent: Arc<DstDir>,
+    name: CString,
+    /// The application deleted it (or one above it) while this pass ran. It could only
+    /// because it was empty on disk: it never saw, so never deleted, what the RAM
+    /// holds in it that the disk never had. Those names are the RAM's; a name the
+    /// disk had there went by its own deletion. (A directory the disk deleted before
+    /// is deleted as a whole at that time: what the RAM wrote in it earlier goes.)
+    seen: bool,
 }
 
 struct Syncer<'p, 'b> {

@@ -1,8 +1,15 @@
-//! What the application wrote on disk while `apply` seeded, brought into the tmpfs
-//! once it is in place.
+//! What the application did on disk while `apply` seeded, carried into the tmpfs.
 //!
-//! The seed copies the disk directory while the application still works in it. What
-//! it writes into a directory the seed has copied already misses the copy: hidden
+//! The seed copies the disk directory while the application still works in it.
+//!
+//! What it deletes (or renames away) on disk after the seed copied the name would stay
+//! in the tmpfs: the application would see, and delete again, names it had deleted.
+//! The disk's filesystem is watched for deletions from the seed's start
+//! ([`Deletions`]), and just before the tmpfs goes in place, while nothing but the seed
+//! has touched it, every copied name the disk no longer has is dropped from it
+//! ([`drop_deleted`]).
+//!
+//! What it writes into a directory the seed has copied already misses the copy: hidden
 //! under the tmpfs, the application does not see it, and the write-back keeps the
 //! disk's version as the disk's own, even after the application wrote that name in
 //! RAM and deleted it again (a deletion undone). So once the tmpfs is in place and
@@ -12,29 +19,29 @@
 //! during the seed against the copy made before it; the application's change in RAM
 //! since against both), and a name only the disk has is copied in, unless the
 //! application deleted it in the tmpfs meanwhile (the deletion watch started before
-//! the tmpfs became visible). A name the disk deleted during the seed stays in the
-//! tmpfs: with no record the merge deletes nothing, and the write-back later lets
-//! the disk's deletion stand.
+//! the tmpfs became visible) ([`catch_up`]).
 //!
 //! The write-back's baseline then records, as both sides agreed on them, the disk's
 //! entries the merge saw that the seed did not record as they are: without that, a
 //! name brought in and then deleted (or renamed away) by the application in RAM would
 //! be the disk's own to the next write-back, which keeps it.
 
-use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::errno::Errno;
+use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
 use crate::host::deletions::Deletions;
+use crate::host::fanotify::{fd_path, open_handle, Handle};
 use crate::progress::Progress;
 use crate::spec::MountSpec;
 use crate::state::State;
@@ -124,4 +131,222 @@ fn stat_beneath(root: BorrowedFd<'_>, path: &[u8]) -> nix::Result<FileStat> {
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
     )?;
     stat::fstat(&fd)
+}
+
+/// The deletions on the disk's filesystem since the seed began, to drop from the
+/// stage tmpfs what the seed copied of them.
+pub struct SeedDeletions {
+    watch: Deletions,
+    disk: PathBuf,
+    /// Deleted names the disk had again when last looked at: looked at again.
+    again: Vec<(Handle, Vec<u8>)>,
+}
+
+impl SeedDeletions {
+    /// Starts watching the filesystem of the disk directory `disk` (the seed's source).
+    pub fn watch(disk: &Path) -> Option<SeedDeletions> {
+        match Deletions::watch(disk) {
+            Ok(watch) => Some(SeedDeletions {
+                watch,
+                disk: disk.to_path_buf(),
+                again: Vec::new(),
+            }),
+            Err(e) => {
+                tracing::info!(
+                    "cannot watch {} for deletions during the seed ({e}); names deleted there meanwhile stay in RAM until the next write-back",
+                    disk.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Drops from the stage tmpfs at `stage` (not yet in place: only the seed has
+    /// touched it) every name deleted below the disk directory since the seed began
+    /// that the disk does not have now: the copy of something deleted after it was
+    /// copied. A name the disk has again stays (the merge after the switch takes the
+    /// newer one), and is looked at again by the next call. Called once for the
+    /// seed's whole run, then right before the switch for the few deletions since.
+    /// Returns how many entries went.
+    pub fn drop_deleted(&mut self, stage: &Path) -> anyhow::Result<u64> {
+        let open = |p: &Path| std::fs::File::open(p).with_context(|| format!("opening {}", p.display()));
+        let (disk_root, stage_root) = (open(&self.disk)?, open(stage)?);
+        let root_path =
+            fd_path(disk_root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
+        let mut gone = std::mem::take(&mut self.again);
+        let mut dropped = 0;
+        // Until a look finds nothing new: deletions keep coming while these are dropped.
+        loop {
+            let new = self.watch.drain();
+            let last = new.is_empty();
+            gone.extend(new);
+            for (handle, name) in gone.drain(..) {
+                dropped += self.drop_one(disk_root.as_fd(), &root_path, stage_root.as_fd(), handle, name)?;
+            }
+            if last {
+                if self.watch.overflowed() {
+                    tracing::warn!(
+                        "the watch for deletions during the seed overflowed; names deleted on disk meanwhile may stay in RAM until the next write-back"
+                    );
+                }
+                return Ok(dropped);
+            }
+        }
+    }
+
+    /// After the switch: drops from the tmpfs, now at `path` where the application
+    /// works, the files deleted on disk between the last [`Self::drop_deleted`] and
+    /// the switch, each only while it is still the seed's copy (changed before
+    /// `taken`, a time before the application could see the tmpfs). A directory stays
+    /// until the next write-back. Ends the watch.
+    pub fn drop_after_switch(mut self, path: &Path, taken: Time) -> anyhow::Result<u64> {
+        let gone = self.watch.drain();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let disk_root =
+            std::fs::File::open(&self.disk).with_context(|| format!("opening {}", self.disk.display()))?;
+        let live = openat2(
+            nix::fcntl::AT_FDCWD,
+            path,
+            OpenHow::new()
+                .flags(OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS),
+        )
+        .with_context(|| format!("opening {}", path.display()))?;
+        let root_path =
+            fd_path(disk_root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
+        let mut dropped = 0;
+        for (handle, name) in gone {
+            let Some((rel, name)) = self.lacking(disk_root.as_fd(), &root_path, handle, name) else {
+                continue;
+            };
+            let Ok(dir) = open_dir_beneath(live.as_fd(), &rel) else {
+                continue;
+            };
+            let Ok(st) = stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            let ctime = (st.st_ctime, st.st_ctime_nsec);
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR || ctime >= taken {
+                continue;
+            }
+            if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(|| {
+                format!(
+                    "removing {}",
+                    path.join(OsStr::from_bytes(&join(&rel, name.as_bytes())))
+                        .display()
+                )
+            })? {
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// The directory (relative to the disk directory) and the name of a deletion the
+    /// disk still lacks; `None` when it has the name again (then kept for another look),
+    /// or the deletion is not below the disk directory.
+    fn lacking(
+        &mut self,
+        disk_root: BorrowedFd<'_>,
+        root_path: &[u8],
+        handle: Handle,
+        name: Vec<u8>,
+    ) -> Option<(Vec<u8>, CString)> {
+        // A directory deleted itself: its own deletion, in its parent, covers what was
+        // in it.
+        let (rel, dir) = open_handle(disk_root, &handle)
+            .ok()
+            .filter(|dir| stat::fstat(dir).is_ok_and(|st| st.st_nlink > 0))
+            .and_then(|dir| Some((below(root_path, &fd_path(dir.as_fd())?)?, dir)))?;
+        // The same directory reached from the root without a symlink: the path names it
+        // in the tmpfs too.
+        let on_disk = open_dir_beneath(disk_root, &rel).ok()?;
+        let c_name = CString::new(name.clone()).ok()?;
+        if !same_inode(dir.as_fd(), on_disk.as_fd()) {
+            return None;
+        }
+        match stat::fstatat(on_disk.as_fd(), c_name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => Some((rel, c_name)),
+            Ok(_) => {
+                self.again.push((handle, name));
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Drops `name` in the directory `handle` from the stage if the disk lacks it.
+    fn drop_one(
+        &mut self,
+        disk_root: BorrowedFd<'_>,
+        root_path: &[u8],
+        stage_root: BorrowedFd<'_>,
+        handle: Handle,
+        name: Vec<u8>,
+    ) -> anyhow::Result<u64> {
+        let Some((rel, name)) = self.lacking(disk_root, root_path, handle, name) else {
+            return Ok(0);
+        };
+        let Ok(in_stage) = open_dir_beneath(stage_root, &rel) else {
+            return Ok(0);
+        };
+        copy::remove_entry(in_stage.as_fd(), &name).with_context(|| {
+            format!(
+                "removing {} from the tmpfs",
+                Path::new(OsStr::from_bytes(&join(&rel, name.as_bytes()))).display(),
+            )
+        })
+    }
+}
+
+/// `path` relative to `root` (both absolute), if it is `root` or below it.
+fn below(root: &[u8], path: &[u8]) -> Option<Vec<u8>> {
+    if path == root {
+        return Some(Vec::new());
+    }
+    let prefix = if root == b"/" { &b""[..] } else { root };
+    path.strip_prefix(prefix)?.strip_prefix(b"/").map(<[u8]>::to_vec)
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        return name.to_vec();
+    }
+    [dir, b"/", name].concat()
+}
+
+/// The directory `rel` below `root` (`root` itself when empty), not through a symlink.
+fn open_dir_beneath(root: BorrowedFd<'_>, rel: &[u8]) -> nix::Result<OwnedFd> {
+    let rel = if rel.is_empty() { &b"."[..] } else { rel };
+    openat2(
+        root,
+        Path::new(OsStr::from_bytes(rel)),
+        OpenHow::new()
+            .flags(OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+    )
+}
+
+fn same_inode(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    match (stat::fstat(a), stat::fstat(b)) {
+        (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn below_takes_the_root_and_what_is_under_it_only() {
+        assert_eq!(below(b"/a/b", b"/a/b"), Some(vec![]));
+        assert_eq!(below(b"/a/b", b"/a/b/c/d"), Some(b"c/d".to_vec()));
+        assert_eq!(below(b"/a/b", b"/a/bc"), None);
+        assert_eq!(below(b"/a/b", b"/a"), None);
+        assert_eq!(below(b"/", b"/x"), Some(b"x".to_vec()));
+        assert_eq!(below(b"/", b"/"), Some(vec![]));
+    }
 }

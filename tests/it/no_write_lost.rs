@@ -134,6 +134,73 @@ fn writes_during_seeding_are_seen_in_ram_and_their_deletion_sticks() {
     );
 }
 
+/// What the application deletes on disk while `apply` seeds, after the seed copied
+/// it, is not in the tmpfs once it is in place (it was: the application saw names it
+/// had deleted and deleted them again); and nothing it did not delete goes missing.
+#[test]
+fn deletions_during_seeding_are_not_seen_again_in_ram() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    many_files(&cache, 20_000);
+    let all: BTreeSet<String> = (0..20_000).map(|i| format!("d{}/f{i}", i % 50)).collect();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (dir, stop2) = (cache.clone(), Arc::clone(&stop));
+    // Deletes every 7th file, spread over the directories, until stopped: each name
+    // once, so a deletion that finds no name means the name was lost.
+    let w = std::thread::spawn(move || {
+        let (mut deleted, mut missing) = (BTreeSet::new(), Vec::new());
+        for i in (0..20_000).step_by(7) {
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            let name = format!("d{}/f{i}", i % 50);
+            match fs::remove_file(dir.join(&name)) {
+                Ok(()) => {
+                    deleted.insert(name);
+                }
+                Err(_) => missing.push(name),
+            }
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        (deleted, missing)
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let apply = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    let (deleted, missing) = w.join().unwrap();
+    apply.code(0);
+    assert!(deleted.len() > 100, "only {} deletions", deleted.len());
+    assert!(
+        missing.is_empty(),
+        "{} names missing before their deletion: {missing:?}\n{apply}",
+        missing.len()
+    );
+    let tree = |root: &Path| -> BTreeSet<String> {
+        (0..50)
+            .flat_map(|d| {
+                fs::read_dir(root.join(format!("d{d}")))
+                    .unwrap()
+                    .map(move |e| format!("d{d}/{}", e.unwrap().file_name().into_string().unwrap()))
+            })
+            .collect()
+    };
+    let want: BTreeSet<String> = all.difference(&deleted).cloned().collect();
+    let in_ram = tree(&cache);
+    let back: Vec<_> = in_ram.intersection(&deleted).collect();
+    assert!(
+        back.is_empty(),
+        "{} deleted names seen again in RAM: {:?}\n{apply}",
+        back.len(),
+        &back[..back.len().min(10)]
+    );
+    assert_eq!(in_ram, want, "{apply}");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(tree(&cache), want, "{down}");
+}
+
 /// What the application deletes or renames on disk after the switch does not come
 /// back from the RAM copy, and what it wrote in RAM before is written back.
 #[test]

@@ -500,3 +500,76 @@ fn a_file_rewritten_in_place_leaves_its_directory_times_as_the_ram_has_them() {
         assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"two");
     });
 }
+
+/// Deletions the application made on disk while a pass ran, as a deletion watch
+/// reports them: by the directory's inode and the name.
+struct SeenDeleted {
+    names: Vec<((u64, u64), std::ffi::CString)>,
+    at: tmpfsctl::copy::baseline::Time,
+}
+
+impl tmpfsctl::copy::DiskDeletions for SeenDeleted {
+    fn deleted(
+        &mut self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> Option<tmpfsctl::copy::baseline::Time> {
+        let st = nix::sys::stat::fstat(dir).ok()?;
+        self.names
+            .iter()
+            .any(|(d, n)| *d == (st.st_dev, st.st_ino) && n.as_c_str() == name)
+            .then_some(self.at)
+    }
+}
+
+/// During a `down`'s merge the application (htcacheclean) empties a disk directory of
+/// what it sees there and removes it; the RAM has a file in it the disk never had.
+/// The application never saw that file, so did not delete it (with it there, the
+/// directory could not have been removed): it is written back, in the directory made
+/// again. What the application did delete stays deleted. (The file was lost: the
+/// directory's deletion was taken as newer than everything in it.)
+#[test]
+fn a_directory_the_application_empties_and_removes_meanwhile_keeps_what_it_never_saw() {
+    use std::os::unix::fs::MetadataExt;
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("k")).unwrap();
+        fs::write(src.join("k/seen"), "on disk too").unwrap();
+        fs::write(src.join("other"), "o").unwrap();
+        let mut base = Baseline::none();
+        stats_of(src, dst, &mut base);
+        tick();
+        fs::write(src.join("k/new"), "only in RAM").unwrap();
+        tick();
+        // What the application did on disk after the switch, seen by the watch.
+        let (root, k) = (fs::metadata(dst).unwrap(), fs::metadata(dst.join("k")).unwrap());
+        fs::remove_file(dst.join("k/seen")).unwrap();
+        fs::remove_dir(dst.join("k")).unwrap();
+        let watch = std::sync::Mutex::new(SeenDeleted {
+            names: vec![
+                ((root.dev(), root.ino()), c"k".to_owned()),
+                ((k.dev(), k.ino()), c"seen".to_owned()),
+            ],
+            at: tmpfsctl::copy::baseline::now_after_tick(),
+        });
+        let done = sync_tree(
+            src,
+            dst,
+            Merge {
+                base: &base,
+                journal: None,
+                deletions: Some(&watch),
+                dirty: None,
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.join("k/new")).ok().as_deref(),
+            Some("only in RAM"),
+            "{:?}",
+            done.stats
+        );
+        assert!(!dst.join("k/seen").exists(), "a deletion undone");
+        assert_eq!(fs::read_to_string(dst.join("other")).unwrap(), "o");
+    });
+}

@@ -30,16 +30,15 @@ impl Syncer<'_, '_> {
         if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
             // Not in the baseline, but gone from the disk: below a directory the disk
             // deleted, or seen deleted while the application worked there.
-            mark = match (&frame.tentative, self.deletions) {
-                (Some((at, ..)), _) => Some(Mark::Deleted(*at)),
-                (None, Some(deletions)) => {
+            mark = match &frame.tentative {
+                Some(t) if !t.seen => Some(Mark::Deleted(t.at)),
+                _ => {
                     let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
                     CString::new(name)
                         .ok()
-                        .and_then(|name| deleted(deletions, frame.dst.fd.as_fd(), &name))
+                        .and_then(|name| self.deletion_seen(frame.dst.fd.as_fd(), &name))
                         .map(Mark::Deleted)
                 }
-                (None, None) => None,
             };
         }
         let d = baseline::decide(
@@ -54,6 +53,23 @@ impl Syncer<'_, '_> {
             self.reporter.stats.conflicts += 1;
         }
         d.verdict
+    }
+
+    /// When the application deleted `name` from the disk directory `dir` while this
+    /// pass ran, if the deletion watch saw it.
+    fn deletion_seen(&self, dir: BorrowedFd<'_>, name: &CStr) -> Option<baseline::Time> {
+        deleted(self.deletions?, dir, name)
+    }
+
+    /// Whether the disk directory `name` in `parent`, which the disk deleted, went
+    /// while this pass ran (see [`Tentative::seen`](super::Tentative::seen)): the application deleted it, or
+    /// one above it. Only where the baseline records what the disk had: then a name
+    /// it lacks was never on disk. (With no records, as for the merge of what the
+    /// application wrote during a seed, that cannot be told.)
+    pub(super) fn deleted_unseen(&self, parent: &Frame, name: &CStr) -> bool {
+        !self.base.marks.is_empty()
+            && (parent.tentative.as_ref().is_some_and(|t| t.seen)
+                || self.deletion_seen(parent.dst.fd.as_fd(), name).is_some())
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
