@@ -456,12 +456,22 @@ struct Tentative {
     at: Time,
     parent: Arc<DstDir>,
     name: CString,
-    /// The application deleted it (or one above it) while this pass ran. It could only
-    /// because it was empty on disk: it never saw, so never deleted, what the RAM
-    /// holds in it that the disk never had. Those names are the RAM's; a name the
-    /// disk had there went by its own deletion. (A directory the disk deleted before
-    /// is deleted as a whole at that time: what the RAM wrote in it earlier goes.)
-    seen: bool,
+    went: Went,
+}
+
+/// How a directory the disk deleted went.
+enum Went {
+    /// Before this pass: as a whole, at that time (what the RAM wrote in it earlier
+    /// goes).
+    Before,
+    /// While this pass ran: the application deleted it (or one above it). It could
+    /// only because it was empty on disk, so it never saw, and never deleted, what the
+    /// RAM holds in it that the disk did not have: those names are the RAM's, but for
+    /// the ones the application deleted there itself (it may have made a name again on
+    /// disk, then deleted it). `key` names the deleted directory to the deletion watch,
+    /// which tells those; without it (a kernel without `FAN_REPORT_TARGET_FID`) this
+    /// counts as `Before`.
+    Meanwhile { key: Vec<u8> },
 }
 
 struct Syncer<'p, 'b> {

@@ -11,8 +11,12 @@
 //! Events of this process (the merge's own renames and removals) are ignored. If the
 //! queue overflows, nothing can be told any more: every such name is written back
 //! (a deleted name may come back; no write is lost), and that is logged.
+//!
+//! Where the kernel reports the deleted entry's own handle too
+//! (`FAN_REPORT_TARGET_FID`, Linux ≥ 5.17), a deleted directory is remembered by its
+//! handle, so that names deleted in it can still be asked about once it is gone.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
@@ -34,6 +38,8 @@ pub struct Deletions {
     gone: HashSet<(Handle, Vec<u8>)>,
     /// The part of `gone` another watch saw.
     added: HashSet<(Handle, Vec<u8>)>,
+    /// Deleted directories (their directory and name) by their own handle.
+    dirs: HashMap<(Handle, Vec<u8>), Handle>,
     own_pid: i32,
     ignored: Option<i32>,
     overflowed: bool,
@@ -47,9 +53,17 @@ impl Deletions {
         let flags = InitFlags::FAN_CLASS_NOTIF
             | InitFlags::FAN_CLOEXEC
             | InitFlags::FAN_NONBLOCK
-            | InitFlags::FAN_UNLIMITED_QUEUE
-            | InitFlags::from_bits_retain(libc::FAN_REPORT_DFID_NAME);
-        let group = Fanotify::init(flags, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC)?;
+            | InitFlags::FAN_UNLIMITED_QUEUE;
+        let init = |report| {
+            Fanotify::init(
+                flags | InitFlags::from_bits_retain(report),
+                EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC,
+            )
+        };
+        let group = match init(libc::FAN_REPORT_DFID_NAME_TARGET) {
+            Err(Errno::EINVAL) => init(libc::FAN_REPORT_DFID_NAME)?,
+            other => other?,
+        };
         let at =
             std::fs::File::open(dir).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
         group.mark(
@@ -63,6 +77,7 @@ impl Deletions {
             since: None,
             gone: HashSet::new(),
             added: HashSet::new(),
+            dirs: HashMap::new(),
             own_pid: std::process::id() as i32,
             ignored: None,
             overflowed: false,
@@ -128,10 +143,17 @@ impl Deletions {
                                 }
                                 self.overflowed = true;
                             }
-                            Event::Named { pid, dir, name, .. }
-                                if pid != self.own_pid && Some(pid) != self.ignored =>
-                            {
+                            Event::Named {
+                                pid,
+                                dir,
+                                name,
+                                mask,
+                                object,
+                            } if pid != self.own_pid && Some(pid) != self.ignored => {
                                 let key = (dir, name);
+                                if let Some(object) = object.filter(|_| mask & libc::FAN_ONDIR != 0) {
+                                    self.dirs.insert(key.clone(), object);
+                                }
                                 if self.gone.insert(key.clone()) {
                                     new.push(key);
                                 }
@@ -157,6 +179,36 @@ impl DiskDeletions for Deletions {
             .contains(&(handle, name.to_bytes().to_vec()))
             .then_some(since)
     }
+
+    fn gone_dir(&mut self, dir: Result<BorrowedFd<'_>, &[u8]>, name: &CStr) -> Option<Vec<u8>> {
+        self.drain();
+        let parent = match dir {
+            Ok(fd) => handle_of(fd).ok()?,
+            Err(key) => from_key(key)?,
+        };
+        self.dirs.get(&(parent, name.to_bytes().to_vec())).map(to_key)
+    }
+
+    fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time> {
+        let since = self.since?;
+        self.drain();
+        if self.overflowed {
+            return None;
+        }
+        self.gone
+            .contains(&(from_key(gone)?, name.to_bytes().to_vec()))
+            .then_some(since)
+    }
+}
+
+/// A handle as the key [`DiskDeletions::gone_dir`] hands out: its type, then its bytes.
+fn to_key((kind, bytes): &Handle) -> Vec<u8> {
+    [&kind.to_ne_bytes()[..], bytes].concat()
+}
+
+fn from_key(key: &[u8]) -> Option<Handle> {
+    let kind = i32::from_ne_bytes(key.get(..4)?.try_into().ok()?);
+    Some((kind, key[4..].to_vec()))
 }
 
 #[cfg(test)]

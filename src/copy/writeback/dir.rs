@@ -16,7 +16,7 @@ use crate::copy::ops::{atime, file_type, mtime, open_dst_dir};
 use crate::copy::scan::{read_names, Name, SrcEntry};
 
 use super::compare::{pair_listings, same_meta};
-use super::{ctime, rel_path, Frame, Left, Stepped, Stop, Syncer, Tentative};
+use super::{ctime, rel_path, Frame, Left, Stepped, Stop, Syncer, Tentative, Went};
 
 impl Syncer<'_, '_> {
     /// Lists the destination side of a directory pair (a directory created just now is
@@ -88,7 +88,7 @@ impl Syncer<'_, '_> {
         (src, s, entries, mount, new): (OwnedFd, FileStat, Vec<SrcEntry>, bool, bool),
         d: Option<FileStat>,
         ram_meta: bool,
-        tentative: Option<(Time, bool)>,
+        tentative: Option<(Time, Went)>,
     ) -> Result<Stepped, Stop> {
         let dst_dir = parent.dst.fd.as_fd();
         let (mut changed, mut raced) = (false, false);
@@ -142,14 +142,15 @@ impl Syncer<'_, '_> {
         // metadata: the later change.
         let ram_meta = ram_meta && !raced;
         let disk_deleted_at = tentative
-            .map(|(at, _)| at)
+            .as_ref()
+            .map(|(at, _)| *at)
             .or_else(|| before.as_ref().map(ctime))
             .unwrap_or(parent.disk_deleted_at);
-        let tentative = tentative.map(|(at, seen)| Tentative {
+        let tentative = tentative.map(|(at, went)| Tentative {
             at,
             parent: Arc::clone(&parent.dst),
             name: name.to_owned(),
-            seen,
+            went,
         });
         if mount {
             // A mount point in the tmpfs: the directory itself is synced, but neither

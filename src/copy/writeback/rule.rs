@@ -10,10 +10,10 @@ use nix::sys::stat::{self, FileStat};
 use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
-use crate::copy::place::deleted;
+use crate::copy::place::{deleted, deleted_in, gone_dir};
 use crate::copy::settle::UNTRUSTED;
 
-use super::{ctime, Frame, Syncer};
+use super::{ctime, Frame, Syncer, Tentative, Went};
 
 impl Syncer<'_, '_> {
     /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`]);
@@ -30,15 +30,20 @@ impl Syncer<'_, '_> {
         if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
             // Not in the baseline, but gone from the disk: below a directory the disk
             // deleted, or seen deleted while the application worked there.
+            let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+            let name = CString::new(name).unwrap_or_default();
+            let seen = || self.deletion_seen(frame.dst.fd.as_fd(), &name);
             mark = match &frame.tentative {
-                Some(t) if !t.seen => Some(Mark::Deleted(t.at)),
-                _ => {
-                    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-                    CString::new(name)
-                        .ok()
-                        .and_then(|name| self.deletion_seen(frame.dst.fd.as_fd(), &name))
-                        .map(Mark::Deleted)
-                }
+                Some(Tentative {
+                    went: Went::Meanwhile { key },
+                    ..
+                }) => self
+                    .deletions
+                    .and_then(|d| deleted_in(d, key, &name))
+                    .or_else(seen)
+                    .map(Mark::Deleted),
+                Some(Tentative { at, .. }) => Some(Mark::Deleted(*at)),
+                None => seen().map(Mark::Deleted),
             };
         }
         let d = baseline::decide(
@@ -61,15 +66,24 @@ impl Syncer<'_, '_> {
         deleted(self.deletions?, dir, name)
     }
 
-    /// Whether the disk directory `name` in `parent`, which the disk deleted, went
-    /// while this pass ran (see [`Tentative::seen`](super::Tentative::seen)): the application deleted it, or
-    /// one above it. Only where the baseline records what the disk had: then a name
-    /// it lacks was never on disk. (With no records, as for the merge of what the
-    /// application wrote during a seed, that cannot be told.)
-    pub(super) fn deleted_unseen(&self, parent: &Frame, name: &CStr) -> bool {
-        !self.base.marks.is_empty()
-            && (parent.tentative.as_ref().is_some_and(|t| t.seen)
-                || self.deletion_seen(parent.dst.fd.as_fd(), name).is_some())
+    /// How the disk directory `name` in `parent`, which the disk deleted, went (see
+    /// [`Went`]). Only where the baseline records what the disk had can the
+    /// application's deletion be told from one before: then a name it lacks was never
+    /// on disk. (With no records, as for the merge of what the application wrote
+    /// during a seed, it counts as before.)
+    pub(super) fn went(&self, parent: &Frame, name: &CStr) -> Went {
+        let Some(deletions) = self.deletions.filter(|_| !self.base.marks.is_empty()) else {
+            return Went::Before;
+        };
+        let key = match &parent.tentative {
+            Some(Tentative {
+                went: Went::Meanwhile { key },
+                ..
+            }) => gone_dir(deletions, Err(key), name),
+            Some(_) => None,
+            None => gone_dir(deletions, Ok(parent.dst.fd.as_fd()), name),
+        };
+        key.map_or(Went::Before, |key| Went::Meanwhile { key })
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
