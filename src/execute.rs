@@ -21,7 +21,7 @@ use crate::progress::Progress;
 use crate::spec::size::format_bytes;
 use crate::spec::{MountSpec, OnFailure, Spec};
 use crate::state::{Record, State};
-use crate::sync::seed_window::SeedDeletions;
+use crate::sync::seed_window::{self, SeedDeletions};
 
 /// Seeding leaves this share of the tmpfs free for the application.
 const SEED_HEADROOM_PCT: u64 = 10;
@@ -184,6 +184,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut deletions = None;
     let mut seed_deletions = None;
     let mut switched_at = None;
+    let mut late_drops = Vec::new();
     for step in &mp.steps {
         let started = Instant::now();
         if let Step::Seed { from, .. } = step {
@@ -192,11 +193,15 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             seed_started = Some((copy::baseline::now_after_tick(), Instant::now()));
         }
         if let Step::MoveIntoPlace { stage, .. } = step {
-            drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
+            let dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
             // The baseline the first write-back merges against: what the disk held
-            // when it was copied, and a time after every copy and before the
-            // application can see the tmpfs (its changes come after it).
+            // when it was copied (but what the disk deleted since), and a time after
+            // every copy and before the application can see the tmpfs (its changes
+            // come after it).
             let mut b: copy::Baseline = baseline.take().unwrap_or_default();
+            if !dropped.is_empty() {
+                b = seed_window::forget(&b, &dropped);
+            }
             b.taken = Some(copy::baseline::now_after_tick());
             if seed_started.is_some() {
                 // What the application deletes in the tmpfs from now on, for the merge
@@ -215,7 +220,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 return failed(reason);
             }
             // The few deletions since the first look, as close to the switch as can be.
-            drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
+            late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
             switched_at = b.taken;
         }
         match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
@@ -232,13 +237,17 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 done.push(step.describe());
                 if let Step::MoveIntoPlace { .. } = step {
                     // What was deleted on disk between the last look and the switch.
-                    if let (Some(w), Some(taken)) = (seed_deletions.take(), switched_at) {
+                    if let (Some(mut w), Some(taken)) = (seed_deletions.take(), switched_at) {
                         if let Err(e) = w.drop_after_switch(&m.path, taken) {
                             tracing::warn!(
                                 "{}: dropping what the application deleted on disk during the seed: {e:#}",
                                 m.name
                             );
                         }
+                        late_drops.extend(w.take_dropped());
+                    }
+                    if !late_drops.is_empty() {
+                        forget_in_baseline(state, &m.name, &std::mem::take(&mut late_drops));
                     }
                 }
                 failpoint(step, &m.name);
@@ -284,12 +293,13 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     Ok(r)
 }
 
-/// Drops from the stage what the application deleted on disk after the seed copied it.
+/// Drops from the stage what the application deleted on disk after the seed copied it;
+/// returns the paths dropped, whose records in the seed's baseline no longer hold.
 /// A failure leaves those names in RAM until the next write-back, which lets the
 /// disk's deletion stand: a warning, and no more looks.
-fn drop_deleted_during_seed(watch: &mut Option<SeedDeletions>, stage: &Path, name: &str) {
+fn drop_deleted_during_seed(watch: &mut Option<SeedDeletions>, stage: &Path, name: &str) -> Vec<Vec<u8>> {
     let Some(w) = watch.as_mut() else {
-        return;
+        return Vec::new();
     };
     match w.drop_deleted(stage) {
         Ok(0) => {}
@@ -298,8 +308,24 @@ fn drop_deleted_during_seed(watch: &mut Option<SeedDeletions>, stage: &Path, nam
         }
         Err(e) => {
             tracing::warn!("{name}: dropping what the application deleted on disk during the seed: {e:#}");
+            let dropped = w.take_dropped();
             *watch = None;
+            return dropped;
         }
+    }
+    w.take_dropped()
+}
+
+/// Takes out of the saved baseline of `name` its records of `dropped` (the seed's
+/// copies of what the disk deleted, dropped after the baseline was saved). Failing
+/// that, a name the application makes again in RAM may count as one the disk deleted
+/// later, and not be written back: a warning.
+fn forget_in_baseline(state: &State, name: &str, dropped: &[Vec<u8>]) {
+    let forgotten = state
+        .baseline(name)
+        .and_then(|b| state.save_baseline(name, &seed_window::forget(&b, dropped)));
+    if let Err(e) = forgotten {
+        tracing::warn!("{name}: forgetting the seed's records of what the disk deleted during it: {e:#}");
     }
 }
 

@@ -170,35 +170,27 @@ pub fn sync_one(
         return overlay::pass(m, Some(src), &state.stage(&m.name), state, window, deletions, by);
     }
     let started = Instant::now();
-    let base = state.baseline(&m.name)?;
     let mut whole_tree = None;
-    let mut ask = || {
-        let asked = match base.taken {
-            _ if full => Err("asked for (--full)".to_string()),
-            None => Err("there is no baseline to compare with".to_string()),
-            Some(taken) => crate::dirty::ask(state, &m.name, src, taken),
-        };
-        asked.map_err(|why| whole_tree = Some(why)).ok()
+    let mut again = 0;
+    let res = loop {
+        let res = pass(m, src, state, deletions, full || again > 0, &mut whole_tree);
+        match res {
+            Err(e)
+                if again < PASSES_AFTER_A_RACE
+                    && e.chain().any(|c| {
+                        c.downcast_ref::<copy::CopyError>()
+                            .is_some_and(copy::CopyError::is_gone_in_copy)
+                    }) =>
+            {
+                again += 1;
+                tracing::info!(
+                    "{}: {e:#}: the application changed the disk directory under the write-back, which starts again ({again} of {PASSES_AFTER_A_RACE})",
+                    m.name
+                );
+            }
+            res => break res,
+        }
     };
-    let res = state
-        .journal(&m.name, &base)
-        .and_then(|journal| {
-            let merge = Merge {
-                base: &base,
-                journal: Some(&journal),
-                deletions,
-                dirty: Some(&mut ask),
-            };
-            let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
-            let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);
-            copy::sync_tree(src, &state.side(&m.name), merge, Some(&mut progress)).map_err(anyhow::Error::new)
-        })
-        .and_then(|synced| {
-            crate::failpoint::hit("after-merge", &m.name);
-            state.save_baseline(&m.name, &synced.baseline)?;
-            crate::failpoint::hit("after-baseline", &m.name);
-            Ok(synced.stats)
-        });
     let seconds = started.elapsed().as_secs_f64();
     let whole_tree = whole_tree.filter(|_| res.is_ok());
     let (result, reason, stats) = match res {
@@ -240,6 +232,53 @@ pub fn sync_one(
         whole_tree,
         seconds,
     })
+}
+
+/// How often a write-back starts again when a directory of the disk side vanished
+/// under it: each time the application removed a directory the pass was working in
+/// (htcacheclean removes emptied cache directories) between two of its system calls.
+/// The next pass continues from the journal, as after a crash.
+const PASSES_AFTER_A_RACE: u32 = 3;
+
+/// One write-back pass of `src` into the disk directory of `m` against the baseline as
+/// recorded (with the journal of an interrupted pass), saving the new baseline.
+/// `whole_tree`: why it read the whole tree, when it did.
+fn pass(
+    m: &MountSpec,
+    src: &Path,
+    state: &State,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+    full: bool,
+    whole_tree: &mut Option<String>,
+) -> Result<copy::SyncStats> {
+    let base = state.baseline(&m.name)?;
+    let mut ask = || {
+        let asked = match base.taken {
+            _ if full => Err("asked for (--full)".to_string()),
+            None => Err("there is no baseline to compare with".to_string()),
+            Some(taken) => crate::dirty::ask(state, &m.name, src, taken),
+        };
+        asked.map_err(|why| *whole_tree = Some(why)).ok()
+    };
+    state
+        .journal(&m.name, &base)
+        .and_then(|journal| {
+            let merge = Merge {
+                base: &base,
+                journal: Some(&journal),
+                deletions,
+                dirty: Some(&mut ask),
+            };
+            let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
+            let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);
+            copy::sync_tree(src, &state.side(&m.name), merge, Some(&mut progress)).map_err(anyhow::Error::new)
+        })
+        .and_then(|synced| {
+            crate::failpoint::hit("after-merge", &m.name);
+            state.save_baseline(&m.name, &synced.baseline)?;
+            crate::failpoint::hit("after-baseline", &m.name);
+            Ok(synced.stats)
+        })
 }
 
 /// Writes the held tmpfs of `m` (see [`crate::down`]) back into its disk

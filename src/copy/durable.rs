@@ -8,7 +8,7 @@
 //! directory's metadata is applied (by the walk) after the last rename into it
 //! finished, and its `fsync` is queued after that.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -21,10 +21,10 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
-use super::baseline::{now_coarse, Mark, Marks, Sig};
+use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
 use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
-use super::place::{deleted, put_in_place, DiskDeletions, Place, Placed};
+use super::place::{put_in_place, DiskDeletions, Place, Placed};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
@@ -34,6 +34,10 @@ const QUEUE: usize = 128;
 /// A destination directory shared with the workers renaming into it.
 pub(super) struct DstDir {
     pub(super) fd: OwnedFd,
+    /// Earlier directories at this path that the application deleted while the pass
+    /// ran, as keys of the deletion watch: a name it deleted in one of them counts as
+    /// deleted here (it may have made the directory, and the name in it, again).
+    pub(super) gone: Vec<Vec<u8>>,
     renames: Mutex<Renames>,
 }
 
@@ -45,11 +49,39 @@ struct Renames {
 }
 
 impl DstDir {
-    pub(super) fn new(fd: OwnedFd) -> Arc<Self> {
+    pub(super) fn new(fd: OwnedFd, gone: Vec<Vec<u8>>) -> Arc<Self> {
         Arc::new(DstDir {
             fd,
+            gone,
             renames: Mutex::default(),
         })
+    }
+
+    /// When the application deleted `name` here, or in an earlier directory at this
+    /// path, while the pass ran, as far as `deletions` saw.
+    pub(super) fn deleted(&self, deletions: &Mutex<dyn DiskDeletions + Send>, name: &CStr) -> Option<Time> {
+        let mut d = deletions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        d.deleted(self.fd.as_fd(), name)
+            .or_else(|| self.gone.iter().find_map(|key| d.deleted_in(key, name)))
+    }
+
+    /// The earlier directories at `name` here (or in an earlier directory at this
+    /// path) that the application deleted while the pass ran.
+    pub(super) fn gone_below(
+        &self,
+        deletions: &Mutex<dyn DiskDeletions + Send>,
+        name: &CStr,
+    ) -> Vec<Vec<u8>> {
+        let mut d = deletions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut keys = d.gone_dirs(Ok(self.fd.as_fd()), name);
+        for key in &self.gone {
+            keys.extend(d.gone_dirs(Err(key), name));
+        }
+        keys
     }
 
     /// A key for the walk's table of directories waiting for their renames.
@@ -285,10 +317,18 @@ fn fsync_and_place(
     let (at, temp, name) = (r.dir.fd.as_fd(), r.temp.as_c_str(), r.name.as_c_str());
     // A free name the application created and deleted again since the walk looked:
     // its deletion is the newer change.
-    if matches!(r.place, Place::Free) && deletions.is_some_and(|dl| deleted(dl, at, name).is_some()) {
+    if matches!(r.place, Place::Free) && deletions.is_some_and(|dl| r.dir.deleted(dl, name).is_some()) {
+        tracing::debug!(
+            "write-back: {}: deleted on disk meanwhile, not put in place",
+            r.rel.display()
+        );
         return Ok(Placed::Deleted);
     }
-    put_in_place(at, temp, name, r.place).map_err(dst_err("rename into place"))
+    let placed = put_in_place(at, temp, name, r.place).map_err(dst_err("rename into place"))?;
+    if placed != Placed::Yes {
+        tracing::debug!("write-back: {}: not put in place: {placed:?}", r.rel.display());
+    }
+    Ok(placed)
 }
 
 /// The application's newer entry (or deletion) won over the temporary: remembered, so

@@ -34,6 +34,13 @@ impl CopyError {
         let (CopyError::Source { source, .. } | CopyError::Destination { source, .. }) = self;
         matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
     }
+
+    /// A directory of the copy vanished under the walk: removed by someone else (an
+    /// application working in the on-disk directory while a held tmpfs is written
+    /// back). A new pass finds the tree as it is now.
+    pub fn is_gone_in_copy(&self) -> bool {
+        matches!(self, CopyError::Destination { source, .. } if source.raw_os_error() == Some(libc::ENOENT))
+    }
 }
 
 /// An error whose path is attached by the walk, which is the part that knows it.

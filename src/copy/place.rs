@@ -4,7 +4,6 @@
 
 use std::ffi::CStr;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::Mutex;
 
 use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag, RenameFlags};
@@ -13,43 +12,6 @@ use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{Sig, Time};
 
-/// When `name` in the disk directory `dir` was deleted, as far as `deletions` saw.
-pub(super) fn deleted(
-    deletions: &Mutex<dyn DiskDeletions + Send>,
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-) -> Option<Time> {
-    deletions
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .deleted(dir, name)
-}
-
-/// The directory `name` in `dir` (open, or the key of one deleted too) if the
-/// application deleted it while `deletions` watched: its key.
-pub(super) fn gone_dir(
-    deletions: &Mutex<dyn DiskDeletions + Send>,
-    dir: Result<BorrowedFd<'_>, &[u8]>,
-    name: &CStr,
-) -> Option<Vec<u8>> {
-    deletions
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .gone_dir(dir, name)
-}
-
-/// When `name` was deleted from the deleted directory `gone`, as far as `deletions` saw.
-pub(super) fn deleted_in(
-    deletions: &Mutex<dyn DiskDeletions + Send>,
-    gone: &[u8],
-    name: &CStr,
-) -> Option<Time> {
-    deletions
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .deleted_in(gone, name)
-}
-
 /// Deletions on the disk side that the directory itself does not show: while the
 /// application works in the disk directory during the merge (after a switch), a name
 /// the RAM created may be created there again and deleted.
@@ -57,10 +19,10 @@ pub trait DiskDeletions {
     /// When `name` was deleted from the disk directory open at `dir`, if it was.
     fn deleted(&mut self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Time>;
 
-    /// The directory that was `name` in `dir` and was deleted, as a key for
-    /// [`Self::deleted_in`], when the watch knows it: `dir` is the disk directory
-    /// open there, or (`Err`) the key of one deleted too.
-    fn gone_dir(&mut self, dir: Result<BorrowedFd<'_>, &[u8]>, name: &CStr) -> Option<Vec<u8>>;
+    /// The directories that were `name` in `dir` and were deleted, as keys for
+    /// [`Self::deleted_in`], as far as the watch knows them: `dir` is the disk
+    /// directory open there, or (`Err`) the key of one deleted too.
+    fn gone_dirs(&mut self, dir: Result<BorrowedFd<'_>, &[u8]>, name: &CStr) -> Vec<Vec<u8>>;
 
     /// When `name` was deleted from the deleted directory `gone` (a key from
     /// [`Self::gone_dir`]), if it was.

@@ -468,10 +468,10 @@ enum Went {
     /// only because it was empty on disk, so it never saw, and never deleted, what the
     /// RAM holds in it that the disk did not have: those names are the RAM's, but for
     /// the ones the application deleted there itself (it may have made a name again on
-    /// disk, then deleted it). `key` names the deleted directory to the deletion watch,
-    /// which tells those; without it (a kernel without `FAN_REPORT_TARGET_FID`) this
-    /// counts as `Before`.
-    Meanwhile { key: Vec<u8> },
+    /// disk, then deleted it), which the deletion watch knows by the deleted
+    /// directory's handle ([`DstDir::gone`]). Without that handle (a kernel without
+    /// `FAN_REPORT_TARGET_FID`) it counts as `Before`.
+    Meanwhile,
 }
 
 struct Syncer<'p, 'b> {
@@ -547,7 +547,9 @@ impl Syncer<'_, '_> {
         let root = match self.next_event()? {
             ScanEvent::Enter { fd, st, entries, .. } => {
                 let dst_st = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at_root)?;
-                let mut frame = self.frame(fd, entries, dst, None, None, None).map_err(at_root)?;
+                let mut frame = self
+                    .frame(fd, entries, DstDir::new(dst, Vec::new()), None, None, None)
+                    .map_err(at_root)?;
                 frame.ram_deleted_at = ctime(&st);
                 frame.disk_deleted_at = ctime(&dst_st);
                 // The tmpfs root itself is never renamed.

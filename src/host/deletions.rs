@@ -38,8 +38,8 @@ pub struct Deletions {
     gone: HashSet<(Handle, Vec<u8>)>,
     /// The part of `gone` another watch saw.
     added: HashSet<(Handle, Vec<u8>)>,
-    /// Deleted directories (their directory and name) by their own handle.
-    dirs: HashMap<(Handle, Vec<u8>), Handle>,
+    /// The handles of the deleted directories, by their directory and name.
+    dirs: HashMap<(Handle, Vec<u8>), Vec<Handle>>,
     own_pid: i32,
     ignored: Option<i32>,
     overflowed: bool,
@@ -152,7 +152,7 @@ impl Deletions {
                             } if pid != self.own_pid && Some(pid) != self.ignored => {
                                 let key = (dir, name);
                                 if let Some(object) = object.filter(|_| mask & libc::FAN_ONDIR != 0) {
-                                    self.dirs.insert(key.clone(), object);
+                                    self.dirs.entry(key.clone()).or_default().push(object);
                                 }
                                 if self.gone.insert(key.clone()) {
                                     new.push(key);
@@ -180,13 +180,15 @@ impl DiskDeletions for Deletions {
             .then_some(since)
     }
 
-    fn gone_dir(&mut self, dir: Result<BorrowedFd<'_>, &[u8]>, name: &CStr) -> Option<Vec<u8>> {
+    fn gone_dirs(&mut self, dir: Result<BorrowedFd<'_>, &[u8]>, name: &CStr) -> Vec<Vec<u8>> {
         self.drain();
         let parent = match dir {
-            Ok(fd) => handle_of(fd).ok()?,
-            Err(key) => from_key(key)?,
+            Ok(fd) => handle_of(fd).ok(),
+            Err(key) => from_key(key),
         };
-        self.dirs.get(&(parent, name.to_bytes().to_vec())).map(to_key)
+        parent
+            .and_then(|parent| self.dirs.get(&(parent, name.to_bytes().to_vec())))
+            .map_or_else(Vec::new, |handles| handles.iter().map(to_key).collect())
     }
 
     fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time> {
@@ -201,7 +203,7 @@ impl DiskDeletions for Deletions {
     }
 }
 
-/// A handle as the key [`DiskDeletions::gone_dir`] hands out: its type, then its bytes.
+/// A handle as the key [`DiskDeletions::gone_dirs`] hands out: its type, then its bytes.
 fn to_key((kind, bytes): &Handle) -> Vec<u8> {
     [&kind.to_ne_bytes()[..], bytes].concat()
 }

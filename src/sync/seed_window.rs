@@ -140,6 +140,9 @@ pub struct SeedDeletions {
     disk: PathBuf,
     /// Deleted names the disk had again when last looked at: looked at again.
     again: Vec<(Handle, Vec<u8>)>,
+    /// What was dropped (relative paths; a directory with everything below it) since
+    /// [`Self::take_dropped`]: the seed's records of it no longer hold.
+    dropped: Vec<Vec<u8>>,
 }
 
 impl SeedDeletions {
@@ -150,6 +153,7 @@ impl SeedDeletions {
                 watch,
                 disk: disk.to_path_buf(),
                 again: Vec::new(),
+                dropped: Vec::new(),
             }),
             Err(e) => {
                 tracing::info!(
@@ -198,8 +202,8 @@ impl SeedDeletions {
     /// works, the files deleted on disk between the last [`Self::drop_deleted`] and
     /// the switch, each only while it is still the seed's copy (changed before
     /// `taken`, a time before the application could see the tmpfs). A directory stays
-    /// until the next write-back. Ends the watch.
-    pub fn drop_after_switch(mut self, path: &Path, taken: Time) -> anyhow::Result<u64> {
+    /// until the next write-back.
+    pub fn drop_after_switch(&mut self, path: &Path, taken: Time) -> anyhow::Result<u64> {
         let gone = self.watch.drain();
         if gone.is_empty() {
             return Ok(0);
@@ -239,9 +243,15 @@ impl SeedDeletions {
                 )
             })? {
                 dropped += 1;
+                self.dropped.push(join(&rel, name.as_bytes()));
             }
         }
         Ok(dropped)
+    }
+
+    /// The paths dropped since the last call.
+    pub fn take_dropped(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// The directory (relative to the disk directory) and the name of a deletion the
@@ -292,12 +302,37 @@ impl SeedDeletions {
         let Ok(in_stage) = open_dir_beneath(stage_root, &rel) else {
             return Ok(0);
         };
-        copy::remove_entry(in_stage.as_fd(), &name).with_context(|| {
+        let path = join(&rel, name.as_bytes());
+        let removed = copy::remove_entry(in_stage.as_fd(), &name).with_context(|| {
             format!(
                 "removing {} from the tmpfs",
-                Path::new(OsStr::from_bytes(&join(&rel, name.as_bytes()))).display(),
+                Path::new(OsStr::from_bytes(&path)).display()
             )
-        })
+        })?;
+        if removed > 0 {
+            self.dropped.push(path);
+        }
+        Ok(removed)
+    }
+}
+
+/// `base` without its records of `dropped` and of everything below them.
+pub fn forget(base: &Baseline, dropped: &[Vec<u8>]) -> Baseline {
+    let dropped: std::collections::HashSet<&[u8]> = dropped.iter().map(Vec::as_slice).collect();
+    let gone = |path: &[u8]| {
+        dropped.contains(path)
+            || path
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'/' && dropped.contains(&path[..i]))
+    };
+    let mut marks = copy::baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes());
+    for (path, mark) in base.marks.iter().filter(|(p, _)| !gone(p)) {
+        marks.insert(path, mark);
+    }
+    Baseline {
+        marks,
+        ..base.clone()
     }
 }
 
@@ -338,7 +373,37 @@ fn same_inode(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::below;
+    use super::{below, forget};
+    use crate::copy::baseline::{Mark, Sig};
+    use crate::copy::Baseline;
+
+    #[test]
+    fn forget_takes_out_what_was_dropped_and_what_is_below_it_only() {
+        let sig = Sig {
+            ino: 1,
+            mode: 0o100644,
+            size: 0,
+            mtime: (1, 0),
+            ctime: (1, 0),
+        };
+        let mut base = Baseline {
+            taken: Some((5, 0)),
+            ..Baseline::none()
+        };
+        for p in ["a", "a/b", "a/b/c", "a/bc", "ab", "x/a/b"] {
+            base.marks.insert(p.as_bytes(), Mark::Entry(sig));
+        }
+        let left = forget(&base, &[b"a/b".to_vec()]);
+        let mut paths: Vec<_> = left
+            .marks
+            .iter()
+            .map(|(p, _)| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        paths.sort();
+        assert_eq!(paths, ["a", "a/bc", "ab", "x/a/b"]);
+        assert_eq!(left.taken, Some((5, 0)));
+        assert_eq!(forget(&base, &[]).marks.len(), 6);
+    }
 
     #[test]
     fn below_takes_the_root_and_what_is_under_it_only() {

@@ -27,7 +27,7 @@ impl Syncer<'_, '_> {
         &mut self,
         src: OwnedFd,
         entries: Vec<SrcEntry>,
-        dst: OwnedFd,
+        dst: Arc<DstDir>,
         meta: Option<FileStat>,
         before: Option<FileStat>,
         path: Option<&[u8]>,
@@ -46,11 +46,11 @@ impl Syncer<'_, '_> {
         } else if let Some(names) = kept {
             names
         } else {
-            read_names(&dst).map_err(dst_err("read directory"))?
+            read_names(&dst.fd).map_err(dst_err("read directory"))?
         };
         Ok(Frame {
             src,
-            dst: DstDir::new(dst),
+            dst,
             steps: pair_listings(entries, dst_names).into_iter(),
             meta,
             before,
@@ -88,7 +88,7 @@ impl Syncer<'_, '_> {
         (src, s, entries, mount, new): (OwnedFd, FileStat, Vec<SrcEntry>, bool, bool),
         d: Option<FileStat>,
         ram_meta: bool,
-        tentative: Option<(Time, Went)>,
+        tentative: Option<Time>,
     ) -> Result<Stepped, Stop> {
         let dst_dir = parent.dst.fd.as_fd();
         let (mut changed, mut raced) = (false, false);
@@ -141,16 +141,37 @@ impl Syncer<'_, '_> {
         // A directory the application made on disk while the pass ran keeps its own
         // metadata: the later change.
         let ram_meta = ram_meta && !raced;
+        // Earlier directories here the application deleted while this pass ran.
+        let gone = self
+            .deletions
+            .map(|dl| parent.dst.gone_below(dl, name))
+            .unwrap_or_default();
         let disk_deleted_at = tentative
-            .as_ref()
-            .map(|(at, _)| *at)
             .or_else(|| before.as_ref().map(ctime))
             .unwrap_or(parent.disk_deleted_at);
-        let tentative = tentative.map(|(at, went)| Tentative {
-            at,
-            parent: Arc::clone(&parent.dst),
-            name: name.to_owned(),
-            went,
+        let tentative = tentative.map(|at| {
+            // Only where the baseline records what the disk had can a name the disk
+            // lacks be known never to have been there. (With no records, as for the
+            // merge of what the application wrote during a seed, it counts as before.)
+            let went = if gone.is_empty() || self.base.marks.is_empty() {
+                Went::Before
+            } else {
+                Went::Meanwhile
+            };
+            tracing::debug!(
+                "write-back: {}: made again for what the RAM wrote since the disk deleted it ({})",
+                String::from_utf8_lossy(&path),
+                match went {
+                    Went::Before => "before this pass",
+                    Went::Meanwhile => "while this pass ran",
+                }
+            );
+            Tentative {
+                at,
+                parent: Arc::clone(&parent.dst),
+                name: name.to_owned(),
+                went,
+            }
         });
         if mount {
             // A mount point in the tmpfs: the directory itself is synced, but neither
@@ -158,7 +179,7 @@ impl Syncer<'_, '_> {
             self.expect_leave()?;
             let left = Left {
                 src,
-                dst: DstDir::new(dst),
+                dst: DstDir::new(dst, gone),
                 meta: Some(s),
                 before,
                 changed: false,
@@ -169,7 +190,7 @@ impl Syncer<'_, '_> {
             self.finish_dir(&left)?;
             return Ok(Stepped { enter: None, changed });
         }
-        let mut frame = self.frame(src, entries, dst, Some(s), before, Some(&path))?;
+        let mut frame = self.frame(src, entries, DstDir::new(dst, gone), Some(s), before, Some(&path))?;
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
         frame.ram_kept = parent.ram_kept && self.base.taken.is_some_and(|t| ctime(&s) < t);
@@ -219,6 +240,10 @@ impl Syncer<'_, '_> {
             {
                 match unistd::unlinkat(parent.fd.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {
+                        tracing::debug!(
+                            "write-back: {}: made again for nothing, removed",
+                            String::from_utf8_lossy(&left.rel)
+                        );
                         self.keep_disk(left.rel.clone(), Verdict::Disk(Some(*at)), None)?;
                         return Ok(());
                     }

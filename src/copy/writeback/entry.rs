@@ -123,7 +123,7 @@ impl Syncer<'_, '_> {
                     return Ok(Stepped::default());
                 }
                 let tentative = match verdict {
-                    Verdict::Disk(Some(at)) if d.is_none() => Some((at, self.went(parent, name))),
+                    Verdict::Disk(Some(at)) if d.is_none() => Some(at),
                     _ => None,
                 };
                 // The RAM's metadata only where the RAM directory changed since the

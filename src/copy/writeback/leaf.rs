@@ -15,7 +15,7 @@ use crate::copy::baseline::{self, Mark, Sig};
 use crate::copy::durable::{DstDir, Job, Rename};
 use crate::copy::error::{dst_err, src_err, Failed};
 use crate::copy::ops::{file_type, link_to_first_copy, open_src, open_src_typed};
-use crate::copy::place::{deleted, put_in_place, Place, Placed, Seen};
+use crate::copy::place::{put_in_place, Place, Placed, Seen};
 use crate::copy::temp::{create_temp, Temp};
 
 use super::compare::{compare_stats, decide, reuse, Diff, FileAction, Reuse};
@@ -324,7 +324,7 @@ impl Syncer<'_, '_> {
                 (temp, ino)
             }
         };
-        if !self.replace(temp, name, d)? {
+        if !self.replace(dst, temp, name, d)? {
             let stats = &mut self.reporter.stats;
             match kind {
                 libc::S_IFREG => stats.files_written -= 1,
@@ -367,7 +367,7 @@ impl Syncer<'_, '_> {
         let (temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
             link_to_first_copy(|i| stack[i].dst.fd.as_fd(), rel, first, dir, temp)
         })?;
-        self.replace(temp, name, d)
+        self.replace(&stack.last().expect("the root frame stays").dst, temp, name, d)
     }
 
     /// Puts a finished temporary in place of the non-directory `name`. A name that was
@@ -375,6 +375,7 @@ impl Syncer<'_, '_> {
     /// dropped) when something took it meanwhile.
     pub(super) fn replace(
         &mut self,
+        dir: &DstDir,
         mut temp: Temp<'_>,
         name: &CStr,
         d: Option<&FileStat>,
@@ -385,16 +386,20 @@ impl Syncer<'_, '_> {
                 .map_err(dst_err("stat"))?;
             self.journal_note(&self.rel.joined(name), &Mark::Placing(Sig::of(&st)))?;
         }
-        let gone_meanwhile = matches!(place, Place::Free)
-            && self
-                .deletions
-                .is_some_and(|dl| deleted(dl, temp.dir, name).is_some());
+        let gone_meanwhile =
+            matches!(place, Place::Free) && self.deletions.is_some_and(|dl| dir.deleted(dl, name).is_some());
         let placed = if gone_meanwhile {
             Placed::Deleted
         } else {
             put_in_place(temp.dir, temp.name.as_c_str(), name, place).map_err(dst_err("rename into place"))?
         };
         temp.live = placed != Placed::Yes;
+        if placed != Placed::Yes {
+            tracing::debug!(
+                "write-back: {}: not put in place: {placed:?}",
+                String::from_utf8_lossy(&self.rel.joined(name))
+            );
+        }
         if placed == Placed::Deleted {
             self.remember(self.rel.joined(name), Mark::Deleted(baseline::now_coarse()))?;
         }

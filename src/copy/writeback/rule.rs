@@ -2,7 +2,7 @@
 //! baseline and the journal record of it.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
@@ -10,7 +10,6 @@ use nix::sys::stat::{self, FileStat};
 use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
-use crate::copy::place::{deleted, deleted_in, gone_dir};
 use crate::copy::settle::UNTRUSTED;
 
 use super::{ctime, Frame, Syncer, Tentative, Went};
@@ -30,20 +29,19 @@ impl Syncer<'_, '_> {
         if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
             // Not in the baseline, but gone from the disk: below a directory the disk
             // deleted, or seen deleted while the application worked there.
-            let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-            let name = CString::new(name).unwrap_or_default();
-            let seen = || self.deletion_seen(frame.dst.fd.as_fd(), &name);
             mark = match &frame.tentative {
                 Some(Tentative {
-                    went: Went::Meanwhile { key },
+                    went: Went::Before,
+                    at,
                     ..
-                }) => self
-                    .deletions
-                    .and_then(|d| deleted_in(d, key, &name))
-                    .or_else(seen)
-                    .map(Mark::Deleted),
-                Some(Tentative { at, .. }) => Some(Mark::Deleted(*at)),
-                None => seen().map(Mark::Deleted),
+                }) => Some(Mark::Deleted(*at)),
+                _ => {
+                    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+                    CString::new(name)
+                        .ok()
+                        .and_then(|name| frame.dst.deleted(self.deletions?, &name))
+                        .map(Mark::Deleted)
+                }
             };
         }
         let d = baseline::decide(
@@ -57,33 +55,12 @@ impl Syncer<'_, '_> {
         if d.conflict {
             self.reporter.stats.conflicts += 1;
         }
+        tracing::debug!(
+            "write-back: {}: record {mark:?}, RAM {ram:?}, disk {disk:?}: {:?}",
+            String::from_utf8_lossy(path),
+            d.verdict
+        );
         d.verdict
-    }
-
-    /// When the application deleted `name` from the disk directory `dir` while this
-    /// pass ran, if the deletion watch saw it.
-    fn deletion_seen(&self, dir: BorrowedFd<'_>, name: &CStr) -> Option<baseline::Time> {
-        deleted(self.deletions?, dir, name)
-    }
-
-    /// How the disk directory `name` in `parent`, which the disk deleted, went (see
-    /// [`Went`]). Only where the baseline records what the disk had can the
-    /// application's deletion be told from one before: then a name it lacks was never
-    /// on disk. (With no records, as for the merge of what the application wrote
-    /// during a seed, it counts as before.)
-    pub(super) fn went(&self, parent: &Frame, name: &CStr) -> Went {
-        let Some(deletions) = self.deletions.filter(|_| !self.base.marks.is_empty()) else {
-            return Went::Before;
-        };
-        let key = match &parent.tentative {
-            Some(Tentative {
-                went: Went::Meanwhile { key },
-                ..
-            }) => gone_dir(deletions, Err(key), name),
-            Some(_) => None,
-            None => gone_dir(deletions, Ok(parent.dst.fd.as_fd()), name),
-        };
-        key.map_or(Went::Before, |key| Went::Meanwhile { key })
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
