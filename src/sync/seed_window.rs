@@ -266,20 +266,31 @@ impl SeedDeletions {
     ) -> Option<(Vec<u8>, CString)> {
         // A directory deleted itself: its own deletion, in its parent, covers what was
         // in it.
-        let (rel, dir) = open_handle(disk_root, &handle)
+        let shown = String::from_utf8_lossy(&name).into_owned();
+        let Some((rel, dir)) = open_handle(disk_root, &handle)
             .ok()
             .filter(|dir| stat::fstat(dir).is_ok_and(|st| st.st_nlink > 0))
-            .and_then(|dir| Some((below(root_path, &fd_path(dir.as_fd())?)?, dir)))?;
+            .and_then(|dir| Some((below(root_path, &fd_path(dir.as_fd())?)?, dir)))
+        else {
+            tracing::debug!("seed: {shown} deleted on disk in a directory gone or elsewhere");
+            return None;
+        };
+        let path = String::from_utf8_lossy(&join(&rel, &name)).into_owned();
         // The same directory reached from the root without a symlink: the path names it
         // in the tmpfs too.
         let on_disk = open_dir_beneath(disk_root, &rel).ok()?;
         let c_name = CString::new(name.clone()).ok()?;
         if !same_inode(dir.as_fd(), on_disk.as_fd()) {
+            tracing::debug!("seed: {path} deleted on disk, its directory moved");
             return None;
         }
         match stat::fstatat(on_disk.as_fd(), c_name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Err(Errno::ENOENT) => Some((rel, c_name)),
+            Err(Errno::ENOENT) => {
+                tracing::debug!("seed: {path} deleted on disk during the seed: dropped from the tmpfs");
+                Some((rel, c_name))
+            }
             Ok(_) => {
+                tracing::debug!("seed: {path} deleted on disk during the seed, there again");
                 self.again.push((handle, name));
                 None
             }
