@@ -193,12 +193,12 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             seed_started = Some((copy::baseline::now_after_tick(), Instant::now()));
         }
         if let Step::MoveIntoPlace { stage, .. } = step {
-            let dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
             // The baseline the first write-back merges against: what the disk held
             // when it was copied (but what the disk deleted since), and a time after
             // every copy and before the application can see the tmpfs (its changes
             // come after it).
             let mut b: copy::Baseline = baseline.take().unwrap_or_default();
+            let dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
             if !dropped.is_empty() {
                 b = seed_window::forget(&b, &dropped);
             }
@@ -220,7 +220,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 return failed(reason);
             }
             // The few deletions since the first look, as close to the switch as can be.
-            late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &m.name);
+            late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
             switched_at = b.taken;
         }
         match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
@@ -297,11 +297,16 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
 /// returns the paths dropped, whose records in the seed's baseline no longer hold.
 /// A failure leaves those names in RAM until the next write-back, which lets the
 /// disk's deletion stand: a warning, and no more looks.
-fn drop_deleted_during_seed(watch: &mut Option<SeedDeletions>, stage: &Path, name: &str) -> Vec<Vec<u8>> {
+fn drop_deleted_during_seed(
+    watch: &mut Option<SeedDeletions>,
+    stage: &Path,
+    seeded: &copy::Baseline,
+    name: &str,
+) -> Vec<Vec<u8>> {
     let Some(w) = watch.as_mut() else {
         return Vec::new();
     };
-    match w.drop_deleted(stage) {
+    match w.drop_deleted(stage, seeded) {
         Ok(0) => {}
         Ok(n) => {
             tracing::debug!("{name}: dropped {n} entries the application deleted on disk during the seed")

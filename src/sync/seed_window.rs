@@ -169,10 +169,11 @@ impl SeedDeletions {
     /// touched it) every name deleted below the disk directory since the seed began
     /// that the disk does not have now: the copy of something deleted after it was
     /// copied. A name the disk has again stays (the merge after the switch takes the
-    /// newer one), and is looked at again by the next call. Called once for the
+    /// newer one), unless it is another directory than the one copied, and is looked
+    /// at again by the next call. `seeded`: what the seed recorded. Called once for the
     /// seed's whole run, then right before the switch for the few deletions since.
     /// Returns how many entries went.
-    pub fn drop_deleted(&mut self, stage: &Path) -> anyhow::Result<u64> {
+    pub fn drop_deleted(&mut self, stage: &Path, seeded: &Baseline) -> anyhow::Result<u64> {
         let open = |p: &Path| std::fs::File::open(p).with_context(|| format!("opening {}", p.display()));
         let (disk_root, stage_root) = (open(&self.disk)?, open(stage)?);
         let root_path =
@@ -185,7 +186,13 @@ impl SeedDeletions {
             let last = new.is_empty();
             gone.extend(new);
             for (handle, name) in gone.drain(..) {
-                dropped += self.drop_one(disk_root.as_fd(), &root_path, stage_root.as_fd(), handle, name)?;
+                dropped += self.drop_one(
+                    (disk_root.as_fd(), &root_path),
+                    stage_root.as_fd(),
+                    seeded,
+                    handle,
+                    name,
+                )?;
             }
             if last {
                 if self.watch.overflowed() {
@@ -222,7 +229,7 @@ impl SeedDeletions {
             fd_path(disk_root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
         let mut dropped = 0;
         for (handle, name) in gone {
-            let Some((rel, name)) = self.lacking(disk_root.as_fd(), &root_path, handle, name) else {
+            let Now::Gone(rel, name) = self.lacking(disk_root.as_fd(), &root_path, handle, name) else {
                 continue;
             };
             let Ok(dir) = open_dir_beneath(live.as_fd(), &rel) else {
@@ -254,61 +261,68 @@ impl SeedDeletions {
         std::mem::take(&mut self.dropped)
     }
 
-    /// The directory (relative to the disk directory) and the name of a deletion the
-    /// disk still lacks; `None` when it has the name again (then kept for another look),
-    /// or the deletion is not below the disk directory.
-    fn lacking(
-        &mut self,
-        disk_root: BorrowedFd<'_>,
-        root_path: &[u8],
-        handle: Handle,
-        name: Vec<u8>,
-    ) -> Option<(Vec<u8>, CString)> {
+    /// Where a deletion seen below the disk directory stands now (see [`Now`]).
+    fn lacking(&mut self, disk_root: BorrowedFd<'_>, root_path: &[u8], handle: Handle, name: Vec<u8>) -> Now {
+        let shown = String::from_utf8_lossy(&name).into_owned();
         // A directory deleted itself: its own deletion, in its parent, covers what was
         // in it.
-        let shown = String::from_utf8_lossy(&name).into_owned();
         let Some((rel, dir)) = open_handle(disk_root, &handle)
             .ok()
             .filter(|dir| stat::fstat(dir).is_ok_and(|st| st.st_nlink > 0))
             .and_then(|dir| Some((below(root_path, &fd_path(dir.as_fd())?)?, dir)))
         else {
             tracing::debug!("seed: {shown} deleted on disk in a directory gone or elsewhere");
-            return None;
+            return Now::Elsewhere;
         };
         let path = String::from_utf8_lossy(&join(&rel, &name)).into_owned();
         // The same directory reached from the root without a symlink: the path names it
         // in the tmpfs too.
-        let on_disk = open_dir_beneath(disk_root, &rel).ok()?;
-        let c_name = CString::new(name.clone()).ok()?;
+        let Ok(on_disk) = open_dir_beneath(disk_root, &rel) else {
+            return Now::Elsewhere;
+        };
+        let Ok(c_name) = CString::new(name.clone()) else {
+            return Now::Elsewhere;
+        };
         if !same_inode(dir.as_fd(), on_disk.as_fd()) {
             tracing::debug!("seed: {path} deleted on disk, its directory moved");
-            return None;
+            return Now::Elsewhere;
         }
         match stat::fstatat(on_disk.as_fd(), c_name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Err(Errno::ENOENT) => {
                 tracing::debug!("seed: {path} deleted on disk during the seed: dropped from the tmpfs");
-                Some((rel, c_name))
+                Now::Gone(rel, c_name)
             }
-            Ok(_) => {
+            Ok(st) => {
                 tracing::debug!("seed: {path} deleted on disk during the seed, there again");
                 self.again.push((handle, name));
-                None
+                Now::Again(rel, c_name, st)
             }
-            Err(_) => None,
+            Err(_) => Now::Elsewhere,
         }
     }
 
-    /// Drops `name` in the directory `handle` from the stage if the disk lacks it.
+    /// Drops `name` in the directory `handle` from the stage if the disk lacks it, or
+    /// has another directory there now than the one the seed copied (`seeded`: what
+    /// the seed recorded): everything in the copied one was deleted, or it could not
+    /// have been, and what the new one holds is brought in after the switch.
     fn drop_one(
         &mut self,
-        disk_root: BorrowedFd<'_>,
-        root_path: &[u8],
+        (disk_root, root_path): (BorrowedFd<'_>, &[u8]),
         stage_root: BorrowedFd<'_>,
+        seeded: &Baseline,
         handle: Handle,
         name: Vec<u8>,
     ) -> anyhow::Result<u64> {
-        let Some((rel, name)) = self.lacking(disk_root, root_path, handle, name) else {
-            return Ok(0);
+        let (rel, name) = match self.lacking(disk_root, root_path, handle, name) {
+            Now::Gone(rel, name) => (rel, name),
+            Now::Again(rel, name, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                let copied = seeded.get(&join(&rel, name.as_bytes()));
+                match copied {
+                    Some(Mark::Entry(sig)) if sig.is_dir() && sig.ino != Sig::of(&st).ino => (rel, name),
+                    _ => return Ok(0),
+                }
+            }
+            Now::Again(..) | Now::Elsewhere => return Ok(0),
         };
         let Ok(in_stage) = open_dir_beneath(stage_root, &rel) else {
             return Ok(0);
@@ -345,6 +359,16 @@ pub fn forget(base: &Baseline, dropped: &[Vec<u8>]) -> Baseline {
         marks,
         ..base.clone()
     }
+}
+
+/// Where a name deleted below the disk directory during the seed stands now.
+enum Now {
+    /// Not below the disk directory as it is now (or in a directory deleted too).
+    Elsewhere,
+    /// The disk lacks it (its directory relative to the disk directory, and the name).
+    Gone(Vec<u8>, CString),
+    /// The disk has it again, as this.
+    Again(Vec<u8>, CString, FileStat),
 }
 
 /// `path` relative to `root` (both absolute), if it is `root` or below it.

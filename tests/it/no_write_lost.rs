@@ -201,6 +201,66 @@ fn deletions_during_seeding_are_not_seen_again_in_ram() {
     assert_eq!(tree(&cache), want, "{down}");
 }
 
+/// What the application does to whole directories on disk while `apply` seeds (as
+/// htcacheclean and Apache do: a directory emptied, removed and made again with a new
+/// file) is what the tmpfs shows once in place: the new file, none of the old ones
+/// (the copy of the old directory stayed, with every name in it deleted).
+#[test]
+fn a_directory_made_again_during_seeding_is_seen_as_it_is_now() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    many_files(&cache, 20_000);
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (dir, stop2) = (cache.clone(), Arc::clone(&stop));
+    let w = std::thread::spawn(move || {
+        let mut done = Vec::new();
+        for k in (0..50).rev() {
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            let d = dir.join(format!("d{k}"));
+            let emptied = fs::read_dir(&d).and_then(|names| {
+                for n in names {
+                    fs::remove_file(n?.path())?;
+                }
+                fs::remove_dir(&d)?;
+                fs::create_dir(&d)?;
+                fs::write(d.join("new"), "made again")
+            });
+            if emptied.is_ok() {
+                done.push(k);
+            }
+        }
+        done
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let apply = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    let done = w.join().unwrap();
+    apply.code(0);
+    assert!(done.len() > 2, "only {} directories made again", done.len());
+    let only_new: BTreeSet<String> = ["new".to_string()].into();
+    let stale: Vec<_> = done
+        .iter()
+        .filter(|k| names(&cache.join(format!("d{k}"))) != only_new)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "directories with old names in RAM: {stale:?}\n{apply}"
+    );
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    for k in &done {
+        assert_eq!(
+            names(&cache.join(format!("d{k}"))),
+            only_new,
+            "d{k} on disk\n{down}"
+        );
+    }
+}
+
 /// What the application deletes or renames on disk after the switch does not come
 /// back from the RAM copy, and what it wrote in RAM before is written back.
 #[test]
