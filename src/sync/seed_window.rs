@@ -174,10 +174,9 @@ impl SeedDeletions {
     /// seed's whole run, then right before the switch for the few deletions since.
     /// Returns how many entries went.
     pub fn drop_deleted(&mut self, stage: &Path, seeded: &Baseline) -> anyhow::Result<u64> {
-        let open = |p: &Path| std::fs::File::open(p).with_context(|| format!("opening {}", p.display()));
-        let (disk_root, stage_root) = (open(&self.disk)?, open(stage)?);
-        let root_path =
-            fd_path(disk_root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
+        let (disk_root, root_path) = self.disk_root()?;
+        let stage_root =
+            std::fs::File::open(stage).with_context(|| format!("opening {}", stage.display()))?;
         let mut gone = std::mem::take(&mut self.again);
         let mut dropped = 0;
         // Until a look finds nothing new: deletions keep coming while these are dropped.
@@ -215,8 +214,7 @@ impl SeedDeletions {
         if gone.is_empty() {
             return Ok(0);
         }
-        let disk_root =
-            std::fs::File::open(&self.disk).with_context(|| format!("opening {}", self.disk.display()))?;
+        let (disk_root, root_path) = self.disk_root()?;
         let live = openat2(
             nix::fcntl::AT_FDCWD,
             path,
@@ -225,8 +223,6 @@ impl SeedDeletions {
                 .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS),
         )
         .with_context(|| format!("opening {}", path.display()))?;
-        let root_path =
-            fd_path(disk_root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
         let mut dropped = 0;
         for (handle, name) in gone {
             let Now::Gone(rel, name) = self.lacking(disk_root.as_fd(), &root_path, handle, name) else {
@@ -261,9 +257,17 @@ impl SeedDeletions {
         std::mem::take(&mut self.dropped)
     }
 
+    /// The disk directory, open, and its path as this process sees it (what the
+    /// watch's directories are found below).
+    fn disk_root(&self) -> anyhow::Result<(std::fs::File, Vec<u8>)> {
+        let root =
+            std::fs::File::open(&self.disk).with_context(|| format!("opening {}", self.disk.display()))?;
+        let path = fd_path(root.as_fd()).with_context(|| format!("{} has no path", self.disk.display()))?;
+        Ok((root, path))
+    }
+
     /// Where a deletion seen below the disk directory stands now (see [`Now`]).
     fn lacking(&mut self, disk_root: BorrowedFd<'_>, root_path: &[u8], handle: Handle, name: Vec<u8>) -> Now {
-        let shown = String::from_utf8_lossy(&name).into_owned();
         // A directory deleted itself: its own deletion, in its parent, covers what was
         // in it.
         let Some((rel, dir)) = open_handle(disk_root, &handle)
@@ -271,10 +275,14 @@ impl SeedDeletions {
             .filter(|dir| stat::fstat(dir).is_ok_and(|st| st.st_nlink > 0))
             .and_then(|dir| Some((below(root_path, &fd_path(dir.as_fd())?)?, dir)))
         else {
-            tracing::debug!("seed: {shown} deleted on disk in a directory gone or elsewhere");
+            tracing::debug!(
+                "seed: {} deleted on disk in a directory gone or elsewhere",
+                String::from_utf8_lossy(&name)
+            );
             return Now::Elsewhere;
         };
-        let path = String::from_utf8_lossy(&join(&rel, &name)).into_owned();
+        // Formatted only when logged: this runs once per deletion on the filesystem.
+        let path = || String::from_utf8_lossy(&join(&rel, &name)).into_owned();
         // The same directory reached from the root without a symlink: the path names it
         // in the tmpfs too.
         let Ok(on_disk) = open_dir_beneath(disk_root, &rel) else {
@@ -284,16 +292,19 @@ impl SeedDeletions {
             return Now::Elsewhere;
         };
         if !same_inode(dir.as_fd(), on_disk.as_fd()) {
-            tracing::debug!("seed: {path} deleted on disk, its directory moved");
+            tracing::debug!("seed: {} deleted on disk, its directory moved", path());
             return Now::Elsewhere;
         }
         match stat::fstatat(on_disk.as_fd(), c_name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Err(Errno::ENOENT) => {
-                tracing::debug!("seed: {path} deleted on disk during the seed: dropped from the tmpfs");
+                tracing::debug!(
+                    "seed: {} deleted on disk during the seed: dropped from the tmpfs",
+                    path()
+                );
                 Now::Gone(rel, c_name)
             }
             Ok(st) => {
-                tracing::debug!("seed: {path} deleted on disk during the seed, there again");
+                tracing::debug!("seed: {} deleted on disk during the seed, there again", path());
                 self.again.push((handle, name));
                 Now::Again(rel, c_name, st)
             }
