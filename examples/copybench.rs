@@ -77,6 +77,7 @@ fn main() -> ExitCode {
                         journal: journal.as_ref(),
                         deletions: None,
                         dirty: Some(&mut ask),
+                        copied: None,
                     },
                     None,
                 )

@@ -268,6 +268,7 @@ fn pass(
                 journal: Some(&journal),
                 deletions,
                 dirty: Some(&mut ask),
+                copied: None,
             };
             let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
             let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);

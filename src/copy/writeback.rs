@@ -233,7 +233,7 @@ pub fn sync_tree(
     merge: Merge<'_>,
     mut progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<Synced, CopyError> {
-    let (journal, deletions) = (merge.journal, merge.deletions);
+    let (journal, deletions, copied) = (merge.journal, merge.deletions, merge.copied);
     let first = sync_pass(
         src,
         dst,
@@ -252,6 +252,7 @@ pub fn sync_tree(
         journal,
         deletions,
         dirty: None,
+        copied,
     };
     // The first pass's own unlinks changed the ctimes of inodes it left linked
     // elsewhere: no sign of the application's change for the second either.
@@ -280,6 +281,7 @@ fn sync_pass(
         journal,
         deletions,
         dirty,
+        copied,
     } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
@@ -300,6 +302,7 @@ fn sync_pass(
             base,
             journal,
             deletions,
+            copied,
             // Most records come back as they were: shared with the old baseline, not
             // copied.
             marks: baseline::Marks::next_of(&base.marks),
@@ -391,6 +394,10 @@ pub struct Merge<'a> {
     /// was taken, if a tracker knows them. `None` (or an answer of `None`): the pass
     /// reads the whole tree.
     pub dirty: Option<&'a mut dyn FnMut() -> Option<Dirty>>,
+    /// The destination is a fresh copy of the source (a seed's), made before this
+    /// baseline's time, which records the source entries as they were copied (see
+    /// [`Syncer::copy_outdated`]).
+    pub copied: Option<&'a Baseline>,
 }
 
 /// The destination inode standing for a multiply-linked source inode.
@@ -480,6 +487,7 @@ struct Syncer<'p, 'b> {
     /// Where each name this pass creates on disk is recorded at once.
     journal: Option<&'b Journal>,
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
+    copied: Option<&'b Baseline>,
     /// The next baseline's records, in the order made (the last of a path holds).
     marks: baseline::Marks,
     /// The baseline's records by directory: the names of each disk directory where

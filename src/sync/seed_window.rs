@@ -19,7 +19,10 @@
 //! during the seed against the copy made before it; the application's change in RAM
 //! since against both), and a name only the disk has is copied in, unless the
 //! application deleted it in the tmpfs meanwhile (the deletion watch started before
-//! the tmpfs became visible) ([`catch_up`]).
+//! the tmpfs became visible) ([`catch_up`]). Which side changed later is not
+//! left to ctimes where the seed knows better: a copy unchanged since the switch of
+//! a disk entry that no longer looks as the seed recorded it is outdated, however
+//! late the copy's ctime (see `Merge::copied`).
 //!
 //! The write-back's baseline then records, as both sides agreed on them, the disk's
 //! entries the merge saw that the seed did not record as they are: without that, a
@@ -63,6 +66,17 @@ pub fn catch_up(
         taken: Some(seed_started),
         ..Baseline::none()
     };
+    // The seed's records (and the switch's time) tell its copies that the disk
+    // changed after apart from the application's changes in RAM since.
+    let copied = state
+        .baseline(&m.name)
+        .inspect_err(|e| {
+            tracing::warn!(
+                "{}: reading the seed's records ({e:#}); of a name both sides have, the newer wins by time alone",
+                m.name
+            )
+        })
+        .ok();
     let watch = watch.map(Mutex::new);
     let mut shown = Progress::new(state, &m.name, "seed", terminal, None, None).begun_at(began);
     let mut progress = |s: &SyncStats| shown.update(s.compared(), s.bytes_written);
@@ -74,6 +88,7 @@ pub fn catch_up(
             journal: None,
             deletions: watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
             dirty: None,
+            copied: copied.as_ref(),
         },
         Some(&mut progress),
     )

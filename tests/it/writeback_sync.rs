@@ -483,3 +483,73 @@ fn a_full_destination_fails_naming_the_file_and_leaves_no_temporary() {
         assert!(!dst.path().join("dir/big file.bin").exists());
     });
 }
+
+/// The merge into a seed's fresh copy (`Merge::copied`), as `apply` runs it once the
+/// tmpfs is in place: a copy of a disk file that changed after the seed copied it
+/// gives way to the disk's version even when the copy's ctime is the later one (the
+/// copy finished in the tick of the change, or its filesystem keeps finer times);
+/// a copy the application changed in RAM since the switch stays, and so does the
+/// copy of a file the disk did not change.
+#[test]
+fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
+    use tmpfsctl::copy::baseline::{now_after_tick, Mark, Sig};
+    use tmpfsctl::copy::{sync_tree, Baseline, Merge};
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m");
+        let (disk, ram) = (disk.path(), ram.path());
+        let names = ["changed", "unchanged", "changed on both sides"];
+        let mut copied = Baseline::none();
+        for n in names {
+            fs::write(disk.join(n), format!("{n}: 1")).expect("write");
+            let st = nix::sys::stat::stat(&disk.join(n)).expect("stat");
+            copied.marks.insert(n.as_bytes(), Mark::Entry(Sig::of(&st)));
+        }
+        let seed_started = now_after_tick();
+        // The application replaces two of them on disk (a temporary renamed over
+        // each), after the seed read them and before it wrote its copies.
+        for n in [names[0], names[2]] {
+            fs::write(disk.join("new"), format!("{n}: 2")).expect("write");
+            fs::rename(disk.join("new"), disk.join(n)).expect("rename");
+        }
+        tick();
+        for n in names {
+            fs::write(ram.join(n), format!("{n}: 1")).expect("write");
+        }
+        copied.taken = Some(now_after_tick());
+        // In place now: the application's change in RAM is the newest of all.
+        fs::write(ram.join(names[2]), format!("{}: 3", names[2])).expect("write");
+        let copy_ino = fs::metadata(ram.join(names[1])).expect("stat").ino();
+        let base = Baseline {
+            taken: Some(seed_started),
+            ..Baseline::none()
+        };
+        sync_tree(
+            disk,
+            ram,
+            Merge {
+                base: &base,
+                journal: None,
+                deletions: None,
+                dirty: None,
+                copied: Some(&copied),
+            },
+            None,
+        )
+        .expect("the merge into the seed's copy");
+        let read = |n: &str| fs::read_to_string(ram.join(n)).expect("read");
+        assert_eq!(read(names[0]), "changed: 2", "the seed's outdated copy stayed");
+        assert_eq!(read(names[1]), "unchanged: 1");
+        assert_eq!(
+            fs::metadata(ram.join(names[1])).expect("stat").ino(),
+            copy_ino,
+            "a copy of what the disk did not change was replaced"
+        );
+        assert_eq!(
+            read(names[2]),
+            "changed on both sides: 3",
+            "the application's change in RAM was lost"
+        );
+    });
+}

@@ -39,6 +39,7 @@ fn pass(src: &Path, dst: &Path, base: &Baseline, tracker: Option<&mut ChangeTrac
             journal: None,
             deletions: None,
             dirty: ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
+            copied: None,
         },
         None,
     )

@@ -25,6 +25,7 @@ fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
             journal: None,
             deletions: None,
             dirty: None,
+            copied: None,
         },
         None,
     )
@@ -260,6 +261,7 @@ fn a_name_remembered_deleted_and_back_on_disk_keeps_its_directory_listed() {
             journal: None,
             deletions: None,
             dirty: None,
+            copied: None,
         };
         base = sync_tree(src, dst, merge, Some(&mut recreate))
             .expect("write-back")
@@ -455,6 +457,7 @@ fn a_directory_the_application_makes_on_disk_meanwhile_is_merged_into() {
                     journal: None,
                     deletions: None,
                     dirty: None,
+                    copied: None,
                 },
                 None,
             );
@@ -545,6 +548,7 @@ fn a_directory_the_application_empties_and_removes_meanwhile_keeps_what_it_never
                 journal: None,
                 deletions: Some(&watch),
                 dirty: None,
+                copied: None,
             },
             None,
         )

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 
-use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Verdict};
+use crate::copy::baseline::{self, Decision, Disk, Mark, Ram, Sig, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
 use crate::copy::settle::UNTRUSTED;
@@ -44,23 +44,54 @@ impl Syncer<'_, '_> {
                 }
             };
         }
-        let d = baseline::decide(
-            mark.as_ref(),
-            self.base.taken,
-            ram,
-            disk,
-            frame.ram_deleted_at,
-            frame.disk_deleted_at,
-        );
+        let outdated = mark.is_none() && self.copy_outdated(path, ram, disk);
+        let d = if outdated {
+            Decision {
+                verdict: Verdict::Ram,
+                conflict: false,
+            }
+        } else {
+            baseline::decide(
+                mark.as_ref(),
+                self.base.taken,
+                ram,
+                disk,
+                frame.ram_deleted_at,
+                frame.disk_deleted_at,
+            )
+        };
         if d.conflict {
             self.reporter.stats.conflicts += 1;
         }
         tracing::debug!(
-            "write-back: {}: record {mark:?}, RAM {ram:?}, disk {disk:?}: {:?}",
+            "write-back: {}: record {mark:?}, RAM {ram:?}, disk {disk:?}{}: {:?}",
             String::from_utf8_lossy(path),
+            if outdated {
+                ", the disk side a copy of an older version"
+            } else {
+                ""
+            },
             d.verdict
         );
         d.verdict
+    }
+
+    /// In a merge into a seed's fresh copy ([`super::Merge::copied`]): whether the
+    /// destination entry (`disk`) at `path` is the seed's copy, unchanged since (it
+    /// changed before the copy's time, when only the seed wrote there), of a source
+    /// entry that changed after it was copied (its ctime is not the one recorded). The
+    /// source's version is then the newer one, whatever the two ctimes say: the
+    /// copy's ctime is when the copy was made, which can fall in the clock tick of
+    /// the source's later change, or after it where the two filesystems' timestamps
+    /// differ in grain.
+    fn copy_outdated(&self, path: &[u8], ram: Ram, disk: Disk) -> bool {
+        let Some(copied) = self.copied else {
+            return false;
+        };
+        let (Ram::Present(now), Disk::Present(d), Some(made_before)) = (ram, disk, copied.taken) else {
+            return false;
+        };
+        d.ctime < made_before && matches!(copied.get(path), Some(Mark::Entry(was)) if was.ctime != now)
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
