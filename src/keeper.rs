@@ -9,13 +9,14 @@
 //! doing the write-back hands its watch over to a keeper before it ends:
 //!
 //! - the write-back starts its own watch and a new keeper (so a kill -9 during the
-//!   merge leaves one running), then stops the keeper of an earlier attempt (SIGTERM:
-//!   it reads its queue empty, records, exits) and takes over the record; it stops its
-//!   keeper when the write-back succeeded;
+//!   merge leaves one running), then stops the keepers of earlier attempts (SIGTERM:
+//!   each reads its queue empty, records, exits) and takes over the record; it stops
+//!   its keeper when the write-back succeeded;
 //! - when the write-back fails, it adds what its own watch saw to the record.
 //!
 //! The record is `STATE/run/NAME.gone`: appended records of (directory handle,
-//! name), each with a checksum. The keeper exits by itself once the held tmpfs or the
+//! name), each with a checksum. Each keeper announces itself in
+//! `STATE/run/NAME.keeper.PID`. The keeper exits by itself once the held tmpfs or the
 //! record is gone. A keeper killed along with tmpfsctl leaves the gap this closes.
 
 use std::fs::{File, OpenOptions};
@@ -44,8 +45,11 @@ fn record_path(state: &State, name: &str) -> PathBuf {
     state.run_dir().join(format!("{name}.gone"))
 }
 
-fn pid_path(state: &State, name: &str) -> PathBuf {
-    state.run_dir().join(format!("{name}.keeper"))
+/// One file per keeper: a keeper whose starter was killed before it stopped the
+/// earlier keeper must not hide that one from the next attempt, which would then read
+/// the record while the earlier keeper may still hold deletions it has not written.
+fn pid_path(state: &State, name: &str, pid: u32) -> PathBuf {
+    state.run_dir().join(format!("{name}.keeper.{pid}"))
 }
 
 fn encode(handle: &Handle, name: &[u8]) -> Vec<u8> {
@@ -106,21 +110,40 @@ fn overflow_marker() -> (Handle, Vec<u8>) {
     ((0, Vec::new()), Vec::new())
 }
 
-/// The keeper's pid, if one runs for `name` (checked to be a keeper of `name`, not
-/// a reused pid).
-fn running(state: &State, name: &str) -> Option<Pid> {
-    let pid: i32 = crate::copy::baseline::read_nofollow(&pid_path(state, name))
-        .map(|d| String::from_utf8_lossy(&d).into_owned())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+/// The keepers running for `name`, each checked to be a keeper of `name` (not a
+/// reused pid); the pid files of those that ended go.
+fn running(state: &State, name: &str) -> Vec<Pid> {
+    let prefix = format!("{name}.keeper.");
+    let Ok(dir) = std::fs::read_dir(state.run_dir()) else {
+        return Vec::new();
+    };
+    let mut keepers = Vec::new();
+    for entry in dir.flatten() {
+        let file = entry.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if keeps(pid, name) {
+            keepers.push(Pid::from_raw(pid as i32));
+        } else {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    keepers
+}
+
+/// Whether process `pid` is a keeper of `name`.
+fn keeps(pid: u32, name: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let ours = args
-        .windows(2)
-        .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes());
-    ours.then(|| Pid::from_raw(pid))
+    args.windows(2)
+        .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes())
 }
 
 /// Whether `pid` ended (gone, or a zombie its new parent has not reaped yet).
@@ -134,9 +157,11 @@ fn ended(pid: Pid) -> bool {
     }
 }
 
-/// Starts a keeper for this attempt, then stops the keeper of an earlier attempt, if
-/// any, and adds what it recorded to `watch`, which must already be watching: the
+/// Starts a keeper for this attempt, then stops the keepers of earlier attempts, if
+/// any, and adds what they recorded to `watch`, which must already be watching: the
 /// watches overlap, so a deletion falls into one of them whenever this process dies.
+/// Usually one runs; more when an attempt was killed between starting its keeper and
+/// stopping the earlier one.
 pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
     let earlier = running(state, name);
     if let Err(e) = start(state, name) {
@@ -144,12 +169,19 @@ pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
             "{name}: {e:#}; should this write-back fail, deletions on disk until the next attempt are not seen"
         );
     }
-    if let Some(pid) = earlier {
+    for &pid in &earlier {
         let _ = kill(pid, Signal::SIGTERM);
-        let until = Instant::now() + Duration::from_secs(2);
-        while !ended(pid) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(1));
+    }
+    // Each records what it saw before it exits: the record is complete only then.
+    let until = Instant::now() + Duration::from_secs(2);
+    while earlier.iter().any(|&pid| !ended(pid)) {
+        if Instant::now() >= until {
+            tracing::warn!(
+                "{name}: an earlier deletion keeper did not stop within 2 s; names it saw deleted last may come back"
+            );
+            break;
         }
+        std::thread::sleep(Duration::from_millis(1));
     }
     let seen = match crate::copy::baseline::read_nofollow(&record_path(state, name)) {
         Ok(data) => decode(&data),
@@ -206,10 +238,19 @@ pub fn hand_over(state: &State, name: &str, watch: &mut Deletions) -> Result<()>
 /// The write-back succeeded: the keeper stops and its record goes.
 pub fn finish(state: &State, name: &str) {
     let _ = std::fs::remove_file(record_path(state, name));
-    if let Some(pid) = running(state, name) {
+    for pid in running(state, name) {
         let _ = kill(pid, Signal::SIGTERM);
     }
-    let _ = std::fs::remove_file(pid_path(state, name));
+}
+
+/// A keeper's pid file, removed when it exits (a keeper killed leaves it to
+/// [`running`]).
+struct PidFile(PathBuf);
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The keeper itself (`tmpfsctl keep-deletions NAME PID`): watches until SIGTERM, or
@@ -233,8 +274,11 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
     watch.ignore(parent);
     let record = record_path(state, name);
     let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;
-    crate::state::write_atomic(&pid_path(state, name), std::process::id().to_string().as_bytes())?;
-    crate::out::stdout().write_all(b"ready\n")?;
+    let pid_file = PidFile(pid_path(state, name, std::process::id()));
+    crate::state::write_atomic(&pid_file.0, b"")?;
+    // A starter killed meanwhile reads nothing: the keeper stays all the same, the
+    // only watch left, for the next attempt to take over.
+    let _ = crate::out::stdout().write_all(b"ready\n");
     // Stdout goes back to nowhere: the starter stopped reading.
     let devnull = File::options().write(true).open("/dev/null")?;
     nix::unistd::dup2_stdout(&devnull)?;

@@ -26,6 +26,23 @@ fn seed(dir: &Path, n: usize) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// The deletion keepers running with the state directory `state`.
+fn keepers(state: &Path) -> Vec<u32> {
+    let state = state.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            args.contains(&&b"keep-deletions"[..]) && args.contains(&state)
+        })
+        .collect()
+}
+
 /// Runs tmpfsctl with `args`, SIGKILLed at the failpoint `point` or, for `None`,
 /// after `after`; returns whether it was killed.
 fn killed_run(sb: &Sandbox, args: &[&std::ffi::OsStr], point: Option<&str>, after: Duration) -> bool {
@@ -198,4 +215,74 @@ fn a_full_disk_keeps_the_ram_copy_until_space_is_freed() {
         exp.names.insert(name, Some(vec![1u8; 1 << 20]));
     }
     exp.assert_nothing_lost(&cache, "disk full, then freed");
+}
+
+/// A `down` killed after it started its deletion keeper and before it stopped the
+/// earlier one leaves two keepers running (the new one outlives its starter). The
+/// next attempt stops both, and reads the record only once each has written what it
+/// saw; the last attempt's success stops its own.
+#[test]
+fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
+    let sb = Sandbox::new();
+    let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
+    let cache = disk.mount_point.join("cache");
+    fs::create_dir(&cache).unwrap();
+    let state = disk.mount_point.join("state");
+    seed(&cache, 20);
+    let spec = spec(&sb, &cache);
+    let run = |args: &[&std::ffi::OsStr]| {
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_STATE_DIR", &state);
+        sb.run_with(c, args)
+    };
+    run(&["apply".as_ref(), spec.as_os_str()]).code(0);
+    let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    let filler = disk.mount_point.join("filler");
+    fs::write(&filler, vec![7u8; (avail.saturating_sub(1 << 20)) as usize]).unwrap();
+    fs::write(cache.join("big"), vec![1u8; 4 << 20]).unwrap();
+    run(&["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("PENDING");
+    let first = keepers(&state);
+    assert_eq!(first.len(), 1, "the failed attempt's keeper: {first:?}");
+    // The keeper of an attempt killed right after starting it: its starter never
+    // reads its "ready", nor stops the first keeper.
+    let mut c = sb.cmd();
+    c.arg("--state-dir")
+        .arg(&state)
+        .args(["keep-deletions", "c", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut orphan = c.spawn().unwrap();
+    let start = std::time::Instant::now();
+    while keepers(&state).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the second keeper never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    run(&["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("PENDING");
+    let _ = orphan.wait();
+    let left = keepers(&state);
+    assert_eq!(left.len(), 1, "keepers after the second attempt: {left:?}");
+    assert!(
+        !first.contains(&left[0]),
+        "the first attempt's keeper was left running: {left:?}"
+    );
+    fs::remove_file(&filler).unwrap();
+    run(&["down".as_ref(), spec.as_os_str()]).code(0);
+    let start = std::time::Instant::now();
+    while !keepers(&state).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a keeper outlived the write-back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
 }
