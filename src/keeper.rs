@@ -35,7 +35,7 @@ use nix::unistd::Pid;
 
 use crate::copy::baseline::fnv1a;
 use crate::error::ExitCode;
-use crate::host::deletions::{Deletions, Handle};
+use crate::host::deletions::{Deletions, Gone, Handle};
 use crate::state::State;
 
 /// The name of the hidden subcommand a keeper runs as.
@@ -52,12 +52,20 @@ fn pid_path(state: &State, name: &str, pid: u32) -> PathBuf {
     state.run_dir().join(format!("{name}.keeper.{pid}"))
 }
 
-fn encode(handle: &Handle, name: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(16 + handle.1.len() + name.len());
-    body.extend_from_slice(&handle.0.to_le_bytes());
-    body.extend_from_slice(&(handle.1.len() as u32).to_le_bytes());
-    body.extend_from_slice(&handle.1);
-    body.extend_from_slice(name);
+/// Set in a record's handle type when the deleted directory's own handle follows.
+/// Handle types are below 256.
+const WITH_OBJECT: i32 = 0x4000_0000;
+
+fn encode(g: &Gone) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24 + g.dir.1.len() + g.name.len());
+    let flag = if g.object.is_some() { WITH_OBJECT } else { 0 };
+    for (i, handle) in std::iter::once(&g.dir).chain(&g.object).enumerate() {
+        let kind = if i == 0 { handle.0 | flag } else { handle.0 };
+        body.extend_from_slice(&kind.to_le_bytes());
+        body.extend_from_slice(&(handle.1.len() as u32).to_le_bytes());
+        body.extend_from_slice(&handle.1);
+    }
+    body.extend_from_slice(&g.name);
     let mut out = Vec::with_capacity(body.len() + 12);
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
@@ -65,9 +73,33 @@ fn encode(handle: &Handle, name: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A handle at the start of `body` (type, length, bytes), and what follows it.
+fn handle_at(body: &[u8]) -> Option<(Handle, &[u8])> {
+    let kind = i32::from_le_bytes(body.get(..4)?.try_into().ok()?);
+    let len = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?) as usize;
+    let bytes = body.get(8..8 + len)?;
+    Some(((kind, bytes.to_vec()), &body[8 + len..]))
+}
+
+/// One record's body.
+fn gone_of(body: &[u8]) -> Option<Gone> {
+    let ((kind, dir), rest) = handle_at(body)?;
+    let (object, name) = if kind & WITH_OBJECT != 0 {
+        let (object, name) = handle_at(rest)?;
+        (Some(object), name)
+    } else {
+        (None, rest)
+    };
+    Some(Gone {
+        dir: (kind & !WITH_OBJECT, dir),
+        name: name.to_vec(),
+        object,
+    })
+}
+
 /// The records of `data`, up to the first damaged or partial one. A record with an
 /// empty name stands for an overflow of the keeper's watch.
-fn decode(mut data: &[u8]) -> Vec<(Handle, Vec<u8>)> {
+fn decode(mut data: &[u8]) -> Vec<Gone> {
     let mut out = Vec::new();
     while data.len() >= 4 {
         let len = u32::from_le_bytes(data[..4].try_into().expect("4 bytes")) as usize;
@@ -75,15 +107,11 @@ fn decode(mut data: &[u8]) -> Vec<(Handle, Vec<u8>)> {
         let Some(sum) = data.get(4 + len..12 + len) else {
             break;
         };
-        if fnv1a(body).to_le_bytes() != sum || body.len() < 8 {
+        if fnv1a(body).to_le_bytes() != sum {
             break;
         }
-        let kind = i32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
-        let hlen = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
-        let Some(handle) = body.get(8..8 + hlen) else {
-            break;
-        };
-        out.push(((kind, handle.to_vec()), body[8 + hlen..].to_vec()));
+        let Some(gone) = gone_of(body) else { break };
+        out.push(gone);
         data = &data[12 + len..];
     }
     out
@@ -98,16 +126,20 @@ fn open_record(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-fn append(file: &mut File, seen: &[(Handle, Vec<u8>)]) -> std::io::Result<()> {
-    for (h, n) in seen {
-        file.write_all(&encode(h, n))?;
+fn append(file: &mut File, seen: &[Gone]) -> std::io::Result<()> {
+    for g in seen {
+        file.write_all(&encode(g))?;
     }
     Ok(())
 }
 
 /// The overflow marker: no name can have zero bytes.
-fn overflow_marker() -> (Handle, Vec<u8>) {
-    ((0, Vec::new()), Vec::new())
+fn overflow_marker() -> Gone {
+    Gone {
+        dir: (0, Vec::new()),
+        name: Vec::new(),
+        object: None,
+    }
 }
 
 /// The keepers running for `name`, each checked to be a keeper of `name` (not a
@@ -187,7 +219,7 @@ pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
         Ok(data) => decode(&data),
         Err(_) => return,
     };
-    let overflowed = seen.iter().any(|(h, n)| h.1.is_empty() && n.is_empty());
+    let overflowed = seen.contains(&overflow_marker());
     watch.add((!overflowed).then_some(seen));
 }
 
@@ -322,22 +354,32 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_a_damaged_tail_is_dropped() {
-        let a = ((1, vec![1, 2, 3, 4]), b"w-1".to_vec());
-        let b = ((2, vec![9; 12]), b"odd\nname\xff".to_vec());
-        let mut data = encode(&a.0, &a.1);
-        data.extend(encode(&b.0, &b.1));
-        assert_eq!(decode(&data), vec![a.clone(), b]);
+        let gone = |dir, name: &[u8], object| Gone {
+            dir,
+            name: name.to_vec(),
+            object,
+        };
+        let a = gone((1, vec![1, 2, 3, 4]), b"w-1", None);
+        let b = gone((2, vec![9; 12]), b"odd\nname\xff", None);
+        // A directory, with its own handle.
+        let c = gone((0x81, vec![5; 8]), b"d", Some((0x81, vec![6; 8])));
+        let mut data = encode(&a);
+        data.extend(encode(&b));
+        data.extend(encode(&c));
+        assert_eq!(decode(&data), vec![a.clone(), b.clone(), c.clone()]);
+        let whole = encode(&a).len() + encode(&b).len();
         for cut in 0..data.len() {
             let n = decode(&data[..cut]).len();
-            assert!(n <= 1);
+            assert!(n <= 2 || cut >= data.len(), "{cut}: {n}");
+            assert!(cut < whole || n >= 2, "{cut}: {n}");
         }
         let mut bad = data.clone();
-        let last = bad.len() - 9;
-        bad[last] ^= 1;
-        assert_eq!(decode(&bad), vec![a]);
+        let in_b = encode(&a).len() + 10;
+        bad[in_b] ^= 1;
+        assert_eq!(decode(&bad), vec![a.clone()]);
         let m = overflow_marker();
-        assert_eq!(decode(&encode(&m.0, &m.1)), vec![m]);
+        assert_eq!(decode(&encode(&m)), vec![m]);
         let distinct: HashSet<_> = decode(&data).into_iter().collect();
-        assert_eq!(distinct.len(), 2);
+        assert_eq!(distinct.len(), 3);
     }
 }

@@ -30,6 +30,15 @@ use crate::copy::DiskDeletions;
 pub use super::fanotify::Handle;
 use super::fanotify::{handle_of, parse, Event};
 
+/// One deletion seen: the directory's handle and the name, with the deleted entry's
+/// own handle where it was a directory and the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Gone {
+    pub dir: Handle,
+    pub name: Vec<u8>,
+    pub object: Option<Handle>,
+}
+
 pub struct Deletions {
     group: Fanotify,
     /// When the watched changes began to matter: every name seen deleted is taken to
@@ -94,28 +103,51 @@ impl Deletions {
         self.ignored = Some(pid);
     }
 
-    /// What this watch saw deleted itself (not what [`Self::add`] added).
-    pub fn seen(&mut self) -> Vec<(Handle, Vec<u8>)> {
+    /// What this watch saw deleted itself (not what [`Self::add`] added), a deleted
+    /// directory with each handle it had.
+    pub fn seen(&mut self) -> Vec<Gone> {
         self.drain();
-        self.gone
-            .iter()
-            .filter(|k| !self.added.contains(*k))
-            .cloned()
-            .collect()
+        let mut seen = Vec::new();
+        for (dir, name) in self.gone.iter().filter(|k| !self.added.contains(*k)) {
+            let objects = self.dirs.get(&(dir.clone(), name.clone()));
+            let gone = |object| Gone {
+                dir: dir.clone(),
+                name: name.clone(),
+                object,
+            };
+            match objects {
+                Some(objects) => seen.extend(objects.iter().map(|o| gone(Some(o.clone())))),
+                None => seen.push(gone(None)),
+            }
+        }
+        seen
     }
 
     /// Adds deletions seen by another watch (a keeper's); `None`: that watch overflowed.
-    pub fn add(&mut self, seen: Option<Vec<(Handle, Vec<u8>)>>) {
-        match seen {
-            Some(seen) => {
-                for k in seen {
-                    if self.gone.insert(k.clone()) {
-                        self.added.insert(k);
-                    }
-                }
+    pub fn add(&mut self, seen: Option<Vec<Gone>>) {
+        let Some(seen) = seen else {
+            self.overflowed = true;
+            return;
+        };
+        for g in seen {
+            let key = (g.dir, g.name);
+            if let Some(object) = g.object {
+                self.dir_gone(key.clone(), object);
             }
-            None => self.overflowed = true,
+            if self.gone.insert(key.clone()) {
+                self.added.insert(key);
+            }
         }
+    }
+
+    /// Remembers the handle of a directory deleted at `key`; whether it is new.
+    fn dir_gone(&mut self, key: (Handle, Vec<u8>), object: Handle) -> bool {
+        let known = self.dirs.entry(key).or_default();
+        let new = !known.contains(&object);
+        if new {
+            known.push(object);
+        }
+        new
     }
 
     pub fn overflowed(&self) -> bool {
@@ -127,8 +159,9 @@ impl Deletions {
         self.group.as_fd()
     }
 
-    /// Reads every queued event; returns the deletions not seen before.
-    pub fn drain(&mut self) -> Vec<(Handle, Vec<u8>)> {
+    /// Reads every queued event; returns the deletions not seen before (a name seen
+    /// before, again with a directory's handle not seen before).
+    pub fn drain(&mut self) -> Vec<Gone> {
         let mut new = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -151,11 +184,16 @@ impl Deletions {
                                 object,
                             } if pid != self.own_pid && Some(pid) != self.ignored => {
                                 let key = (dir, name);
-                                if let Some(object) = object.filter(|_| mask & libc::FAN_ONDIR != 0) {
-                                    self.dirs.entry(key.clone()).or_default().push(object);
-                                }
-                                if self.gone.insert(key.clone()) {
-                                    new.push(key);
+                                let object = object.filter(|_| mask & libc::FAN_ONDIR != 0);
+                                let new_dir = object
+                                    .clone()
+                                    .is_some_and(|object| self.dir_gone(key.clone(), object));
+                                if self.gone.insert(key.clone()) || new_dir {
+                                    new.push(Gone {
+                                        dir: key.0,
+                                        name: key.1,
+                                        object,
+                                    });
                                 }
                             }
                             Event::Named { .. } | Event::Object { .. } => {}

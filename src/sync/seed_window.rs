@@ -43,7 +43,7 @@ use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
-use crate::host::deletions::Deletions;
+use crate::host::deletions::{Deletions, Gone};
 use crate::host::fanotify::{fd_path, open_handle, Handle};
 use crate::progress::Progress;
 use crate::spec::MountSpec;
@@ -198,7 +198,7 @@ impl SeedDeletions {
         loop {
             let new = self.watch.drain();
             let last = new.is_empty();
-            gone.extend(new);
+            gone.extend(new.into_iter().map(|g| (g.dir, g.name)));
             for (handle, name) in gone.drain(..) {
                 dropped += self.drop_one(
                     (disk_root.as_fd(), &root_path),
@@ -239,8 +239,8 @@ impl SeedDeletions {
         )
         .with_context(|| format!("opening {}", path.display()))?;
         let mut dropped = 0;
-        for (handle, name) in gone {
-            let Now::Gone(rel, name) = self.lacking(disk_root.as_fd(), &root_path, handle, name) else {
+        for Gone { dir, name, .. } in gone {
+            let Now::Gone(rel, name) = self.lacking(disk_root.as_fd(), &root_path, dir, name) else {
                 continue;
             };
             let Ok(dir) = open_dir_beneath(live.as_fd(), &rel) else {

@@ -286,3 +286,54 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
     }
     assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
 }
+
+/// The application removes a directory on disk between two attempts of `down` (the
+/// first failed on a full disk), after emptying it there. The RAM's file in it,
+/// which the disk never had, is written back by the next attempt; the file the
+/// application deleted there stays deleted. Only the earlier attempt's keeper saw
+/// the directory go, so its record carries the directory's own handle.
+#[test]
+fn a_directory_removed_between_attempts_keeps_what_the_ram_wrote_in_it() {
+    let sb = Sandbox::new();
+    let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
+    let cache = disk.mount_point.join("cache");
+    fs::create_dir_all(cache.join("z")).unwrap();
+    fs::write(cache.join("z/old"), "on disk before").unwrap();
+    let state = disk.mount_point.join("state");
+    let spec = spec(&sb, &cache);
+    let run = |args: &[&std::ffi::OsStr]| {
+        let mut c = sb.cmd();
+        c.env("TMPFSCTL_STATE_DIR", &state);
+        sb.run_with(c, args)
+    };
+    run(&["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("z/new"), "written in RAM").unwrap();
+    let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    let filler = disk.mount_point.join("filler");
+    fs::write(&filler, vec![7u8; (avail.saturating_sub(1 << 20)) as usize]).unwrap();
+    // Walked before `z`: the first attempt fails before it gets there.
+    fs::write(cache.join("big"), vec![1u8; 4 << 20]).unwrap();
+    run(&["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("PENDING");
+    assert!(
+        !cache.join("z/new").exists(),
+        "the failed attempt wrote z/new back already: the test shows nothing"
+    );
+    // On its disk directory now, the application empties `z` and removes it.
+    fs::remove_file(cache.join("z/old")).unwrap();
+    fs::remove_dir(cache.join("z")).unwrap();
+    fs::remove_file(&filler).unwrap();
+    run(&["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(
+        fs::read_to_string(cache.join("z/new")).ok().as_deref(),
+        Some("written in RAM"),
+        "the RAM's file in the removed directory was lost"
+    );
+    assert!(
+        !cache.join("z/old").exists(),
+        "the file the application deleted came back"
+    );
+    assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
+}
