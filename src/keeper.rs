@@ -21,6 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -97,24 +98,40 @@ fn gone_of(body: &[u8]) -> Option<Gone> {
     })
 }
 
-/// The records of `data`, up to the first damaged or partial one. A record with an
-/// empty name stands for an overflow of the keeper's watch.
+/// The records of `data`. A record with an empty name stands for an overflow of the
+/// keeper's watch. Several keepers append to one record: a write cut short (a full
+/// disk, a keeper killed) leaves a torn record, and the records after it are found
+/// again byte by byte (a false match needs a 64-bit checksum to hold by chance). A
+/// keeper whose write failed says so with an overflow record once it can; a torn
+/// record at the end is one being written (the new keeper's, which the reader's own
+/// watch covers).
 fn decode(mut data: &[u8]) -> Vec<Gone> {
     let mut out = Vec::new();
-    while data.len() >= 4 {
-        let len = u32::from_le_bytes(data[..4].try_into().expect("4 bytes")) as usize;
-        let Some(body) = data.get(4..4 + len) else { break };
-        let Some(sum) = data.get(4 + len..12 + len) else {
-            break;
-        };
-        if fnv1a(body).to_le_bytes() != sum {
-            break;
+    while !data.is_empty() {
+        match record_at(data) {
+            Some((gone, len)) => {
+                out.push(gone);
+                data = &data[len..];
+            }
+            None => data = &data[1..],
         }
-        let Some(gone) = gone_of(body) else { break };
-        out.push(gone);
-        data = &data[12 + len..];
     }
     out
+}
+
+/// The record at the start of `data`, and its length, if it is whole and intact.
+fn record_at(data: &[u8]) -> Option<(Gone, usize)> {
+    let len = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
+    // Two handles (128 bytes at most each) and a name (255): never near this.
+    if len > 4096 {
+        return None;
+    }
+    let body = data.get(4..4 + len)?;
+    let sum = data.get(4 + len..12 + len)?;
+    if fnv1a(body).to_le_bytes() != sum {
+        return None;
+    }
+    Some((gone_of(body)?, 12 + len))
 }
 
 fn open_record(path: &Path) -> std::io::Result<File> {
@@ -159,7 +176,7 @@ fn running(state: &State, name: &str) -> Vec<Pid> {
         else {
             continue;
         };
-        if keeps(pid, name) {
+        if keeps(pid, state, name) {
             keepers.push(Pid::from_raw(pid as i32));
         } else {
             let _ = std::fs::remove_file(entry.path());
@@ -168,14 +185,18 @@ fn running(state: &State, name: &str) -> Vec<Pid> {
     keepers
 }
 
-/// Whether process `pid` is a keeper of `name`.
-fn keeps(pid: u32, name: &str) -> bool {
+/// Whether process `pid` is a keeper of `name` with the state directory of `state`
+/// (as [`start`] runs it).
+fn keeps(pid: u32, state: &State, name: &str) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    args.windows(2)
-        .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes())
+    let dir = state.dir().as_os_str().as_bytes();
+    args.windows(2).any(|w| w[0] == b"--state-dir" && w[1] == dir)
+        && args
+            .windows(2)
+            .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes())
 }
 
 /// Whether `pid` ended (gone, or a zombie its new parent has not reaped yet).
@@ -316,6 +337,7 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
     nix::unistd::dup2_stdout(&devnull)?;
     let _ = std::env::set_current_dir("/");
     let mut overflow_noted = false;
+    let mut lost = false;
     loop {
         let mut fds = [
             PollFd::new(watch.fd(), PollFlags::POLLIN),
@@ -328,8 +350,11 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
             new.push(overflow_marker());
             overflow_noted = true;
         }
-        if append(&mut file, &new).is_err() && !overflow_noted {
-            // The record cannot grow: what it misses is an overflow, and says so.
+        if append(&mut file, &new).is_err() {
+            lost = true;
+        }
+        if lost && !overflow_noted {
+            // What the record misses is an overflow, and it says so, as soon as it can.
             overflow_noted = append(&mut file, &[overflow_marker()]).is_ok();
         }
         // Started just before the switch: the held tmpfs appears, and when it goes
@@ -353,7 +378,7 @@ mod tests {
     use std::collections::HashSet;
 
     #[test]
-    fn records_round_trip_and_a_damaged_tail_is_dropped() {
+    fn records_round_trip_and_a_torn_one_is_passed_over() {
         let gone = |dir, name: &[u8], object| Gone {
             dir,
             name: name.to_vec(),
@@ -363,21 +388,25 @@ mod tests {
         let b = gone((2, vec![9; 12]), b"odd\nname\xff", None);
         // A directory, with its own handle.
         let c = gone((0x81, vec![5; 8]), b"d", Some((0x81, vec![6; 8])));
-        let mut data = encode(&a);
-        data.extend(encode(&b));
-        data.extend(encode(&c));
+        let records = [encode(&a), encode(&b), encode(&c)];
+        let data = records.concat();
         assert_eq!(decode(&data), vec![a.clone(), b.clone(), c.clone()]);
-        let whole = encode(&a).len() + encode(&b).len();
-        for cut in 0..data.len() {
-            let n = decode(&data[..cut]).len();
-            assert!(n <= 2 || cut >= data.len(), "{cut}: {n}");
-            assert!(cut < whole || n >= 2, "{cut}: {n}");
-        }
-        let mut bad = data.clone();
-        let in_b = encode(&a).len() + 10;
-        bad[in_b] ^= 1;
-        assert_eq!(decode(&bad), vec![a.clone()]);
         let m = overflow_marker();
+        let ends = [records[0].len(), records[0].len() + records[1].len(), data.len()];
+        for cut in 1..data.len() {
+            let whole = ends.iter().filter(|&&e| e <= cut).count();
+            let want = [&a, &b, &c][..whole]
+                .iter()
+                .map(|g| (*g).clone())
+                .collect::<Vec<_>>();
+            assert_eq!(decode(&data[..cut]), want, "cut at {cut}");
+        }
+        // A torn record in the middle (two keepers append, one was killed): the ones
+        // after it are found again.
+        let mut torn = records[0].clone();
+        torn.extend_from_slice(&records[1][..records[1].len() / 2]);
+        torn.extend_from_slice(&records[2]);
+        assert_eq!(decode(&torn), vec![a.clone(), c.clone()]);
         assert_eq!(decode(&encode(&m)), vec![m]);
         let distinct: HashSet<_> = decode(&data).into_iter().collect();
         assert_eq!(distinct.len(), 3);

@@ -24,7 +24,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
 use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
-use super::place::{put_in_place, DiskDeletions, Place, Placed};
+use super::place::{put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
@@ -325,6 +325,22 @@ fn fsync_and_place(
         return Ok(Placed::Deleted);
     }
     let placed = put_in_place(at, temp, name, r.place).map_err(dst_err("rename into place"))?;
+    if placed == Placed::Yes
+        && matches!(r.place, Place::Free)
+        && deletions.is_some_and(|dl| r.dir.deleted(dl, name).is_some())
+    {
+        // Deleted between the look above and the rename (the worker may be preempted
+        // there): the name was free only through that deletion, the later change. The
+        // copy goes again unless the application changed it since it appeared.
+        let ours = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+        if remove_seen(at, name, Seen::of(&ours), temp).map_err(dst_err("take out again"))? {
+            tracing::debug!(
+                "write-back: {}: deleted on disk as it was put in place, taken out again",
+                r.rel.display()
+            );
+            return Ok(Placed::Deleted);
+        }
+    }
     if placed != Placed::Yes {
         tracing::debug!("write-back: {}: not put in place: {placed:?}", r.rel.display());
     }

@@ -47,6 +47,8 @@ pub struct Deletions {
     gone: HashSet<(Handle, Vec<u8>)>,
     /// The part of `gone` another watch saw.
     added: HashSet<(Handle, Vec<u8>)>,
+    /// The part of `dirs` another watch saw: (where, the directory's own handle).
+    added_dirs: HashSet<((Handle, Vec<u8>), Handle)>,
     /// The handles of the deleted directories, by their directory and name.
     dirs: HashMap<(Handle, Vec<u8>), Vec<Handle>>,
     own_pid: i32,
@@ -86,6 +88,7 @@ impl Deletions {
             since: None,
             gone: HashSet::new(),
             added: HashSet::new(),
+            added_dirs: HashSet::new(),
             dirs: HashMap::new(),
             own_pid: std::process::id() as i32,
             ignored: None,
@@ -108,16 +111,22 @@ impl Deletions {
     pub fn seen(&mut self) -> Vec<Gone> {
         self.drain();
         let mut seen = Vec::new();
-        for (dir, name) in self.gone.iter().filter(|k| !self.added.contains(*k)) {
-            let objects = self.dirs.get(&(dir.clone(), name.clone()));
+        for key in &self.gone {
             let gone = |object| Gone {
-                dir: dir.clone(),
-                name: name.clone(),
+                dir: key.0.clone(),
+                name: key.1.clone(),
                 object,
             };
-            match objects {
-                Some(objects) => seen.extend(objects.iter().map(|o| gone(Some(o.clone())))),
-                None => seen.push(gone(None)),
+            let own = !self.added.contains(key);
+            let objects = self.dirs.get(key).map_or(&[][..], Vec::as_slice);
+            // A directory deleted at a name another watch saw deleted too: its own.
+            let own_objects = objects
+                .iter()
+                .filter(|o| !self.added_dirs.contains(&(key.clone(), (*o).clone())));
+            let before = seen.len();
+            seen.extend(own_objects.map(|o| gone(Some(o.clone()))));
+            if own && seen.len() == before {
+                seen.push(gone(None));
             }
         }
         seen
@@ -132,7 +141,9 @@ impl Deletions {
         for g in seen {
             let key = (g.dir, g.name);
             if let Some(object) = g.object {
-                self.dir_gone(key.clone(), object);
+                if self.dir_gone(key.clone(), object.clone()) {
+                    self.added_dirs.insert((key.clone(), object));
+                }
             }
             if self.gone.insert(key.clone()) {
                 self.added.insert(key);
@@ -282,5 +293,49 @@ mod tests {
         assert_eq!(d.deleted(fd.as_fd(), c"b"), None, "our own deletion");
         let top = std::fs::File::open(dir.path()).unwrap();
         assert_eq!(d.deleted(top.as_fd(), c"a"), None, "another directory");
+    }
+
+    /// What a watch hands over is what it saw itself: not what it took over, but a
+    /// directory it saw deleted at a name it took over, with the directory's handle.
+    #[test]
+    fn what_is_handed_over_is_what_this_watch_saw() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let Ok(mut d) = Deletions::watch(dir.path()) else {
+            eprintln!("fanotify with FAN_REPORT_DFID_NAME is not available here");
+            return;
+        };
+        let top = handle_of(std::fs::File::open(dir.path()).unwrap().as_fd()).unwrap();
+        let earlier = Gone {
+            dir: top.clone(),
+            name: b"d".to_vec(),
+            object: Some((1, vec![7; 8])),
+        };
+        let other = Gone {
+            dir: top.clone(),
+            name: b"f".to_vec(),
+            object: None,
+        };
+        d.add(Some(vec![earlier.clone(), other.clone()]));
+        let st = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"mkdir "$1/d" && rmdir "$1/d""#)
+            .arg("sh")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // The whole filesystem is watched: other tests delete too.
+        let seen: Vec<Gone> = d.seen().into_iter().filter(|g| g.dir == top).collect();
+        assert!(!seen.contains(&earlier) && !seen.contains(&other), "{seen:?}");
+        if d.gone_dirs(Err(&to_key(&top)), c"d").len() < 2 {
+            eprintln!("no FAN_REPORT_TARGET_FID here: directories are not told apart");
+            return;
+        }
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!((&seen[0].dir, &seen[0].name[..]), (&top, &b"d"[..]));
+        assert!(seen[0].object.is_some());
     }
 }

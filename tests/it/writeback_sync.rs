@@ -489,7 +489,8 @@ fn a_full_destination_fails_naming_the_file_and_leaves_no_temporary() {
 /// gives way to the disk's version even when the copy's ctime is the later one (the
 /// copy finished in the tick of the change, or its filesystem keeps finer times);
 /// a copy the application changed in RAM since the switch stays, and so does the
-/// copy of a file the disk did not change.
+/// copy of a file the disk did not change, and a copy the application moved to
+/// another path (with its directory) in RAM since.
 #[test]
 fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
     use tmpfsctl::copy::baseline::{now_after_tick, Mark, Sig};
@@ -499,27 +500,48 @@ fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
     in_private_mount_ns(|| {
         let _tmpfs = mount_tmpfs(ram.path(), "size=16m");
         let (disk, ram) = (disk.path(), ram.path());
-        let names = ["changed", "unchanged", "changed on both sides"];
+        let names = [
+            "changed",
+            "unchanged",
+            "changed on both sides",
+            "cur/idx",
+            "next/idx",
+        ];
+        for d in ["cur", "next"] {
+            fs::create_dir(disk.join(d)).expect("mkdir");
+            fs::create_dir(ram.join(d)).expect("mkdir");
+        }
         let mut copied = Baseline::none();
-        for n in names {
+        let mut mtimes = Vec::new();
+        for (i, n) in names.iter().enumerate() {
             fs::write(disk.join(n), format!("{n}: 1")).expect("write");
+            let f = fs::File::options().write(true).open(disk.join(n)).expect("open");
+            let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + i as u64);
+            f.set_modified(mtime).expect("set mtime");
+            mtimes.push(mtime);
             let st = nix::sys::stat::stat(&disk.join(n)).expect("stat");
             copied.marks.insert(n.as_bytes(), Mark::Entry(Sig::of(&st)));
         }
         let seed_started = now_after_tick();
-        // The application replaces two of them on disk (a temporary renamed over
+        // The application replaces three of them on disk (a temporary renamed over
         // each), after the seed read them and before it wrote its copies.
-        for n in [names[0], names[2]] {
+        for n in [names[0], names[2], names[3]] {
             fs::write(disk.join("new"), format!("{n}: 2")).expect("write");
             fs::rename(disk.join("new"), disk.join(n)).expect("rename");
         }
         tick();
-        for n in names {
+        // The seed's copies: the content it read, with the mtime it read.
+        for (n, mtime) in names.iter().zip(&mtimes) {
             fs::write(ram.join(n), format!("{n}: 1")).expect("write");
+            let f = fs::File::options().write(true).open(ram.join(n)).expect("open");
+            f.set_modified(*mtime).expect("set mtime");
         }
         copied.taken = Some(now_after_tick());
-        // In place now: the application's change in RAM is the newest of all.
+        // In place now. The application's change in RAM is the newest of all; and it
+        // replaces `cur` by `next` there (its copy keeps its ctime at its new path).
         fs::write(ram.join(names[2]), format!("{}: 3", names[2])).expect("write");
+        fs::remove_dir_all(ram.join("cur")).expect("rm");
+        fs::rename(ram.join("next"), ram.join("cur")).expect("rename");
         let copy_ino = fs::metadata(ram.join(names[1])).expect("stat").ino();
         let base = Baseline {
             taken: Some(seed_started),
@@ -550,6 +572,11 @@ fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
             read(names[2]),
             "changed on both sides: 3",
             "the application's change in RAM was lost"
+        );
+        assert_eq!(
+            read("cur/idx"),
+            "next/idx: 1",
+            "the copy the application moved in RAM was overwritten"
         );
     });
 }

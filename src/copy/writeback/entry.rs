@@ -8,7 +8,7 @@ use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags};
 use nix::sys::stat::{self, FileStat};
 
-use crate::copy::baseline::{Disk, Ram, Verdict};
+use crate::copy::baseline::{Disk, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
 use crate::copy::scan::{ScanEvent, SrcEntry};
@@ -67,7 +67,7 @@ impl Syncer<'_, '_> {
         } else {
             None
         };
-        let verdict = self.decide(&path, Ram::Present(ctime(&s)), d.as_ref(), parent);
+        let verdict = self.decide(&path, Some(&s), d.as_ref(), parent);
         if file_type(&s) != libc::S_IFDIR {
             if verdict != Verdict::Ram {
                 let regular = |st: &FileStat| file_type(st) == libc::S_IFREG;
@@ -172,7 +172,7 @@ impl Syncer<'_, '_> {
         {
             return Ok(Stepped::default());
         }
-        match self.decide(&path, Ram::Absent, Some(&d), parent) {
+        match self.decide(&path, None, Some(&d), parent) {
             Verdict::Ram => {
                 let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
                     self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?

@@ -15,15 +15,16 @@ use crate::copy::settle::UNTRUSTED;
 use super::{ctime, Frame, Syncer, Tentative, Went};
 
 impl Syncer<'_, '_> {
-    /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`]);
-    /// conflicts are counted.
+    /// The rule's verdict for one name of the directory `frame` (see [`baseline::decide`])
+    /// between the RAM's entry `src` and the disk's `disk`; conflicts are counted.
     pub(super) fn decide(
         &mut self,
         path: &[u8],
-        ram: Ram,
+        src: Option<&FileStat>,
         disk: Option<&FileStat>,
         frame: &Frame,
     ) -> Verdict {
+        let ram = src.map_or(Ram::Absent, |s| Ram::Present(ctime(s)));
         let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d)));
         let mut mark = self.base_mark(path, disk);
         if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
@@ -44,7 +45,7 @@ impl Syncer<'_, '_> {
                 }
             };
         }
-        let outdated = mark.is_none() && self.copy_outdated(path, ram, disk);
+        let outdated = mark.is_none() && self.copy_outdated(path, src, disk);
         let d = if outdated {
             Decision {
                 verdict: Verdict::Ram,
@@ -77,21 +78,27 @@ impl Syncer<'_, '_> {
     }
 
     /// In a merge into a seed's fresh copy ([`super::Merge::copied`]): whether the
-    /// destination entry (`disk`) at `path` is the seed's copy, unchanged since (it
-    /// changed before the copy's time, when only the seed wrote there), of a source
-    /// entry that changed after it was copied (its ctime is not the one recorded). The
-    /// source's version is then the newer one, whatever the two ctimes say: the
-    /// copy's ctime is when the copy was made, which can fall in the clock tick of
-    /// the source's later change, or after it where the two filesystems' timestamps
-    /// differ in grain.
-    fn copy_outdated(&self, path: &[u8], ram: Ram, disk: Disk) -> bool {
-        let Some(copied) = self.copied else {
+    /// destination entry (`disk`) at `path` is the seed's copy, unchanged since, of a
+    /// source entry (`src`) that changed after it was copied. The source's version is
+    /// then the newer one, whatever the two ctimes say: the copy's ctime is when the
+    /// copy was made, which can fall in the clock tick of the source's later change,
+    /// or after it where the two filesystems' timestamps differ in grain.
+    ///
+    /// The seed's copy, unchanged: changed before the copy's time, when only the seed
+    /// wrote there (or since only by this pass, unlinking another name of its inode),
+    /// and with the size, type and mtime of what the seed recorded copying there; a
+    /// copy the application moved to this path in RAM since has another record's.
+    /// Directories are left to their times: a verdict only decides their metadata.
+    fn copy_outdated(&self, path: &[u8], src: Option<&FileStat>, disk: Disk) -> bool {
+        let (Some(copied), Some(src), Disk::Present(d)) = (self.copied, src, disk) else {
             return false;
         };
-        let (Ram::Present(now), Disk::Present(d), Some(made_before)) = (ram, disk, copied.taken) else {
+        let Some(Mark::Entry(was)) = copied.get(path) else {
             return false;
         };
-        d.ctime < made_before && matches!(copied.get(path), Some(Mark::Entry(was)) if was.ctime != now)
+        let unchanged_copy = (copied.taken.is_some_and(|t| d.ctime < t) || self.touched.contains(&d.ino))
+            && (d.mode, d.size, d.mtime) == (was.mode, was.size, was.mtime);
+        !was.is_dir() && unchanged_copy && Sig::of(src) != was
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
