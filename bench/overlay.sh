@@ -2,7 +2,9 @@
 # `seed: overlay`: how long `apply` takes on a large cache (nothing is copied:
 # a side bind, a tmpfs and the overlay, whatever the size of the tree), against
 # `seed: copy` on the same tree; then the upper layer's size under churn, with
-# a write-back every SYNC_EVERY seconds.
+# a write-back every SYNC_EVERY seconds, and again (EVICT=1, the default) with
+# the agent's watchdog evicting the upper layer (written back, started afresh)
+# past EVICT_HIGH% of an UPPER_SIZE tmpfs.
 #
 # The tree (on disk, /var/tmp): FILES files of random data in 256
 # directories, TOTAL_MIB in all. `apply` is timed as a whole process (fork,
@@ -13,7 +15,8 @@
 # is printed every second. A write the full tmpfs refuses is counted.
 # Each run is in a private mount namespace with a state directory of its own.
 #
-# Usage: sudo bench/overlay.sh     (env: FILES TOTAL_MIB RUNS CHURN RATE SYNC_EVERY BIN)
+# Usage: sudo bench/overlay.sh     (env: FILES TOTAL_MIB RUNS CHURN RATE SYNC_EVERY
+#                                   EVICT UPPER_SIZE EVICT_HIGH EVICT_LOW BIN)
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -26,10 +29,15 @@ RUNS=${RUNS:-5}
 CHURN=${CHURN:-30}
 RATE=${RATE:-300}
 SYNC_EVERY=${SYNC_EVERY:-5}
+EVICT=${EVICT:-1}
+UPPER_SIZE=${UPPER_SIZE:-128MiB}
+EVICT_HIGH=${EVICT_HIGH:-70}
+EVICT_LOW=${EVICT_LOW:-20}
 BIN=${BIN:-$PWD/target/release/tmpfsctl}
 WORK=$(mktemp -d /var/tmp/tmpfsctl-overlay-bench-XXXXXX)
 export TMPFSCTL_STATE_DIR="$WORK/state"
 cleanup() {
+    [ -z "${agent:-}" ] || kill "$agent" 2>/dev/null || true
     for s in "$WORK"/*.yaml; do
         [ -e "$s" ] && "$BIN" down "$s" >/dev/null 2>&1 || true
     done
@@ -54,7 +62,7 @@ EOF
 sync
 echo "tree: $FILES files, $(du -sh "$WORK/cache" | cut -f1) in 256 directories; $(uname -r)"
 
-spec() { # name seed size
+spec() { # name seed size [a line more]
     cat >"$WORK/$1.yaml" <<EOF
 version: 1
 mounts:
@@ -63,6 +71,7 @@ mounts:
     size: $3
     seed: $2
     persist: on-stop
+${4:-}
 EOF
     echo "$WORK/$1.yaml"
 }
@@ -86,16 +95,18 @@ if [ "${COPY:-1}" = 1 ]; then
     "$BIN" down "$cp" >/dev/null
 fi
 
-"$BIN" apply "$ov" >/dev/null
-python3 - "$WORK/cache" "$FILES" "$CHURN" "$BIN" "$ov" "$SYNC_EVERY" "$RATE" <<'EOF'
+cat >"$WORK/churn.py" <<'EOF'
 import errno, json, os, random, subprocess, sys, time
 root, files, churn, binary, spec, every, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]), float(sys.argv[7])
 rnd = random.Random(1)
 data = os.urandom(64 << 10)
 def used():
     s = json.loads(subprocess.run([binary, "status", "--format", "json", spec], capture_output=True, check=True).stdout)
-    return s["mounts"][0]["usage"]["used"]
-start = time.time(); next_tick = start + 1; next_sync = start + every
+    # Absent for the moment of an eviction's switch.
+    return (s["mounts"][0].get("usage") or {}).get("used", 0)
+# every 0: no write-backs here (the agent evicts).
+start = time.time(); next_tick = start + 1; next_sync = start + every if every > 0 else float("inf")
+peak = 0
 ops = rewrites = creates = deletes = full = 0
 print("  s  upper used   ops  (rewrites/creates/deletes/refused as full so far)")
 while time.time() - start < churn:
@@ -125,9 +136,29 @@ while time.time() - start < churn:
         print("     sync: %.2f s, %d files (%.1f MiB) written, %d removed" % (time.time() - t, r["files_written"], r["bytes_written"] / 2**20, r["deleted"]))
         next_sync = time.time() + every
     if now >= next_tick:
-        print("%3d  %8.1f MiB  %6d  (%d/%d/%d/%d)" % (now - start, used() / 2**20, ops, rewrites, creates, deletes, full))
+        u = used(); peak = max(peak, u)
+        print("%3d  %8.1f MiB  %6d  (%d/%d/%d/%d)" % (now - start, u / 2**20, ops, rewrites, creates, deletes, full))
         next_tick = start + int(now - start) + 1
+print("upper layer at most %.1f MiB (sampled each second); %d writes refused as full" % (peak / 2**20, full))
 EOF
+"$BIN" apply "$ov" >/dev/null
+echo "churn, a write-back every ${SYNC_EVERY}s:"
+python3 "$WORK/churn.py" "$WORK/cache" "$FILES" "$CHURN" "$BIN" "$ov" "$SYNC_EVERY" "$RATE"
 t=$(date +%s%N)
 "$BIN" down "$ov" >/dev/null
 echo "down after churn (final write-back, switch, unmount): $(ms "$t") ms"
+
+[ "$EVICT" = 1 ] || exit 0
+ev=$(spec ev overlay "$UPPER_SIZE" "    watchdog: { high: $EVICT_HIGH%, low: $EVICT_LOW%, action: evict }")
+"$BIN" apply "$ev" >/dev/null
+"$BIN" agent "$ev" --metrics "$WORK/metrics.prom" --interval 200ms 2>"$WORK/agent.log" &
+agent=$!
+echo "churn, the agent evicting past $EVICT_HIGH% of $UPPER_SIZE (down to $EVICT_LOW%):"
+python3 "$WORK/churn.py" "$WORK/cache" "$FILES" "$CHURN" "$BIN" "$ev" 0 "$RATE"
+kill "$agent"
+wait "$agent" || true
+agent=
+grep -o 'upper layer written back and started afresh.*' "$WORK/agent.log" | sed 's/ mount=.*//; s/^/  agent: /' || true
+t=$(date +%s%N)
+"$BIN" down "$ev" >/dev/null
+echo "down after churn: $(ms "$t") ms"

@@ -41,6 +41,9 @@ impl Agent {
     }
 
     pub(super) fn evict(&mut self, i: usize, target: decide::EvictTarget, by: &str) -> bool {
+        if self.mounts[i].spec.seed == crate::spec::Seed::Overlay {
+            return self.renew(i, by);
+        }
         let started = Instant::now();
         let w = &mut self.mounts[i];
         let name = w.spec.name.clone();
@@ -192,6 +195,111 @@ impl Agent {
     /// Takes the mount out of RAM (write-back first when persisted), the
     /// same way `tmpfsctl down` does; the application continues on its disk
     /// directory.
+    /// Eviction on a `seed: overlay` mount: its RAM is the upper layer, from which
+    /// overlayfs lets no file go while mounted (docs/overlay.md, "Eviction"). So the
+    /// whole layer is written back, as `down` does (the application is on its disk
+    /// directory meanwhile), and the mount offloaded again with an empty one: what
+    /// it wrote is then read from the disk and its page cache.
+    pub(super) fn renew(&mut self, i: usize, by: &str) -> bool {
+        let started = Instant::now();
+        let name = self.mounts[i].spec.name.clone();
+        let before = self.mounts[i].usage;
+        let taken = {
+            let _busy = self.alive.busy();
+            let _lock = match self.state.lock(self.opts.wait) {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!("{name}: eviction postponed: {e}");
+                    return false;
+                }
+            };
+            self.unwatch(i);
+            down::down_one(&self.spec, &name, &self.host, &self.state, "evict")
+        };
+        let r = match taken {
+            Ok(r) if r.result == DownOutcome::Refused => {
+                error!(
+                    mount = name.as_str(),
+                    action = "evict",
+                    "{name}: eviction refused, the upper layer stays: {}",
+                    r.reason.unwrap_or_default()
+                );
+                self.rescan();
+                return false;
+            }
+            Ok(r) => r,
+            Err(e) => {
+                error!(
+                    mount = name.as_str(),
+                    action = "evict",
+                    "{name}: eviction failed: {e:#}"
+                );
+                self.rescan();
+                return false;
+            }
+        };
+        for s in &r.syncs {
+            self.record_sync(i, s);
+        }
+        if r.result == DownOutcome::Pending {
+            // On its disk directory, with the upper layer held for the write-back: as
+            // after a fallback, offloaded again once that is done.
+            let again = self.interval.as_secs().max(1);
+            let rec = FallbackRecord {
+                at: unix_now(),
+                reason: format!("eviction ({by}): the write-back is pending"),
+                reoffload_at: Some(unix_now().saturating_add(again)),
+            };
+            let _ = self.state.set_fallback(&name, &rec);
+            let w = &mut self.mounts[i];
+            w.fallback = Some(rec);
+            w.state = MountState::Fallback;
+            error!(
+                mount = name.as_str(),
+                action = "evict",
+                "{name}: eviction switched to the disk directory, but writing the upper layer back failed: {}; retried, then offloaded again",
+                r.reason.unwrap_or_default()
+            );
+            return false;
+        }
+        self.apply(std::slice::from_ref(&name), "evict");
+        let w = &mut self.mounts[i];
+        if w.root.is_none() {
+            error!(
+                mount = name.as_str(),
+                action = "evict",
+                "{name}: written back, but not offloaded again: the application stays on its disk directory until the next apply"
+            );
+            return false;
+        }
+        w.metrics.count("evict");
+        let written: u64 = r
+            .syncs
+            .iter()
+            .filter_map(|s| s.stats.as_ref())
+            .map(|s| s.files_written)
+            .sum();
+        w.metrics.evicted_files += written;
+        let freed = match (before, w.usage) {
+            (Some(b), Some(a)) => b.used.saturating_sub(a.used),
+            _ => 0,
+        };
+        w.metrics.evicted_bytes += freed;
+        // Whether it freed anything, for the watchdog's next step: the layer may have
+        // been written back already by a periodic sync, and still freed its RAM.
+        w.last_evicted = written.max(u64::from(freed > 0));
+        let used = |u: Option<Usage>| u.map_or_else(|| "?".into(), |u| pct(u.used, u.size));
+        info!(
+            mount = name.as_str(),
+            action = "evict",
+            "{name}: upper layer written back and started afresh ({by}) in {} ms; usage {} -> {}",
+            started.elapsed().as_millis(),
+            used(before),
+            used(w.usage)
+        );
+        true
+    }
+
     pub(super) fn fallback(&mut self, i: usize, by: &str) -> bool {
         let _busy = self.alive.busy();
         let _lock = match self.state.lock(self.opts.wait) {

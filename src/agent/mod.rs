@@ -204,6 +204,9 @@ struct Watched {
     /// The last eviction's scan of the tree, kept for the next ones.
     scanned: Option<evict::Scanned>,
     quiet: quiet::Quiet,
+    /// Its writes wake the agent (a fanotify mark; an overlay takes none): else it
+    /// is measured every round.
+    marked: bool,
 }
 
 impl Watched {
@@ -226,6 +229,7 @@ impl Watched {
             last_evicted: 0,
             scanned: None,
             quiet: quiet::Quiet::default(),
+            marked: false,
         }
     }
 

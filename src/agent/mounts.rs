@@ -32,29 +32,6 @@ impl Agent {
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
-            if self.mounts[i].spec.seed == spec::Seed::Overlay {
-                // Written back on schedule, never acted on otherwise (validation
-                // refuses a watchdog on it, docs/overlay.md) and never a candidate
-                // under pressure.
-                let w = &mut self.mounts[i];
-                w.usage = None;
-                w.state = observe::classify(&StateFacts {
-                    offloaded: ours.is_some(),
-                    degraded: self.state.degraded(&w.spec.name).is_some(),
-                    covered: top.is_some() && ours.is_none(),
-                    ..StateFacts::default()
-                });
-                match (w.spec.persist, ours.is_some()) {
-                    (Persist::Every(secs), true) if w.next_sync.is_none() => {
-                        let last = self.state.last_sync(&w.spec.name).map(|r| r.at);
-                        let due = decide::sync_due_in(secs, last, unix_now());
-                        w.next_sync = Some(decide::deadline(Instant::now(), due));
-                    }
-                    (_, false) => w.next_sync = None,
-                    _ => {}
-                }
-                continue;
-            }
             let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
             if held && Some(self.mounts[i].dev) != dev {
@@ -111,17 +88,25 @@ impl Agent {
         if root.metadata().map(|m| m.dev()).ok() != Some(dev) {
             return;
         }
-        if let Some(wake) = &self.wake {
-            if let Err(e) = wake.add(root.as_fd()) {
-                warn!(
-                    "{}: fanotify mark failed ({e}); this mount is polled every {}",
-                    self.mounts[i].name(),
-                    describe_ms(self.interval.as_millis() as u64)
-                );
-            }
-        }
+        // overlayfs takes no fanotify mark reporting file handles: polled.
+        let overlay = self.mounts[i].spec.seed == spec::Seed::Overlay;
+        let marked = match &self.wake {
+            Some(_) if overlay => false,
+            Some(wake) => wake
+                .add(root.as_fd())
+                .map_err(|e| {
+                    warn!(
+                        "{}: fanotify mark failed ({e}); this mount is polled every {}",
+                        self.mounts[i].name(),
+                        describe_ms(self.interval.as_millis() as u64)
+                    )
+                })
+                .is_ok(),
+            None => false,
+        };
         let w = &mut self.mounts[i];
-        if w.spec.persist != Persist::None {
+        // An overlay's write-back reads its upper layer, which holds only what changed.
+        if w.spec.persist != Persist::None && w.spec.seed != spec::Seed::Overlay {
             w.changes = root
                 .try_clone()
                 .map_err(anyhow::Error::from)
@@ -135,6 +120,7 @@ impl Agent {
                 .ok();
         }
         w.usage = Usage::of_fd(&root).ok();
+        w.marked = marked;
         w.memory = None;
         w.synced_used = None;
         w.root = Some(root);

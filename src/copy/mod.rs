@@ -45,6 +45,7 @@ pub use place::DiskDeletions;
 pub use seed::{copy_tree, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
 pub use writeback::{remove_entry, remove_unchanged, sync_tree, Dirty, Merge, SyncStats, Synced};
+pub use xattrs::{get_attr, set_attr};
 
 /// The directory part of a relative path (`""` at the top).
 pub fn parent_of(path: &[u8]) -> &[u8] {

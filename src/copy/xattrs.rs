@@ -17,6 +17,19 @@ pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CS
     CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
 }
 
+/// Sets the attribute `name` of the open file `fd` to `value`.
+pub fn set_attr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
+    XattrTarget::Fd(fd).set(name, value)
+}
+
+/// The value of the attribute `name` of the open file `fd`.
+pub fn get_attr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let len = XattrTarget::Fd(fd).get(name, &mut buf)?;
+    buf.truncate(len);
+    Ok(buf)
+}
+
 /// Where extended attributes are read or written: an open file, or an entry by name in
 /// an open directory, never following a symlink there. Symlinks and nodes cannot be
 /// opened for that, and a comparison should not open every file.

@@ -25,13 +25,17 @@ use super::{SyncOutcome, SyncResult};
 use crate::backend::overlay::UPPER;
 use crate::copy::baseline::{now_after_tick, Time};
 use crate::copy::overlay::{merge_upper, OverlayStats, Window};
-use crate::copy::{DiskDeletions, SyncStats};
+use crate::copy::{self, DiskDeletions, SyncStats};
 use crate::host::mountinfo::MountTable;
 use crate::spec::MountSpec;
 use crate::state::{State, SyncRecord};
 
 /// The record of the switch, in the tmpfs beside the upper and work directories.
 const SWITCHED: &str = "switched";
+/// The same record as an attribute of the tmpfs root, which needs neither a free
+/// inode nor a block there: an upper layer that filled its tmpfs is when an eviction
+/// or a `down` comes.
+const SWITCHED_ATTR: &std::ffi::CStr = c"trusted.tmpfsctl.switched";
 
 /// One pass of the upper layer on the tmpfs at `stage` into the disk
 /// directory, recorded for `status` as every write-back is. `merged`: where
@@ -148,7 +152,13 @@ pub fn rescue(m: &MountSpec, table: &MountTable, state: &State, by: &str) -> Res
 pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
     let t = now_after_tick();
     let text = format!("{} {} {} {}\n", first_pass.0, first_pass.1, t.0, t.1);
-    crate::state::write_atomic(&stage.join(SWITCHED), text.as_bytes())
+    let on_root =
+        File::open(stage).and_then(|root| copy::set_attr(root.as_fd(), SWITCHED_ATTR, text.as_bytes()));
+    match on_root {
+        Ok(()) => Ok(()),
+        // A filesystem without such attributes: a file.
+        Err(_) => crate::state::write_atomic(&stage.join(SWITCHED), text.as_bytes()),
+    }
 }
 
 /// The window of the pass after the switch: upper entries changed since the
@@ -157,8 +167,11 @@ pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
 /// entry is written, and a disk entry changed after the upper layer's last
 /// change is the application's later one.
 pub fn after_switch(stage: &Path) -> Result<Window> {
-    let recorded = std::fs::read_to_string(stage.join(SWITCHED))
+    let recorded = File::open(stage)
+        .and_then(|root| copy::get_attr(root.as_fd(), SWITCHED_ATTR))
         .ok()
+        .and_then(|v| String::from_utf8(v).ok())
+        .or_else(|| std::fs::read_to_string(stage.join(SWITCHED)).ok())
         .and_then(|text| {
             let v: Vec<i64> = text
                 .split_whitespace()

@@ -612,6 +612,53 @@ fn persist_every_writes_an_overlay_back_on_schedule() {
     );
 }
 
+/// `evict` on a `seed: overlay` mount: past `high` the agent writes the upper layer
+/// back and starts it afresh (a file cannot leave a mounted upper layer by itself).
+/// Its tmpfs is nearly empty again, the path is an overlay again, what was evicted
+/// is read from the disk, and nothing the busy application wrote is lost or back.
+#[test]
+fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: evict }\n",
+    );
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let app = common::App::paced(cache.clone(), Vec::new(), 17, Duration::from_millis(8));
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&cache, "big", 5, MIB as usize);
+    agent.wait_for("the eviction", |m| m.actions("c", "evict") >= 1.0);
+    app.event("evicted");
+    let m = wait_offloaded(&mut agent, "c");
+    assert_eq!(m.actions("c", "fallback"), 0.0);
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay", "offloaded again");
+    // The overlay reports its upper layer's filesystem.
+    let upper = nix::sys::statvfs::statvfs(&cache).unwrap();
+    let used = (upper.blocks() - upper.blocks_free()) as f64 / upper.blocks() as f64;
+    assert!(
+        used < 0.3,
+        "the upper layer is {:.0}% full after the eviction",
+        used * 100.0
+    );
+    assert_eq!(fs::read(cache.join("big000")).unwrap(), vec![0x5a; MIB as usize]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(agent.stop(), 0);
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    let mut exp = app.stop();
+    down.code(0);
+    for i in 0..5 {
+        exp.names
+            .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
+    }
+    exp.assert_nothing_lost(&cache, "evict on an overlay");
+}
+
 /// With the agent running, `sync` reads only the directories that changed (its
 /// change tracker answers), `sync --full` reads everything, and without the agent
 /// `sync` reads everything and says why; every pass leaves the disk equal to the RAM.

@@ -360,9 +360,20 @@ fn what_an_overlay_cannot_do_is_refused() {
     };
     refused(&mount(""), "with persist: none `down` would drop them all");
     refused(
-        &mount("    persist: on-stop\n    watchdog: { high: 90%, action: warn }\n"),
-        "a watchdog cannot act on a seed: overlay mount",
+        &mount(
+            "    persist: on-stop\n    watchdog: { high: 90%, action: [grow, evict], max_size: 128MiB }\n",
+        ),
+        "`grow` acts on a tmpfs at the path",
     );
+    refused(
+        &mount("    persist: on-stop\n    watchdog: { high: 90%, action: evict, pressure: [fallback] }\n"),
+        "the memory-pressure guard leaves seed: overlay mounts alone",
+    );
+    let p = sb.write_spec(
+        "good.yaml",
+        &mount("    persist: on-stop\n    watchdog: { high: 90%, low: 20%, action: evict }\n"),
+    );
+    sb.run(["validate", p.to_str().unwrap()]).code(0);
     assert!(sb.mounts().is_empty(), "validation touches nothing");
 
     let root = sb.path("root");

@@ -176,13 +176,14 @@ pub(super) fn mount(
             backend,
             mem_total,
             max_total,
+            overlay: seed == Some(Seed::Overlay),
         },
     );
     if seed == Some(Seed::Overlay) {
         if let (Some(p), Some(raw), Some(n)) = (&path, &m.path, &name) {
             paths::overlay_lower(cx, &field("path"), raw, p, n);
         }
-        overlay_limits(cx, i, m, persist, m.watchdog.is_some() || wd_defaults.is_some());
+        overlay_limits(cx, i, m, persist);
     }
     match backend {
         Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
@@ -286,7 +287,7 @@ fn zram_limits(
 /// What `seed: overlay` cannot do, each refused with its reason
 /// (docs/overlay.md). Placed at the mount's own field when it has one, else at
 /// its seed or name (the value came from `defaults:`).
-fn overlay_limits(cx: &mut Ctx, i: usize, m: &RawMount, persist: Option<Persist>, watchdog: bool) {
+fn overlay_limits(cx: &mut Ctx, i: usize, m: &RawMount, persist: Option<Persist>) {
     let Some(anchor) = m.seed.as_ref().or(m.name.as_ref()) else {
         return;
     };
@@ -298,14 +299,6 @@ fn overlay_limits(cx: &mut Ctx, i: usize, m: &RawMount, persist: Option<Persist>
             &field("persist"),
             "seed: overlay keeps every write only in the RAM upper layer; with persist: none `down` would drop them all, and a cache that may lose its writes needs no overlay (seed: empty)".to_string(),
             Some("persist: on-stop or every <duration> with seed: overlay"),
-        );
-    }
-    if watchdog {
-        cx.at_loc(
-            &at(None),
-            &field("watchdog"),
-            "a watchdog cannot act on a seed: overlay mount: evict would have to drop files from a mounted upper layer, which overlayfs does not allow (docs/overlay.md), and grow and fallback act on a tmpfs at the path".to_string(),
-            Some("no watchdog on a seed: overlay mount (nor in defaults)"),
         );
     }
 }

@@ -35,6 +35,9 @@ pub(super) struct WdCtx<'a> {
     pub(super) backend: Option<Backend>,
     pub(super) mem_total: u64,
     pub(super) max_total: u64,
+    /// `seed: overlay`: eviction writes the upper layer back and starts it afresh
+    /// (docs/overlay.md), so it does not need a volatile mount.
+    pub(super) overlay: bool,
 }
 
 /// A watchdog field as it applies to a mount: its own, else the defaults'.
@@ -68,7 +71,7 @@ impl<'a> WdCtx<'a> {
     /// `evict` deletes files: on a persisted mount the deletions would be
     /// written back.
     fn evict_needs_volatile(&self, cx: &mut Ctx, loc: &Location, field: &str) {
-        if self.persist.is_some_and(|p| p != Persist::None) {
+        if !self.overlay && self.persist.is_some_and(|p| p != Persist::None) {
             cx.at_loc(
                 loc,
                 field,
@@ -417,6 +420,12 @@ fn chain(cx: &mut Ctx, w: &WdCtx<'_>) -> Chain {
                 Some(ACTION_ACCEPTED),
             ),
             Action::Evict => w.evict_needs_volatile(cx, &a.loc, &a.field),
+            Action::Grow if w.overlay => cx.at_loc(
+                &a.loc,
+                &a.field,
+                "`grow` acts on a tmpfs at the path; a seed: overlay mount has its overlay there, over a tmpfs it keeps elsewhere".into(),
+                Some("evict (write the upper layer back and start it afresh), fallback or warn on a seed: overlay mount"),
+            ),
             _ => {}
         }
     }
@@ -514,7 +523,25 @@ fn grow_step(cx: &mut Ctx, w: &WdCtx<'_>, chain: &Chain) -> u64 {
 /// The pressure guard's actions, and whether the list as written was valid.
 fn pressure(cx: &mut Ctx, w: &WdCtx<'_>) -> (Vec<PressureAction>, bool) {
     let volatile = w.persist.map(|p| p == Persist::None);
-    match &w.pick("pressure", |r| r.pressure.as_ref()) {
+    let picked = w.pick("pressure", |r| r.pressure.as_ref());
+    let none = |p: &Pick<'_, NameList>| match &p.v.value {
+        NameList::One(n) => n == "none",
+        NameList::Many(l) => l.is_empty(),
+    };
+    if w.overlay {
+        // Its RAM is the upper layer, given back by its own watchdog's evict; the
+        // guard leaves it alone, and says so where asked otherwise (not for defaults).
+        if let Some(p) = picked.as_ref().filter(|p| p.own && !none(p)) {
+            cx.at_loc(
+                &p.v.referenced,
+                &p.field,
+                "the memory-pressure guard leaves seed: overlay mounts alone; their RAM is given back by the watchdog's evict".into(),
+                Some("pressure: none on a seed: overlay mount, and evict in its watchdog's action"),
+            );
+        }
+        return (Vec::new(), true);
+    }
+    match &picked {
         None if volatile == Some(true) => (
             vec![
                 PressureAction::Evict,
