@@ -98,7 +98,8 @@ fi
 cat >"$WORK/churn.py" <<'EOF'
 import errno, json, os, random, subprocess, sys, time
 root, files, churn, binary, spec, every, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]), float(sys.argv[7])
-rnd = random.Random(1)
+# Another sequence per phase: the second would find deleted what the first deleted.
+rnd = random.Random(1 + int(every))
 data = os.urandom(64 << 10)
 def used():
     s = json.loads(subprocess.run([binary, "status", "--format", "json", spec], capture_output=True, check=True).stdout)
