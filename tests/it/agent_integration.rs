@@ -659,6 +659,48 @@ fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
     exp.assert_nothing_lost(&cache, "evict on an overlay");
 }
 
+/// `fallback` on a `seed: overlay` mount: past `high` the agent writes the upper
+/// layer back and leaves the application on its disk directory, with everything
+/// the application wrote there; `apply` offloads it again, as an overlay.
+#[test]
+fn fallback_on_an_overlay_leaves_the_application_on_its_disk_directory() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+    );
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let app = common::App::paced(cache.clone(), Vec::new(), 19, Duration::from_millis(8));
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&cache, "big", 5, MIB as usize);
+    agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    app.event("fell back");
+    assert!(
+        sb.top(&cache).is_none_or(|e| e.fstype != "overlay"),
+        "the overlay is still at the path"
+    );
+    assert_eq!(fs::read(cache.join("big004")).unwrap(), vec![0x5a; MIB as usize]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(agent.stop(), 0);
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    app.event("applied");
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay", "offloaded again");
+    std::thread::sleep(Duration::from_millis(300));
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    let mut exp = app.stop();
+    down.code(0);
+    for i in 0..5 {
+        exp.names
+            .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
+    }
+    exp.assert_nothing_lost(&cache, "fallback on an overlay");
+}
+
 /// With the agent running, `sync` reads only the directories that changed (its
 /// change tracker answers), `sync --full` reads everything, and without the agent
 /// `sync` reads everything and says why; every pass leaves the disk equal to the RAM.
