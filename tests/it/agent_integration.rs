@@ -612,26 +612,48 @@ fn persist_every_writes_an_overlay_back_on_schedule() {
     );
 }
 
+/// A `seed: overlay` mount of 8 MiB whose watchdog acts with `action` past 60%,
+/// under the agent, a busy application on it, and 5 MiB written at once.
+fn overlay_past_high(action: &str, seed: u64) -> (Sandbox, PathBuf, PathBuf, Agent, common::App) {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        &format!("    seed: overlay\n    persist: on-stop\n    watchdog: {{ high: 60%, low: 30%, action: {action} }}\n"),
+    );
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let app = common::App::paced(cache.clone(), Vec::new(), seed, Duration::from_millis(8));
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&cache, "big", 5, MIB as usize);
+    (sb, cache, spec, agent, app)
+}
+
+/// `down`, then every name the application wrote, and the 5 MiB, are on disk as
+/// last written, and nothing it deleted is back.
+fn down_loses_nothing(sb: &Sandbox, spec: &Path, cache: &Path, app: common::App, what: &str) {
+    std::thread::sleep(Duration::from_millis(300));
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    app.event("down done");
+    let mut exp = app.stop();
+    down.code(0);
+    for i in 0..5 {
+        exp.names
+            .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
+    }
+    exp.assert_nothing_lost(cache, what);
+}
+
 /// `evict` on a `seed: overlay` mount: past `high` the agent writes the upper layer
 /// back and starts it afresh (a file cannot leave a mounted upper layer by itself).
 /// Its tmpfs is nearly empty again, the path is an overlay again, what was evicted
 /// is read from the disk, and nothing the busy application wrote is lost or back.
 #[test]
 fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("cache", 0, 0, 0o755);
-    let spec = spec_one(
-        &sb,
-        &cache,
-        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: evict }\n",
-    );
-    sb.run(["apply", spec.to_str().unwrap()]).code(0);
-    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    let app = common::App::paced(cache.clone(), Vec::new(), 17, Duration::from_millis(8));
-    std::thread::sleep(Duration::from_millis(300));
-    fill(&cache, "big", 5, MIB as usize);
+    let (sb, cache, spec, mut agent, app) = overlay_past_high("evict", 17);
     agent.wait_for("the eviction", |m| m.actions("c", "evict") >= 1.0);
     app.event("evicted");
     let m = wait_offloaded(&mut agent, "c");
@@ -648,15 +670,7 @@ fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
     assert_eq!(fs::read(cache.join("big000")).unwrap(), vec![0x5a; MIB as usize]);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(agent.stop(), 0);
-    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-    app.event("down done");
-    let mut exp = app.stop();
-    down.code(0);
-    for i in 0..5 {
-        exp.names
-            .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
-    }
-    exp.assert_nothing_lost(&cache, "evict on an overlay");
+    down_loses_nothing(&sb, &spec, &cache, app, "evict on an overlay");
 }
 
 /// `fallback` on a `seed: overlay` mount: past `high` the agent writes the upper
@@ -664,19 +678,7 @@ fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
 /// the application wrote there; `apply` offloads it again, as an overlay.
 #[test]
 fn fallback_on_an_overlay_leaves_the_application_on_its_disk_directory() {
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("cache", 0, 0, 0o755);
-    let spec = spec_one(
-        &sb,
-        &cache,
-        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
-    );
-    sb.run(["apply", spec.to_str().unwrap()]).code(0);
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    let app = common::App::paced(cache.clone(), Vec::new(), 19, Duration::from_millis(8));
-    std::thread::sleep(Duration::from_millis(300));
-    fill(&cache, "big", 5, MIB as usize);
+    let (sb, cache, spec, mut agent, app) = overlay_past_high("fallback", 19);
     agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
     app.event("fell back");
     assert!(
@@ -689,16 +691,7 @@ fn fallback_on_an_overlay_leaves_the_application_on_its_disk_directory() {
     sb.run(["apply", spec.to_str().unwrap()]).code(0);
     app.event("applied");
     assert_eq!(sb.top(&cache).unwrap().fstype, "overlay", "offloaded again");
-    std::thread::sleep(Duration::from_millis(300));
-    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-    app.event("down done");
-    let mut exp = app.stop();
-    down.code(0);
-    for i in 0..5 {
-        exp.names
-            .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
-    }
-    exp.assert_nothing_lost(&cache, "fallback on an overlay");
+    down_loses_nothing(&sb, &spec, &cache, app, "fallback on an overlay");
 }
 
 /// With the agent running, `sync` reads only the directories that changed (its

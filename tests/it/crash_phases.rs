@@ -43,6 +43,50 @@ fn keepers(state: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// A cache directory on a small loop ext4 that also holds the state directory (its
+/// `run` records go to a tmpfs of their own), for a disk that fills.
+struct SmallDisk {
+    disk: LoopFs,
+    sb: Sandbox,
+    cache: PathBuf,
+    state: PathBuf,
+    spec: PathBuf,
+}
+
+impl SmallDisk {
+    fn new() -> SmallDisk {
+        let sb = Sandbox::new();
+        let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
+        let cache = disk.mount_point.join("cache");
+        fs::create_dir(&cache).unwrap();
+        let state = disk.mount_point.join("state");
+        let spec = spec(&sb, &cache);
+        SmallDisk {
+            disk,
+            sb,
+            cache,
+            state,
+            spec,
+        }
+    }
+
+    /// `tmpfsctl CMD SPEC`.
+    fn run(&self, cmd: &str) -> crate::common::Run {
+        let mut c = self.sb.cmd();
+        c.env("TMPFSCTL_STATE_DIR", &self.state);
+        self.sb.run_with(c, [cmd.as_ref(), self.spec.as_os_str()])
+    }
+
+    /// Fills the disk but for `left` bytes; the filler's path.
+    fn fill_but(&self, left: u64) -> PathBuf {
+        let free = nix::sys::statvfs::statvfs(&self.disk.mount_point).unwrap();
+        let avail = free.blocks_available() * free.fragment_size();
+        let filler = self.disk.mount_point.join("filler");
+        fs::write(&filler, vec![7u8; avail.saturating_sub(left) as usize]).unwrap();
+        filler
+    }
+}
+
 /// Runs tmpfsctl with `args`, SIGKILLed at the failpoint `point` or, for `None`,
 /// after `after`; returns whether it was killed.
 fn killed_run(sb: &Sandbox, args: &[&std::ffi::OsStr], point: Option<&str>, after: Duration) -> bool {
@@ -223,61 +267,45 @@ fn a_full_disk_keeps_the_ram_copy_until_space_is_freed() {
 /// saw; the last attempt's success stops its own.
 #[test]
 fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
-    let sb = Sandbox::new();
-    let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
-    let cache = disk.mount_point.join("cache");
-    fs::create_dir(&cache).unwrap();
-    let state = disk.mount_point.join("state");
-    seed(&cache, 20);
-    let spec = spec(&sb, &cache);
-    let run = |args: &[&std::ffi::OsStr]| {
-        let mut c = sb.cmd();
-        c.env("TMPFSCTL_STATE_DIR", &state);
-        sb.run_with(c, args)
-    };
-    run(&["apply".as_ref(), spec.as_os_str()]).code(0);
-    let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
-    let avail = free.blocks_available() * free.fragment_size();
-    let filler = disk.mount_point.join("filler");
-    fs::write(&filler, vec![7u8; (avail.saturating_sub(1 << 20)) as usize]).unwrap();
+    let d = SmallDisk::new();
+    let (sb, cache, state) = (&d.sb, &d.cache, &d.state);
+    seed(cache, 20);
+    d.run("apply").code(0);
+    let filler = d.fill_but(1 << 20);
     fs::write(cache.join("big"), vec![1u8; 4 << 20]).unwrap();
-    run(&["down".as_ref(), spec.as_os_str()])
-        .code(1)
-        .stdout_has("PENDING");
-    let first = keepers(&state);
+    d.run("down").code(1).stdout_has("PENDING");
+    let first = keepers(state);
     assert_eq!(first.len(), 1, "the failed attempt's keeper: {first:?}");
     // The keeper of an attempt killed right after starting it: its starter never
     // reads its "ready", nor stops the first keeper.
     let mut c = sb.cmd();
     c.arg("--state-dir")
-        .arg(&state)
+        .arg(state)
         .args(["keep-deletions", "c", "0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut orphan = c.spawn().unwrap();
     let start = std::time::Instant::now();
-    while keepers(&state).len() < 2 {
+    while keepers(state).len() < 2 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the second keeper never started"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    run(&["down".as_ref(), spec.as_os_str()])
-        .code(1)
-        .stdout_has("PENDING");
+    d.run("down").code(1).stdout_has("PENDING");
     let _ = orphan.wait();
-    let left = keepers(&state);
+    let left = keepers(state);
     assert_eq!(left.len(), 1, "keepers after the second attempt: {left:?}");
     assert!(
         !first.contains(&left[0]),
         "the first attempt's keeper was left running: {left:?}"
     );
     fs::remove_file(&filler).unwrap();
-    run(&["down".as_ref(), spec.as_os_str()]).code(0);
+    d.run("down").code(0);
     let start = std::time::Instant::now();
-    while !keepers(&state).is_empty() {
+    while !keepers(state).is_empty() {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "a keeper outlived the write-back"
@@ -294,29 +322,16 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
 /// the directory go, so its record carries the directory's own handle.
 #[test]
 fn a_directory_removed_between_attempts_keeps_what_the_ram_wrote_in_it() {
-    let sb = Sandbox::new();
-    let disk = LoopFs::new(&sb.path("disk"), 24, "defaults");
-    let cache = disk.mount_point.join("cache");
+    let d = SmallDisk::new();
+    let cache = &d.cache;
     fs::create_dir_all(cache.join("z")).unwrap();
     fs::write(cache.join("z/old"), "on disk before").unwrap();
-    let state = disk.mount_point.join("state");
-    let spec = spec(&sb, &cache);
-    let run = |args: &[&std::ffi::OsStr]| {
-        let mut c = sb.cmd();
-        c.env("TMPFSCTL_STATE_DIR", &state);
-        sb.run_with(c, args)
-    };
-    run(&["apply".as_ref(), spec.as_os_str()]).code(0);
+    d.run("apply").code(0);
     fs::write(cache.join("z/new"), "written in RAM").unwrap();
-    let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
-    let avail = free.blocks_available() * free.fragment_size();
-    let filler = disk.mount_point.join("filler");
-    fs::write(&filler, vec![7u8; (avail.saturating_sub(1 << 20)) as usize]).unwrap();
+    let filler = d.fill_but(1 << 20);
     // Walked before `z`: the first attempt fails before it gets there.
     fs::write(cache.join("big"), vec![1u8; 4 << 20]).unwrap();
-    run(&["down".as_ref(), spec.as_os_str()])
-        .code(1)
-        .stdout_has("PENDING");
+    d.run("down").code(1).stdout_has("PENDING");
     assert!(
         !cache.join("z/new").exists(),
         "the failed attempt wrote z/new back already: the test shows nothing"
@@ -325,7 +340,7 @@ fn a_directory_removed_between_attempts_keeps_what_the_ram_wrote_in_it() {
     fs::remove_file(cache.join("z/old")).unwrap();
     fs::remove_dir(cache.join("z")).unwrap();
     fs::remove_file(&filler).unwrap();
-    run(&["down".as_ref(), spec.as_os_str()]).code(0);
+    d.run("down").code(0);
     assert_eq!(
         fs::read_to_string(cache.join("z/new")).ok().as_deref(),
         Some("written in RAM"),
