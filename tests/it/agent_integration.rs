@@ -1082,16 +1082,7 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
             "{point}: the agent was to be killed\n{}",
             agent.log()
         );
-        std::thread::sleep(Duration::from_millis(200));
-        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-        app.event("down done");
-        let mut exp = app.stop();
-        down.code(0);
-        for i in 0..5 {
-            exp.names
-                .insert(format!("big{i:03}"), Some(vec![0x5a; MIB as usize]));
-        }
-        exp.assert_nothing_lost(&cache, point);
+        down_loses_nothing(&sb, &spec, &cache, app, point);
     }
 }
 
