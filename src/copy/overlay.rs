@@ -295,7 +295,19 @@ impl Merge<'_> {
         if let Some(first) = self.links.get(&key).filter(|_| md.nlink() > 1) {
             fs::hard_link(first, &tmp).with_context(|| ctx("linking", &tmp))?;
         } else if ft.is_file() {
-            let mut src = File::open(u).with_context(|| ctx("opening", u))?;
+            let mut src = match File::open(u) {
+                Ok(f) => f,
+                // Deleted through the overlay since its stat: a whiteout (a device
+                // node, which the tmpfs's nodev refuses to open) or nothing is there
+                // now, and a later pass sees it.
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EACCES | libc::ENXIO | libc::ENOENT))
+                        && !lstat_opt(u)?.is_some_and(|now| now.is_file()) =>
+                {
+                    return Ok(());
+                }
+                Err(e) => return Err(e).context(ctx("opening", u)),
+            };
             // The file opened may be a newer one renamed over the name since its stat.
             let md = src.metadata().with_context(|| ctx("stat", u))?;
             let mut dst = File::create_new(&tmp).with_context(|| ctx("creating", &tmp))?;
