@@ -192,9 +192,6 @@ impl Agent {
         }
     }
 
-    /// Takes the mount out of RAM (write-back first when persisted), the
-    /// same way `tmpfsctl down` does; the application continues on its disk
-    /// directory.
     /// Eviction on a `seed: overlay` mount: its RAM is the upper layer, from which
     /// overlayfs lets no file go while mounted (docs/overlay.md, "Eviction"). So the
     /// whole layer is written back, as `down` does (the application is on its disk
@@ -204,43 +201,10 @@ impl Agent {
         let started = Instant::now();
         let name = self.mounts[i].spec.name.clone();
         let before = self.mounts[i].usage;
-        let taken = {
-            let _busy = self.alive.busy();
-            let _lock = match self.state.lock(self.opts.wait) {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!("{name}: eviction postponed: {e}");
-                    return false;
-                }
-            };
-            self.unwatch(i);
-            down::down_one(&self.spec, &name, &self.host, &self.state, "evict")
+        // Released before `apply`, which takes the lock itself.
+        let Some((r, _)) = self.take_out(i, ("evict", "eviction"), "the upper layer stays") else {
+            return false;
         };
-        let r = match taken {
-            Ok(r) if r.result == DownOutcome::Refused => {
-                error!(
-                    mount = name.as_str(),
-                    action = "evict",
-                    "{name}: eviction refused, the upper layer stays: {}",
-                    r.reason.unwrap_or_default()
-                );
-                self.rescan();
-                return false;
-            }
-            Ok(r) => r,
-            Err(e) => {
-                error!(
-                    mount = name.as_str(),
-                    action = "evict",
-                    "{name}: eviction failed: {e:#}"
-                );
-                self.rescan();
-                return false;
-            }
-        };
-        for s in &r.syncs {
-            self.record_sync(i, s);
-        }
         if r.result == DownOutcome::Pending {
             // On its disk directory, with the upper layer held for the write-back: as
             // after a fallback, offloaded again once that is done.
@@ -300,47 +264,58 @@ impl Agent {
         true
     }
 
-    pub(super) fn fallback(&mut self, i: usize, by: &str) -> bool {
-        let _busy = self.alive.busy();
-        let _lock = match self.state.lock(self.opts.wait) {
+    /// Writes mount `i` back and takes it down as `tmpfsctl down` does (`action`: the
+    /// name its write-backs and logs carry, and how a log line calls it), with the
+    /// state lock held; the result and the guards, or `None` when it was postponed,
+    /// failed or was refused (logged; what `stays` then).
+    fn take_out(
+        &mut self,
+        i: usize,
+        (action, called): (&str, &str),
+        stays: &str,
+    ) -> Option<(down::DownResult, (Busy, nix::fcntl::Flock<File>))> {
+        let busy = self.alive.busy();
+        let name = self.mounts[i].spec.name.clone();
+        let lock = match self.state.lock(self.opts.wait) {
             Ok(l) => l,
             Err(e) => {
-                warn!("{}: fallback postponed: {e}", self.mounts[i].spec.name);
-                return false;
+                warn!("{name}: {called} postponed: {e}");
+                return None;
             }
         };
+        // Let go of the root first, so an idle mount unmounts cleanly.
+        self.unwatch(i);
+        let failed = match down::down_one(&self.spec, &name, &self.host, &self.state, action) {
+            Ok(r) if r.result == DownOutcome::Refused => {
+                for s in &r.syncs {
+                    self.record_sync(i, s);
+                }
+                format!("{called} refused, {stays}: {}", r.reason.unwrap_or_default())
+            }
+            Ok(r) => {
+                for s in &r.syncs {
+                    self.record_sync(i, s);
+                }
+                return Some((r, (busy, lock)));
+            }
+            Err(e) => format!("{called} failed: {e:#}"),
+        };
+        error!(mount = name.as_str(), action, "{name}: {failed}");
+        drop(lock);
+        self.rescan();
+        None
+    }
+
+    /// Takes the mount out of RAM (write-back first when persisted), the
+    /// same way `tmpfsctl down` does; the application continues on its disk
+    /// directory.
+    pub(super) fn fallback(&mut self, i: usize, by: &str) -> bool {
         let name = self.mounts[i].spec.name.clone();
         let usage = self.mounts[i].usage;
         let ram = check::memory_text(self.mounts[i].memory, &self.mounts[i].spec.watchdog);
-        // Let go of the root first, so an idle mount unmounts cleanly.
-        self.unwatch(i);
-        let r = match down::down_one(&self.spec, &name, &self.host, &self.state, "fallback") {
-            Ok(r) => r,
-            Err(e) => {
-                error!(
-                    mount = name.as_str(),
-                    action = "fallback",
-                    "{name}: fallback failed: {e:#}"
-                );
-                drop(_lock);
-                self.rescan();
-                return false;
-            }
-        };
-        for s in &r.syncs {
-            self.record_sync(i, s);
-        }
-        if r.result == DownOutcome::Refused {
-            error!(
-                mount = name.as_str(),
-                action = "fallback",
-                "{name}: fallback refused, the tmpfs stays: {}",
-                r.reason.clone().unwrap_or_default()
-            );
-            drop(_lock);
-            self.rescan();
+        let Some((r, _guards)) = self.take_out(i, ("fallback", "fallback"), "the tmpfs stays") else {
             return false;
-        }
+        };
         let w = &mut self.mounts[i];
         let now = unix_now();
         let reoffload_at = w.spec.watchdog.reoffload_after.map(|s| now.saturating_add(s));

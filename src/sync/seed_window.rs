@@ -105,7 +105,7 @@ pub fn catch_up(
     // Otherwise the seed's records stand: the tmpfs holds what it copied and the
     // application's own changes since, which the write-back takes as such.
     if wrote > 0 || deleted_in_ram {
-        record_brought_in(m, state, &merged.baseline)
+        record_brought_in(m, state, &merged.baseline, copied)
             .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
     }
     Ok(merged.stats)
@@ -115,10 +115,21 @@ pub fn catch_up(
 /// merge walked) that it lacks or records otherwise, as it is on disk now: the
 /// version the merge compared. The disk directory is hidden under the tmpfs, so
 /// nothing changes it meanwhile.
-fn record_brought_in(m: &MountSpec, state: &State, seen: &Baseline) -> anyhow::Result<()> {
+///
+/// `seeded`: the seed's baseline of `m` as loaded for the merge (nothing saves
+/// another meanwhile), or `None` to load it.
+fn record_brought_in(
+    m: &MountSpec,
+    state: &State,
+    seen: &Baseline,
+    seeded: Option<Baseline>,
+) -> anyhow::Result<()> {
     let side = state.side(&m.name);
     let root = std::fs::File::open(&side).with_context(|| format!("opening {}", side.display()))?;
-    let mut base = state.baseline(&m.name)?;
+    let mut base = match seeded {
+        Some(b) => b,
+        None => state.baseline(&m.name)?,
+    };
     let mut added = 0u64;
     for (path, _) in seen.marks.iter() {
         let Ok(st) = stat_beneath(root.as_fd(), path) else {
