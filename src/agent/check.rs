@@ -120,9 +120,10 @@ impl Agent {
     pub(super) fn check_period(&self) -> Duration {
         let quiet = self.wake.is_some()
             && self.pressure.is_none()
-            && self.mounts.iter().all(|w| {
-                w.tracker.level == Level::Ok && !w.tracker.exhausted && (w.marked || w.root.is_none())
-            });
+            && self
+                .mounts
+                .iter()
+                .all(|w| w.tracker.level == Level::Ok && !w.tracker.exhausted && !w.polled());
         if quiet {
             self.interval.max(QUIET_PERIOD)
         } else {
@@ -140,7 +141,7 @@ impl Agent {
         let active = self
             .mounts
             .iter()
-            .any(|w| w.tracker.level != Level::Ok || w.tracker.exhausted || (w.root.is_some() && !w.marked));
+            .any(|w| w.tracker.level != Level::Ok || w.tracker.exhausted || w.polled());
         let measure = woke
             || self.wake.is_none()
             || active

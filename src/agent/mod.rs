@@ -237,6 +237,11 @@ impl Watched {
         &self.spec.name
     }
 
+    /// Watched without a fanotify mark: measured every round.
+    fn polled(&self) -> bool {
+        self.root.is_some() && !self.marked
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             spec_size: self.spec.size,
