@@ -15,6 +15,8 @@
 # it made.
 #
 # Usage: sudo bench/zram.sh            (env: FILES RUNS COMPRESSION)
+# Prints, per mount, the medians and their ratio to tmpfs: capacity per byte
+# of RAM (higher is better), seed and read time (lower is better).
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -102,41 +104,42 @@ median() {
 }
 
 size=$((data * 3 / 1048576 + 64))MiB
-for backend in tmpfs zram; do
-    extra=""
-    [ "$backend" = zram ] && extra="    compression: $COMPRESSION"
-    printf 'version: 1\nmax_total: 90%%\nmounts:\n  - name: bench\n    path: %s\n    size: %s\n    inodes: %s\n    backend: %s\n%s\n' \
-        "$WORK/cache" "$size" "$((FILES * 2))" "$backend" "$extra" > "$WORK/$backend.yaml"
-    for run in $(seq "$RUNS"); do
-        export TMPFSCTL_STATE_DIR="$WORK/state"
-        seed=$("$BIN" apply --format json "$WORK/$backend.yaml" | python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0]["seeded"]["seconds"])')
+# Three mounts of the same tree: a tmpfs, zram with ext4 (`fs: ext4`, the
+# default) and zram with btrfs compressing by itself (`fs: btrfs`); one run of
+# each per round, in turn.
+VARIANTS="tmpfs zram-ext4 zram-btrfs"
+for v in $VARIANTS; do
+    case $v in
+        tmpfs) extra="    inodes: $((FILES * 2))\n    backend: tmpfs" ;;
+        zram-ext4) extra="    inodes: $((FILES * 2))\n    backend: zram\n    compression: $COMPRESSION\n    fs: ext4" ;;
+        zram-btrfs) extra="    backend: zram\n    compression: $COMPRESSION\n    fs: btrfs" ;;
+    esac
+    printf "version: 1\nmax_total: 90%%\nmounts:\n  - name: bench\n    path: %s\n    size: %s\n$extra\n" \
+        "$WORK/cache" "$size" > "$WORK/$v.yaml"
+done
+export TMPFSCTL_STATE_DIR="$WORK/state"
+for run in $(seq "$RUNS"); do
+    for v in $VARIANTS; do
+        seed=$("$BIN" apply --format json "$WORK/$v.yaml" | python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0]["seeded"]["seconds"])')
         sync -f "$WORK/cache"
-        ram=$("$BIN" status --format json "$WORK/$backend.yaml" | python3 -c '
+        ram=$("$BIN" status --format json "$WORK/$v.yaml" | python3 -c '
 import json, sys
 m = json.load(sys.stdin)["mounts"][0]
 print(m["compressed"]["ram_used"] if "compressed" in m else m["usage"]["used"])')
         read=$(drop_and_read "$WORK/cache")
-        "$BIN" down "$WORK/$backend.yaml" >/dev/null
-        echo "$backend $run seed ${seed}s read ${read}s ram $((ram >> 10)) KiB" >&2
-        echo "$seed" >> "$WORK/$backend.seed"
-        echo "$read" >> "$WORK/$backend.read"
-        echo "$ram" >> "$WORK/$backend.ram"
+        "$BIN" down "$WORK/$v.yaml" >/dev/null
+        echo "$v $run seed ${seed}s read ${read}s ram $((ram >> 10)) KiB" >&2
+        echo "$seed" >> "$WORK/$v.seed"
+        echo "$read" >> "$WORK/$v.read"
+        echo "$ram" >> "$WORK/$v.ram"
     done
 done
 
-row() {
-    local b=$1 seed read ram
-    seed=$(median < "$WORK/$b.seed")
-    read=$(median < "$WORK/$b.read")
-    ram=$(median < "$WORK/$b.ram")
-    awk -v b="$b" -v s="$seed" -v r="$read" -v ram="$ram" -v d="$data" \
-        'BEGIN { printf "%-6s %10.1f %12.3f %9.2f %10.2f\n", b, ram / 1048576, d / ram, s, r }'
-}
 echo
-echo "backend RAM (MiB)  data/RAM  seed (s)  read (s)   (medians of $RUNS; zram: $COMPRESSION)"
-row tmpfs
-row zram
-awk -v a="$(median < "$WORK/tmpfs.ram")" -v b="$(median < "$WORK/zram.ram")" \
-    -v sa="$(median < "$WORK/tmpfs.seed")" -v sb="$(median < "$WORK/zram.seed")" \
-    -v ra="$(median < "$WORK/tmpfs.read")" -v rb="$(median < "$WORK/zram.read")" \
-    'BEGIN { printf "zram vs tmpfs: capacity per byte of RAM %.2fx, seed time %.2fx, read time %.2fx\n", a / b, sb / sa, rb / ra }'
+echo "mount       RAM (MiB)  data/RAM  capacity vs tmpfs  seed (s)  vs tmpfs  read (s)  vs tmpfs   (medians of $RUNS; zram: $COMPRESSION)"
+for v in $VARIANTS; do
+    awk -v v="$v" -v d="$data" \
+        -v ram="$(median < "$WORK/$v.ram")" -v s="$(median < "$WORK/$v.seed")" -v r="$(median < "$WORK/$v.read")" \
+        -v tram="$(median < "$WORK/tmpfs.ram")" -v ts="$(median < "$WORK/tmpfs.seed")" -v tr="$(median < "$WORK/tmpfs.read")" \
+        'BEGIN { printf "%-11s %9.1f %9.2f %17.2fx %9.2f %8.2fx %9.3f %8.2fx\n", v, ram / 1048576, d / ram, tram / ram, s, s / ts, r, r / tr }'
+done

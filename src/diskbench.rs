@@ -100,6 +100,9 @@ pub struct BenchArgs {
     /// The zram device's algorithm (--backend zram; unset: the kernel's default).
     #[arg(long, value_parser = crate::spec::ZRAM_COMPRESSIONS)]
     pub compression: Option<String>,
+    /// The filesystem on the zram device (--backend zram), as `fs:` in a spec.
+    #[arg(long, value_parser = ["ext4", "btrfs"])]
+    pub fs: Option<String>,
 }
 
 fn parse_bench_size(s: &str) -> Result<u64, String> {
@@ -157,8 +160,14 @@ pub fn run(args: &BenchArgs, json: bool, state: &State) -> Result<ExitCode> {
     if args.backend == "zram" {
         return run_backends(args, json, dir, &host, state);
     }
-    if args.compression.is_some() {
-        out::eprint("error: --compression is for --backend zram\n");
+    if let Some(flag) = [
+        ("--compression", args.compression.is_some()),
+        ("--fs", args.fs.is_some()),
+    ]
+    .iter()
+    .find_map(|(f, set)| set.then_some(f))
+    {
+        out::eprint(&format!("error: {flag} is for --backend zram\n"));
         return Ok(ExitCode::BadInput);
     }
     let room = room::host_room(&dir, &host)?;
@@ -236,6 +245,10 @@ fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: 
         sample: sample.clone(),
         runs: args.runs,
         compression: args.compression.clone(),
+        fs: match args.fs.as_deref() {
+            Some("btrfs") => crate::spec::ZramFs::Btrfs,
+            _ => crate::spec::ZramFs::Ext4,
+        },
         state: state.clone(),
         progress: !json && io::stderr().is_terminal(),
     };

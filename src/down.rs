@@ -241,7 +241,7 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
     let takedown = decide(&facts, &found, &table);
     if let Some(e) = &found.live {
         if !matches!(takedown, Takedown::Refuse(_)) {
-            res.holders = host.holders(e.dev);
+            res.holders = host.holders(backend::files_dev(e));
         }
     }
     let cx = takedown::Actor {

@@ -463,9 +463,14 @@ fn seed(
 ) -> Result<(copy::CopyStats, copy::Baseline)> {
     let need = copy::measure(from).with_context(|| format!("measuring {}", from.display()))?;
     let room = crate::host::usage::Usage::of(to)?;
+    // A filesystem that compresses what it stores (fs: btrfs on zram) holds
+    // more than its size, by a ratio only the copy finds out; one that makes
+    // its inodes as needed reports none. Past what they hold, ENOSPC says it.
+    let compresses = nix::sys::statfs::statfs(to)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC);
     let fit_bytes = room.size / 100 * (100 - SEED_HEADROOM_PCT);
     let fit_inodes = room.inodes / 100 * (100 - SEED_HEADROOM_PCT);
-    if need.allocated > fit_bytes || need.inodes > fit_inodes {
+    if (!compresses && need.allocated > fit_bytes) || (room.inodes > 0 && need.inodes > fit_inodes) {
         bail!(
             "the on-disk contents ({}, {}) do not fit into {} / {} with {SEED_HEADROOM_PCT}% headroom; raise `size`/`inodes` or use `seed: empty`",
             format_bytes(need.allocated),
@@ -488,7 +493,12 @@ fn seed(
         let no_space = e.is_no_space();
         let err = anyhow::Error::new(e);
         if no_space {
-            err.context("the tmpfs filled up while seeding; raise `size` or use `seed: empty`")
+            err.context(format!(
+                "the {} filled up while seeding {} of data{}; raise `size` or use `seed: empty`",
+                if compresses { "filesystem" } else { "tmpfs" },
+                format_bytes(need.apparent),
+                if compresses { ", compressed" } else { "" }
+            ))
         } else {
             err
         }

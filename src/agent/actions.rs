@@ -51,16 +51,26 @@ impl Agent {
         let before = w.usage;
         let memory_before = w.memory;
         let group = w.spec.watchdog.evict_group;
-        let dev = (
-            nix::sys::stat::major(w.dev) as u32,
-            nix::sys::stat::minor(w.dev) as u32,
-        );
+        let device = w.zram;
+        // btrfs frees (and discards) what a deletion gave back only when it
+        // commits its transaction: before that, neither statvfs nor the
+        // device shows the room made.
+        let btrfs = device.is_some() && w.spec.fs == crate::spec::ZramFs::Btrfs;
+        let commit = || {
+            if btrfs {
+                let _ = nix::unistd::syncfs(root.as_fd());
+            }
+        };
         // The device holds what was synced when the RAM was measured, and each
-        // deleted file gives its RAM back at once (discard): read, not estimated.
+        // deleted file gives its RAM back once discarded: read, not estimated.
         let ram = || {
             target
                 .memory
-                .and_then(|_| backend::zram::compressed_of(dev))
+                .and(device)
+                .and_then(|d| {
+                    commit();
+                    backend::zram::compressed_of(d)
+                })
                 .map(|c| c.ram_used)
         };
         let res = evict::evict(
@@ -68,7 +78,10 @@ impl Agent {
             &self.host,
             target,
             group,
-            &|| Usage::of_fd(root),
+            &|| {
+                commit();
+                Usage::of_fd(root)
+            },
             &ram,
             &mut w.scanned,
         );

@@ -62,21 +62,17 @@ impl Agent {
         let known = w.memory.take().is_some();
         let Some(t) = w.spec.watchdog.memory else { return };
         let Some(root) = w.root.as_ref() else { return };
-        let dev = (
-            nix::sys::stat::major(w.dev) as u32,
-            nix::sys::stat::minor(w.dev) as u32,
-        );
-        let read = || backend::zram::compressed_of(dev).map(|c| c.ram_used);
+        let device = w.zram;
+        let read = || device.and_then(backend::zram::compressed_of).map(|c| c.ram_used);
         let Some(ram) = read() else {
             if !known {
                 return;
             }
             warn!(
                 mount = w.spec.name.as_str(),
-                "{}: no zram device {}:{} to read the RAM of (mm_stat); its memory thresholds wait",
+                "{}: no zram device under {} to read the RAM of (mm_stat); its memory thresholds wait",
                 w.spec.name,
-                dev.0,
-                dev.1
+                w.spec.path.display()
             );
             return;
         };

@@ -236,9 +236,7 @@ pub fn open_for_write(host: &Host, dev: u64) -> HashSet<u64> {
 
 /// The `flags:` field of /proc/PID/fdinfo/N (octal).
 pub fn fdinfo_flags(text: &str) -> Option<i32> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("flags:"))
-        .and_then(|v| i32::from_str_radix(v.trim(), 8).ok())
+    crate::host::procs::fdinfo_field(text, "flags").and_then(|v| i32::from_str_radix(v, 8).ok())
 }
 
 /// Entries deleted between two measurements of usage.

@@ -184,6 +184,10 @@ struct Watched {
     root: Option<File>,
     /// `st_dev` of the held root.
     dev: u64,
+    /// Which mount the held root is: mountinfo's id and device.
+    mount: (u32, (u32, u32)),
+    /// N of the /dev/zramN under a zram mount.
+    zram: Option<u32>,
     usage: Option<Usage>,
     /// The RAM a zram device takes, measured with `usage` when the watchdog
     /// has `memory` thresholds (see [`Agent::measure_memory`]).
@@ -218,6 +222,8 @@ impl Watched {
             spec,
             root: None,
             dev: 0,
+            mount: (0, (0, 0)),
+            zram: None,
             usage: None,
             memory: None,
             synced_used: None,

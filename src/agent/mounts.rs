@@ -32,9 +32,8 @@ impl Agent {
             let path = self.mounts[i].spec.path.clone();
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
-            let dev = ours.map(|e| nix::sys::stat::makedev(e.dev.0 as u64, e.dev.1 as u64));
             let held = self.mounts[i].root.is_some();
-            if held && Some(self.mounts[i].dev) != dev {
+            if held && Some(self.mounts[i].mount) != ours.map(|e| (e.id, e.dev)) {
                 info!(
                     mount = self.mounts[i].name(),
                     "{}: {} is no longer the watched tmpfs; stopped watching it",
@@ -44,8 +43,8 @@ impl Agent {
                 self.unwatch(i);
             }
             if self.mounts[i].root.is_none() {
-                if let Some(dev) = dev {
-                    self.watch(i, dev);
+                if let Some(e) = ours {
+                    self.watch(i, e);
                 }
             }
             let w = &mut self.mounts[i];
@@ -71,8 +70,8 @@ impl Agent {
         }
     }
 
-    /// Starts watching mount `i`, whose tmpfs (device `dev`) is at its path.
-    pub(super) fn watch(&mut self, i: usize, dev: u64) {
+    /// Starts watching mount `i`, whose tmpfs `e` is at its path.
+    pub(super) fn watch(&mut self, i: usize, e: &crate::host::mountinfo::MountEntry) {
         let path = self.mounts[i].spec.path.clone();
         let root = match std::fs::OpenOptions::new()
             .read(true)
@@ -85,9 +84,14 @@ impl Agent {
                 return;
             }
         };
-        if root.metadata().map(|m| m.dev()).ok() != Some(dev) {
+        // The mount's own id: a btrfs's files have another device number
+        // than the mount table shows.
+        if crate::host::procs::mount_id(root.as_fd()) != Some(e.id) {
             return;
         }
+        let Ok(dev) = root.metadata().map(|m| m.dev()) else {
+            return;
+        };
         // overlayfs takes no fanotify mark reporting file handles: polled.
         let overlay = self.mounts[i].spec.seed == spec::Seed::Overlay;
         let marked = match &self.wake {
@@ -125,6 +129,8 @@ impl Agent {
         w.synced_used = None;
         w.root = Some(root);
         w.dev = dev;
+        w.mount = (e.id, e.dev);
+        w.zram = backend::zram::device_of(e).filter(|_| w.spec.backend == spec::Backend::Zram);
         w.tracker = Tracker::default();
         if let Persist::Every(secs) = w.spec.persist {
             let last = self.state.last_sync(&w.spec.name).map(|r| r.at);

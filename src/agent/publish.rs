@@ -49,11 +49,7 @@ impl Agent {
                     m.usage = w.root.as_ref().and(w.usage);
                     m.compressed = match (w.spec.backend, &w.root) {
                         (crate::spec::Backend::Zram, Some(_)) => {
-                            let dev = (
-                                nix::sys::stat::major(w.dev) as u32,
-                                nix::sys::stat::minor(w.dev) as u32,
-                            );
-                            crate::backend::zram::compressed_of(dev)
+                            w.zram.and_then(crate::backend::zram::compressed_of)
                         }
                         _ => None,
                     };

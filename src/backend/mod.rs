@@ -136,6 +136,22 @@ pub fn managed_name(e: &MountEntry) -> Option<&str> {
     is_ours(e, source).then_some(name)
 }
 
+/// The device number the files of the mount `e` show (`st_dev`), read at its
+/// mount point when it is the top mount there: a btrfs's differs from the
+/// one the mount table shows.
+pub fn files_dev(e: &MountEntry) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    if e.fstype != spec::ZramFs::Btrfs.name() {
+        return e.dev;
+    }
+    std::fs::metadata(&e.mount_point).map_or(e.dev, |m| {
+        (
+            nix::sys::stat::major(m.dev()) as u32,
+            nix::sys::stat::minor(m.dev()) as u32,
+        )
+    })
+}
+
 /// A live mount of ours as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "backend", rename_all = "lowercase")]

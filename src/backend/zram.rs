@@ -1,19 +1,26 @@
 //! The zram backend: a compressed RAM block device carrying an ext4 without
-//! a journal. What it holds takes the RAM of its compressed size
-//! (`mm_stat`), so a compressible cache fits in less memory than on a tmpfs.
+//! a journal, or a btrfs compressing with zstd by itself. What it holds takes
+//! the RAM of its compressed size (`mm_stat`), so a compressible cache fits
+//! in less memory than on a tmpfs.
 //!
-//! A mount is ours when its source is the symlink `STATE/zram/zramN/tmpfsctl-NAME`
-//! (see [`device::link`]): mount(2) keeps the path it was given, so the
-//! mount table names the mount as it does a tmpfs's `tmpfsctl-NAME`, and a
-//! zram mounted by anybody else (`/dev/zramN`) is never taken for ours.
+//! The mount table names a mount of ours, as it does a tmpfs's `tmpfsctl-NAME`,
+//! so a zram mounted by anybody else is never taken for ours:
+//! - ext4: the source is the symlink `STATE/zram/zramN/tmpfsctl-NAME` (see
+//!   [`device::link`]); mount(2) keeps the path it was given.
+//! - btrfs shows the device's own path (`/dev/zramN`: it resolves links and
+//!   renames the device at every scan), so what is mounted is the directory
+//!   `tmpfsctl-NAME` of the filesystem, which the mount table shows as the
+//!   mount's root.
 
 mod device;
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result};
 use nix::errno::Errno;
+
 use serde::Serialize;
 
 use super::Change;
@@ -29,9 +36,18 @@ pub use device::release_unused;
 /// The backend's name, as `plan` shows it.
 pub const NAME: &str = "zram";
 
-/// The mount data: freed blocks are discarded, which gives their compressed
-/// pages back to the kernel (without it, deleted files keep their RAM).
-const DATA: &str = "discard";
+/// The mount data beyond the subvolume: freed blocks are discarded, which
+/// gives their compressed pages back to the kernel (without it, deleted files
+/// keep their RAM). btrfs compresses everything it writes with zstd at its
+/// default level, even what its first bytes make look incompressible.
+/// Synchronous discard: btrfs's `discard=async` waits minutes before it gives
+/// freed blocks back, and the agent's eviction needs the RAM back at once.
+fn data(fs: ZramFs) -> &'static str {
+    match fs {
+        ZramFs::Ext4 => "discard",
+        ZramFs::Btrfs => "compress-force=zstd:3,discard",
+    }
+}
 
 /// Everything a zram mount is made with. Size, inodes, compression and
 /// filesystem are fixed when the device is made; only the flags change online.
@@ -67,7 +83,10 @@ impl ZramOptions {
                 "compression={}",
                 self.compression.as_deref().unwrap_or("kernel-default")
             ),
-            format!("fs={} (no journal)", self.fs.name()),
+            match self.fs {
+                ZramFs::Ext4 => "fs=ext4 (no journal)".to_string(),
+                ZramFs::Btrfs => "fs=btrfs (compress-force=zstd:3)".to_string(),
+            },
         ];
         if let Some(n) = self.nr_inodes {
             parts.push(format!("inodes={n}"));
@@ -79,6 +98,34 @@ impl ZramOptions {
 
     /// mkfs's arguments for the device `node`.
     fn mkfs_args(&self, node: &Path) -> Vec<String> {
+        match self.fs {
+            ZramFs::Ext4 => self.mkfs_ext4_args(node),
+            ZramFs::Btrfs => [
+                "-q",
+                "-f",
+                // Data and metadata share their block groups: a full cache
+                // meets ENOSPC when its size is used, not when one kind's
+                // groups are (unshared, a 64MiB one took 37MiB of files).
+                "--mixed",
+                // One copy of everything: a second one costs RAM, and RAM
+                // does not lose blocks.
+                "-m",
+                "single",
+                "-d",
+                "single",
+                // A new zram device holds nothing to discard.
+                "--nodiscard",
+                "-L",
+                "tmpfsctl",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .chain([node.display().to_string()])
+            .collect(),
+        }
+    }
+
+    fn mkfs_ext4_args(&self, node: &Path) -> Vec<String> {
         let r = self.root;
         let mut args = vec![
             "-q".to_string(),
@@ -176,36 +223,60 @@ fn build(
 ) -> Result<()> {
     device::configure(rec, o.compression.as_deref(), o.size)?;
     let node = device::node(rec)?;
-    let mkfs = format!("mkfs.{}", o.fs.name());
-    let out = Command::new(&mkfs)
-        .args(o.mkfs_args(&node))
+    run(&format!("mkfs.{}", o.fs.name()), &o.mkfs_args(&node), o.fs)?;
+    let flags = super::ms_flags(o.flags);
+    match o.fs {
+        ZramFs::Ext4 => {
+            let link = device::link(state, rec, source)?;
+            crate::mount::mount_fs(&link.to_string_lossy(), target, o.fs.name(), flags, data(o.fs))?;
+        }
+        ZramFs::Btrfs => {
+            // The mount's root is a directory of the filesystem's own root,
+            // named for the mount: its files keep the filesystem's fsid, which
+            // fanotify needs to mark the filesystem (a subvolume has its own).
+            crate::mount::mount_fs(&node.to_string_lossy(), target, o.fs.name(), flags, data(o.fs))?;
+            let root = target.join(source);
+            let tree = std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&root)
+                .with_context(|| format!("creating {}", root.display()))
+                .and_then(|()| crate::mount::clone_tree(&root));
+            nix::mount::umount(target).with_context(|| format!("umount {}", target.display()))?;
+            crate::mount::attach_tree(tree?, target)?;
+        }
+    }
+    finish_root(target, o.fs, o.root).inspect_err(|_| crate::mount::unmount_or_detach(target))
+}
+
+/// Runs a tool of the filesystem's package.
+fn run(tool: &str, args: &[String], fs: ZramFs) -> Result<()> {
+    let package = match fs {
+        ZramFs::Ext4 => "e2fsprogs",
+        ZramFs::Btrfs => "btrfs-progs",
+    };
+    let out = Command::new(tool)
+        .args(args)
         .output()
-        .with_context(|| format!("running {mkfs} (e2fsprogs) on {}", node.display()))?;
+        .with_context(|| format!("running {tool} ({package}) {}", args.join(" ")))?;
     if !out.status.success() {
         anyhow::bail!(
-            "{mkfs} {} failed ({}): {}",
-            node.display(),
+            "{tool} {} failed ({}): {}",
+            args.join(" "),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let link = device::link(state, rec, source)?;
-    crate::mount::mount_fs(
-        &link.to_string_lossy(),
-        target,
-        o.fs.name(),
-        super::ms_flags(o.flags),
-        DATA,
-    )?;
-    finish_root(target, o.root).inspect_err(|_| crate::mount::unmount_or_detach(target))
+    Ok(())
 }
 
-/// The root as the spec says, without mkfs's `lost+found`: the cache is the
+/// The root as the spec says, without ext4's `lost+found`: the cache is the
 /// application's directory, and a write-back would copy it to the disk.
-fn finish_root(target: &Path, root: RootAttrs) -> Result<()> {
+fn finish_root(target: &Path, fs: ZramFs, root: RootAttrs) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let lost = target.join("lost+found");
-    std::fs::remove_dir(&lost).with_context(|| format!("removing {}", lost.display()))?;
+    if fs == ZramFs::Ext4 {
+        let lost = target.join("lost+found");
+        std::fs::remove_dir(&lost).with_context(|| format!("removing {}", lost.display()))?;
+    }
     std::os::unix::fs::chown(target, Some(root.uid), Some(root.gid))
         .with_context(|| format!("chown {}:{} {}", root.uid, root.gid, target.display()))?;
     std::fs::set_permissions(target, std::fs::Permissions::from_mode(root.mode))
@@ -213,13 +284,19 @@ fn finish_root(target: &Path, root: RootAttrs) -> Result<()> {
 }
 
 pub fn remount(target: &Path, o: &ZramOptions) -> Result<(), Errno> {
-    crate::mount::remount(target, super::ms_flags(o.flags), DATA)
+    crate::mount::remount(target, super::ms_flags(o.flags), data(o.fs))
 }
 
-/// The `tmpfsctl-NAME` of a zram mount of ours, from its source
-/// `…/zram/zramN/tmpfsctl-NAME`; `None` for any other mount.
+/// The `tmpfsctl-NAME` of a zram mount of ours: from its source
+/// `…/zram/zramN/tmpfsctl-NAME` (ext4), or from its root, the directory
+/// `/tmpfsctl-NAME` of `/dev/zramN` (btrfs); `None` for any other mount.
 pub fn source_of(e: &MountEntry) -> Option<&str> {
-    if !ZramFs::ALL.iter().any(|(n, _)| *n == e.fstype) {
+    if e.fstype == ZramFs::Btrfs.name() {
+        let source = e.root.to_str()?.strip_prefix('/')?;
+        let one = !source.contains('/') && source.starts_with(SOURCE_PREFIX);
+        return (one && btrfs_device(e).is_some()).then_some(source);
+    }
+    if e.fstype != ZramFs::Ext4.name() {
         return None;
     }
     let (dir, source) = e.source.rsplit_once('/')?;
@@ -232,6 +309,22 @@ pub fn source_of(e: &MountEntry) -> Option<&str> {
 
 pub fn is_ours(e: &MountEntry, source: &str) -> bool {
     source_of(e) == Some(source)
+}
+
+/// N of the `/dev/zramN` a btrfs mount shows as its source.
+fn btrfs_device(e: &MountEntry) -> Option<u32> {
+    let n = e.source.strip_prefix("/dev/zram")?;
+    n.bytes().all(|b| b.is_ascii_digit()).then(|| n.parse().ok())?
+}
+
+/// N of /dev/zramN, the device under the zram mount `e`. ext4's mount shows
+/// the device's number; btrfs's is a number of its own (and its files'
+/// another again), so its source names the device.
+pub fn device_of(e: &MountEntry) -> Option<u32> {
+    if e.fstype == ZramFs::Btrfs.name() {
+        return btrfs_device(e);
+    }
+    sysfs_of(e.dev).map(|(n, _)| n)
 }
 
 /// A live zram mount of ours as the kernel reports it.
@@ -253,7 +346,8 @@ pub struct LiveZram {
 impl LiveZram {
     /// Reads the zram mount `e` at `path`; `None` when it cannot be seen.
     pub fn read(e: &MountEntry, path: &Path) -> Option<LiveZram> {
-        let (device, sys) = sysfs_of(e.dev)?;
+        let device = device_of(e)?;
+        let sys = device::sys(device);
         let text = |f: &str| std::fs::read_to_string(sys.join(f)).ok();
         Some(LiveZram {
             dev: e.dev,
@@ -280,10 +374,10 @@ fn sysfs_of(dev: (u32, u32)) -> Option<(u32, std::path::PathBuf)> {
     Some((device, sys))
 }
 
-/// What the zram device `major:minor` holds now (the agent's metrics, which
-/// know a mount by its device); `None` when it is no zram device.
-pub fn compressed_of(dev: (u32, u32)) -> Option<Compressed> {
-    let (device, sys) = sysfs_of(dev)?;
+/// What /dev/zramN holds now (the agent's metrics); `None` when there is no
+/// such device.
+pub fn compressed_of(device: u32) -> Option<Compressed> {
+    let sys = device::sys(device);
     let text = |f: &str| std::fs::read_to_string(sys.join(f)).ok();
     let mm = MmStat::parse(&text("mm_stat")?)?;
     Some(Compressed::new(
@@ -419,6 +513,13 @@ mod tests {
 42 22 253:2 / /e rw - xfs /run/tmpfsctl/zram/zram2/tmpfsctl-e rw
 43 22 253:3 / /f rw - ext4 /run/tmpfsctl/zram/zramx/tmpfsctl-f rw
 44 22 0:40 / /g rw - tmpfs tmpfsctl-g rw
+45 22 0:41 /tmpfsctl-h /h rw - btrfs /dev/zram4 rw,compress-force=zstd:3,discard,subvolid=256,subvol=/tmpfsctl-h
+46 22 0:42 / /i rw - btrfs /dev/zram5 rw,subvolid=5,subvol=/
+47 22 0:43 /tmpfsctl-j /j rw - btrfs /dev/sda1 rw
+48 22 0:44 /a/tmpfsctl-k /k rw - btrfs /dev/zram6 rw
+49 22 0:45 /tmpfsctl-l /l rw - ext4 /dev/zram7 rw
+50 22 0:46 /cache /m rw - btrfs /dev/zram8 rw
+51 22 0:47 /tmpfsctl-n /n rw - btrfs /dev/zram9x rw
 ",
         )
         .unwrap();
@@ -426,7 +527,10 @@ mod tests {
         assert!(is_ours(e(40), "tmpfsctl-c"));
         assert_eq!(crate::backend::managed_name(e(40)), Some("c"));
         assert!(!is_ours(e(40), "tmpfsctl-d"));
-        for id in [41, 42, 43, 44] {
+        assert!(is_ours(e(45), "tmpfsctl-h"));
+        assert_eq!(crate::backend::managed_name(e(45)), Some("h"));
+        assert_eq!(device_of(e(45)), Some(4));
+        for id in [41, 42, 43, 44, 46, 47, 48, 49, 50, 51] {
             assert_eq!(source_of(e(id)), None, "{:?}", e(id));
         }
         assert_eq!(crate::backend::managed_name(e(44)), Some("g"));
@@ -459,6 +563,25 @@ mod tests {
             args,
             "-q -F -O ^has_journal -m 0 -E root_owner=33:34,lazy_itable_init=0 -L tmpfsctl -N 5000 /dev/zram3"
         );
+    }
+
+    #[test]
+    fn mkfs_makes_btrfs_with_shared_groups_and_one_copy() {
+        let o = ZramOptions {
+            fs: ZramFs::Btrfs,
+            nr_inodes: None,
+            ..opts()
+        };
+        assert_eq!(
+            o.mkfs_args(Path::new("/dev/zram3")).join(" "),
+            "-q -f --mixed -m single -d single --nodiscard -L tmpfsctl /dev/zram3"
+        );
+        assert!(
+            o.describe().contains("fs=btrfs (compress-force=zstd:3)"),
+            "{}",
+            o.describe()
+        );
+        assert_eq!(data(ZramFs::Btrfs), "compress-force=zstd:3,discard");
     }
 
     fn live() -> LiveZram {

@@ -1,7 +1,7 @@
 //! `tmpfsctl bench --disk DIR --backend zram`: the operator's own data (DIR's
 //! regular files, up to `--size`) copied into a private tmpfs and into a
-//! private zram device made as `apply` makes one (ext4 without a journal,
-//! mounted with `discard`), side by side: the data each holds per byte of RAM,
+//! private zram device made as `apply` makes one (`--fs`: ext4 without a
+//! journal, or btrfs compressing with zstd; mounted with `discard`), side by side: the data each holds per byte of RAM,
 //! and write and read throughput, each row with the zram/tmpfs ratio.
 //!
 //! DIR is only read. Both filesystems are mounted in the benchmark thread's
@@ -138,6 +138,7 @@ pub struct BackendRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ZramFigures {
     pub compression: Option<String>,
+    pub fs: ZramFs,
     /// Bytes stored, uncompressed (data and filesystem metadata).
     pub stored: u64,
     /// RAM taken (`mem_used_total`).
@@ -166,6 +167,7 @@ pub struct Settings {
     pub sample: Sample,
     pub runs: u32,
     pub compression: Option<String>,
+    pub fs: ZramFs,
     pub state: State,
     pub progress: bool,
 }
@@ -192,15 +194,15 @@ pub fn bench(s: &Settings) -> Result<(Vec<BackendRow>, ZramFigures)> {
             .with_context(|| format!("creating {}", d.display()))?;
     }
     let inodes = (s.sample.files.len() + s.sample.dirs.len()) as u64;
-    // Room for ext4's own blocks and the tmpfs's page rounding of small files.
+    // Room for the filesystem's own blocks and the tmpfs's page rounding of small files.
     let room = s.sample.bytes + s.sample.bytes / 4 + inodes * 4096 + (64 << 20);
     crate::mount::mount_scratch_tmpfs("tmpfsctl-bench", &tmpfs, room)?;
     let _tmpfs_mount = Unmount(tmpfs.clone());
     let opts = ZramOptions {
         size: room,
-        nr_inodes: Some(inodes + 1024),
+        nr_inodes: (s.fs == ZramFs::Ext4).then_some(inodes + 1024),
         compression: s.compression.clone(),
-        fs: ZramFs::Ext4,
+        fs: s.fs,
         flags: Flags {
             nosuid: true,
             nodev: true,
@@ -280,6 +282,7 @@ pub fn bench(s: &Settings) -> Result<(Vec<BackendRow>, ZramFigures)> {
         rows,
         ZramFigures {
             compression,
+            fs: s.fs,
             stored,
             ram_used,
             tmpfs_ram_used,
@@ -397,17 +400,22 @@ pub fn notes(r: &BackendReport) -> Vec<String> {
     vec![
         "ratio = zram/tmpfs (every figure: higher is better); data per byte of RAM on zram is the capacity gain: the same RAM holds that many times the data".to_string(),
         format!(
-            "RAM after the copy: tmpfs {} (its pages), zram {} (mm_stat mem_used_total: {} stored, compressed with {}, allocator and ext4 metadata included)",
+            "RAM after the copy: tmpfs {} (its pages), zram {} (mm_stat mem_used_total: {} stored, compressed with {}, allocator and {} metadata included)",
             format_bytes(z.tmpfs_ram_used),
             format_bytes(z.ram_used),
             format_bytes(z.stored),
-            z.compression.as_deref().unwrap_or("the kernel's default")
+            z.compression.as_deref().unwrap_or("the kernel's default"),
+            z.fs.name()
         ),
         "the sample is read once first, so DIR's disk is not in the write figures; the zram write figure includes the syncfs that compresses the data into the device".to_string(),
         "cold = each file's pages dropped (POSIX_FADV_DONTNEED) before it is read: zram decompresses from the device; on tmpfs cold is the same as warm".to_string(),
         format!(
-            "each figure is the median of {}, tmpfs and zram alternating (all runs are in the JSON); the zram device is made as `apply` makes one: ext4 without a journal, discard",
-            crate::plural::count(r.runs, "run", "runs")
+            "each figure is the median of {}, tmpfs and zram alternating (all runs are in the JSON); the zram device is made as `apply` makes one: {}",
+            crate::plural::count(r.runs, "run", "runs"),
+            match z.fs {
+                ZramFs::Ext4 => "ext4 without a journal, discard",
+                ZramFs::Btrfs => "btrfs, compress-force=zstd:3, discard",
+            }
         ),
     ]
 }
@@ -415,11 +423,12 @@ pub fn notes(r: &BackendReport) -> Vec<String> {
 /// The human report: header, table, notes.
 pub fn human(r: &BackendReport) -> String {
     let mut out = format!(
-        "data: {} ({} in {})  tmpfs vs zram ({}), median of {}\n",
+        "data: {} ({} in {})  tmpfs vs zram ({}, {}), median of {}\n",
         escape(&r.data_dir),
         format_bytes(r.bytes),
         crate::plural::count(r.files, "file", "files"),
         r.zram.compression.as_deref().unwrap_or("kernel default"),
+        r.zram.fs.name(),
         crate::plural::count(r.runs, "run", "runs"),
     );
     out.push_str(&format!(

@@ -20,6 +20,20 @@ pub struct Holder {
     pub uses: usize,
 }
 
+/// The field `name` of a /proc/PID/fdinfo/N text (`mnt_id:\t30`), trimmed.
+pub fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// The id of the mount (mountinfo's first field) the open file `fd` is on.
+pub fn mount_id(fd: std::os::fd::BorrowedFd) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let text = fs::read_to_string(format!("/proc/thread-self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    fdinfo_field(&text, "mnt_id")?.parse().ok()
+}
+
 impl Host {
     /// Processes with an open fd, cwd, root or mapping on the filesystem
     /// `dev` (major, minor). Processes that vanish mid-scan are skipped.

@@ -175,22 +175,27 @@ impl Backend {
     pub const ALL: [(&'static str, Backend); 2] = [("tmpfs", Backend::Tmpfs), ("zram", Backend::Zram)];
 }
 
-/// `fs:`, the filesystem on a zram device. Only ext4 for now: without a
-/// journal it writes each block once, and it discards freed blocks, so
-/// deleted files give their compressed memory back.
+/// `fs:`, the filesystem on a zram device (docs/zram.md, "Which filesystem").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ZramFs {
+    /// Without a journal: each block is written once, and freed blocks are
+    /// discarded at once, so deleted files give their compressed memory back.
     #[default]
     Ext4,
+    /// Compressing by itself with zstd (`compress-force=zstd:3`), which the
+    /// device's own algorithms may lack: text takes far less RAM. `size` then
+    /// bounds what btrfs stores after its compression.
+    Btrfs,
 }
 
 impl ZramFs {
-    pub const ALL: [(&'static str, ZramFs); 1] = [("ext4", ZramFs::Ext4)];
+    pub const ALL: [(&'static str, ZramFs); 2] = [("ext4", ZramFs::Ext4), ("btrfs", ZramFs::Btrfs)];
 
     pub fn name(self) -> &'static str {
         match self {
             ZramFs::Ext4 => "ext4",
+            ZramFs::Btrfs => "btrfs",
         }
     }
 }

@@ -197,12 +197,117 @@ fn zram_apply_mounts_seeded_compressed_ext4_and_down_removes_the_device() {
     assert!(zb.recorded().is_empty(), "its record went with it");
 }
 
+/// `fs: btrfs`: compressed by btrfs itself (zstd), its root a directory named
+/// for the mount, which is how the mount table names it as ours (btrfs shows
+/// the device's own path as the source).
 #[test]
-fn zram_persisted_mount_is_written_back_on_down() {
+fn zram_btrfs_mounts_a_compressing_directory_named_for_the_mount() {
     let zb = ZramBox::new();
     let sb = &zb.sb;
     let cache = text_cache(sb);
-    let spec = zram_spec(sb, &cache, "    persist: on-stop\n");
+    let spec = zram_spec(
+        sb,
+        &cache,
+        "    fs: btrfs\n    options: [nosuid, nodev, noexec]\n",
+    );
+    sb.run(["plan".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("fs=btrfs (compress-force=zstd:3)");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: yes");
+    let at = sb.mounts_at(&cache);
+    assert_eq!(at.len(), 1, "one mount, nothing stacked: {at:#?}");
+    let e = &at[0];
+    let (n, seq, _) = zb.recorded()[0].clone();
+    assert_eq!(e.fstype, "btrfs");
+    assert_eq!(e.source, format!("/dev/zram{n}"), "{e:?}");
+    assert_eq!(e.root, Path::new("/tmpfsctl-cache"), "{e:?}");
+    for o in ["compress-force=zstd:3", "discard"] {
+        assert!(e.super_options.iter().any(|s| s == o), "{o}: {e:?}");
+    }
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(e.has_mount_option(o), "{o}: {e:?}");
+    }
+    assert_eq!(owner_of(&cache), (1234, 2345));
+    assert_eq!(mode_of(&cache), 0o750);
+    assert_eq!(
+        fs::read_dir(&cache).unwrap().count(),
+        1,
+        "only `sub`: nothing of the filesystem's own shows"
+    );
+    assert!(fs::read_to_string(cache.join("sub/p7.html"))
+        .unwrap()
+        .contains("page 7"));
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+
+    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
+    let st = sb
+        .run(["status", "--format", "json", spec.to_str().unwrap()])
+        .code(0)
+        .json();
+    let m = &st["mounts"][0];
+    assert_eq!(m["state"], "offloaded", "{st:#}");
+    assert_eq!(m["compressed"]["device"], format!("zram{n}"), "{st:#}");
+    // 2.6MiB of pages in 200 files: btrfs's zstd packs them into far less RAM.
+    let ram = m["compressed"]["ram_used"].as_u64().unwrap();
+    assert!(ram > 0 && ram < 1 << 20, "{st:#}");
+
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("unmounted");
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert!(gone(n, seq), "zram{n} was removed");
+    assert!(zb.recorded().is_empty());
+}
+
+/// What btrfs compresses fits beyond `size`; what does not compress fails the
+/// seed with ENOSPC, rolled back with its device.
+#[test]
+fn zram_btrfs_seeds_compressible_data_beyond_its_size_and_rolls_back_what_does_not_fit() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    // 24 pages of 3MiB each: 72MiB of text for a 64MiB device.
+    let page = "<li>item</li>".repeat(242_000);
+    for i in 0..24 {
+        fs::write(cache.join(format!("big{i}.html")), format!("<p>{i}</p>{page}")).unwrap();
+    }
+    let spec = sb.one_mount_spec("cache", &cache, "64MiB", "    backend: zram\n    fs: btrfs\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let u = tmpfsctl::host::usage::Usage::of(&cache).unwrap();
+    assert!(u.size <= 64 << 20, "{u:?}");
+    let apparent: u64 = (0..24)
+        .map(|i| fs::metadata(cache.join(format!("big{i}.html"))).unwrap().len())
+        .sum();
+    assert!(apparent > 64 << 20, "{apparent} bytes seeded into a 64MiB device");
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+
+    incompressible(&cache, "r", 40, 2 << 20, 1_000_000);
+    let r = sb.run(["apply".as_ref(), spec.as_os_str()]);
+    r.code(3).stdout_has("filled up while seeding");
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert!(zb.recorded().is_empty(), "no device stays recorded");
+    assert!(
+        fs::metadata(cache.join("r039")).unwrap().len() == 2 << 20,
+        "the disk is untouched"
+    );
+}
+
+#[test]
+fn zram_persisted_mount_is_written_back_on_down() {
+    for fs in ["ext4", "btrfs"] {
+        persisted_mount_is_written_back_on_down(fs);
+    }
+}
+
+fn persisted_mount_is_written_back_on_down(fs: &str) {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, &format!("    persist: on-stop\n    fs: {fs}\n"));
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     let (n, seq, _) = zb.recorded()[0].clone();
     fs::write(cache.join("new.json"), r#"{"written":"in RAM"}"#).unwrap();
@@ -258,10 +363,16 @@ fn is_named_for(sb: &Sandbox, dev: &str) -> bool {
 
 #[test]
 fn zram_device_left_by_a_crash_is_removed_by_the_next_apply() {
+    for fs in ["ext4", "btrfs"] {
+        device_left_by_a_crash_is_removed_by_the_next_apply(fs);
+    }
+}
+
+fn device_left_by_a_crash_is_removed_by_the_next_apply(fs: &str) {
     let zb = ZramBox::new();
     let sb = &zb.sb;
     let cache = text_cache(sb);
-    let spec = zram_spec(sb, &cache, "");
+    let spec = zram_spec(sb, &cache, &format!("    fs: {fs}\n"));
     let mut c = sb.cmd();
     c.env("TMPFSCTL_FAILPOINT", "after-mount-stage");
     let r = sb.run_with(c, ["apply".as_ref(), spec.as_os_str()]);
@@ -276,7 +387,11 @@ fn zram_device_left_by_a_crash_is_removed_by_the_next_apply() {
     assert!(gone(n, seq), "the crashed run's zram{n} is gone");
     let now = zb.recorded();
     assert_eq!(now.len(), 1, "{now:?}");
-    assert_eq!(sb.mounts_at(&cache)[0].dev.1, now[0].0);
+    let e = &sb.mounts_at(&cache)[0];
+    match fs {
+        "btrfs" => assert_eq!(e.source, format!("/dev/zram{}", now[0].0)),
+        _ => assert_eq!(e.dev.1, now[0].0),
+    }
 }
 
 #[test]
@@ -299,6 +414,37 @@ fn someone_elses_zram_is_never_taken_for_ours() {
     sb.run(["apply".as_ref(), spec.as_os_str()])
         .code(3)
         .stdout_has(&format!("already a mount point (ext4 from /dev/zram{n})"));
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(sb.mounts_at(&cache).len(), 1, "their mount stays");
+    assert_eq!(diskseq(n), Some(zb.own[0].1), "their device stays");
+    assert!(zb.recorded().is_empty());
+}
+
+/// A btrfs on somebody else's zram, even mounted where a mount of ours goes,
+/// is theirs: its root is not a directory named for a mount.
+#[test]
+fn someone_elses_btrfs_on_zram_is_never_taken_for_ours() {
+    let mut zb = ZramBox::new();
+    let n = zb.add_own();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    fs::write(format!("/sys/block/zram{n}/disksize"), "128M").unwrap();
+    crate::common::run_tool(
+        "mkfs.btrfs",
+        &["-q".as_ref(), "-f".as_ref(), format!("/dev/zram{n}").as_ref()],
+    );
+    nix::mount::mount(
+        Some(format!("/dev/zram{n}").as_str()),
+        &cache,
+        Some("btrfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let spec = zram_spec(sb, &cache, "    fs: btrfs\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(3)
+        .stdout_has(&format!("already a mount point (btrfs from /dev/zram{n})"));
     sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
     assert_eq!(sb.mounts_at(&cache).len(), 1, "their mount stays");
     assert_eq!(diskseq(n), Some(zb.own[0].1), "their device stays");
@@ -337,13 +483,23 @@ fn zram_compression_this_kernel_lacks_is_refused_with_its_list() {
 /// copy, written back by `down`, and the device removed after it.
 #[test]
 fn an_overlay_upper_layer_on_zram_is_written_back_and_its_device_removed() {
+    for fs in ["ext4", "btrfs"] {
+        overlay_upper_layer_on_zram(fs);
+    }
+}
+
+fn overlay_upper_layer_on_zram(fs: &str) {
     let zb = ZramBox::new();
     let sb = &zb.sb;
     let cache = text_cache(sb);
-    let spec = zram_spec(sb, &cache, "    seed: overlay\n    persist: on-stop\n");
+    let spec = zram_spec(
+        sb,
+        &cache,
+        &format!("    seed: overlay\n    persist: on-stop\n    fs: {fs}\n"),
+    );
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
-    assert_eq!(sb.top(&sb.state.join("stage/cache")).unwrap().fstype, "ext4");
+    assert_eq!(sb.top(&sb.state.join("stage/cache")).unwrap().fstype, fs);
     assert_eq!(zb.recorded().len(), 1, "one device made");
     let st = sb.run([
         "status".as_ref(),
@@ -523,4 +679,78 @@ fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
         "the reason names the RAM: {st:#}"
     );
     assert_eq!(agent.stop(), 0);
+}
+
+/// The agent finds the device under a btrfs (whose mount shows a device number
+/// of its own) and acts on its RAM; eviction stops near memory `low`.
+#[test]
+fn zram_btrfs_agent_evicts_on_the_devices_ram() {
+    use crate::agent_integration::{wait_offloaded, Agent};
+    const MIB: f64 = (1 << 20) as f64;
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = sb.one_mount_spec(
+        "cache",
+        &cache,
+        "64MiB",
+        "    backend: zram\n    fs: btrfs\n    watchdog: { memory: { high: 6MiB, low: 4MiB }, action: evict }\n",
+    );
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "cache");
+    let ram =
+        |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_memory_bytes{name=\"cache\"}");
+    let log = agent.log();
+    assert!(
+        log.contains("watching") && !log.contains("fanotify mark failed"),
+        "the subvolume is watched, its writes wake the agent: {log}"
+    );
+    // 8MiB that do not compress, oldest first.
+    incompressible(&cache, "r", 256, 32 << 10, 1_000_000);
+    let m = agent.wait_for("an eviction on RAM, and the RAM back below high", |m| {
+        m.actions("cache", "evict") >= 1.0 && ram(m) <= 6.0 * MIB && ram(m) > 0.0
+    });
+    assert!(!cache.join("r000").exists(), "the oldest entries went first");
+    let left = (0..256)
+        .filter(|i| cache.join(format!("r{i:03}")).exists())
+        .count();
+    assert!(
+        left >= 64,
+        "eviction stopped near low, it did not empty the cache: {left} of 256 left\n{}",
+        agent.log()
+    );
+    assert_eq!(m.state("cache"), Some("offloaded"));
+    assert_eq!(agent.stop(), 0);
+}
+
+/// A `fs: btrfs` mount is marked by the agent's fanotify watch like a tmpfs
+/// (its root is a directory of the filesystem's own root, whose fsid fanotify
+/// accepts): the change tracker runs, and a write-back reads only what changed.
+#[test]
+fn zram_btrfs_write_back_reads_only_what_changed_with_the_agent() {
+    use crate::agent_integration::{wait_offloaded, Agent};
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, "    fs: btrfs\n    persist: every 1h\n");
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "cache");
+    // The first pass after the tracker started reads the whole tree.
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    fs::create_dir(cache.join("new")).unwrap();
+    fs::write(cache.join("new/a.json"), "{}").unwrap();
+    fs::remove_file(cache.join("sub/p9.html")).unwrap();
+    sb.run(["sync".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("read only what changed");
+    let log = agent.log();
+    assert!(
+        !log.contains("no change tracker") && !log.contains("mark failed"),
+        "{log}"
+    );
+    assert_eq!(agent.stop(), 0);
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("new/a.json")).unwrap(), "{}");
+    assert!(!cache.join("sub/p9.html").exists());
+    assert!(cache.join("sub/p8.html").exists());
 }

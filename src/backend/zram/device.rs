@@ -212,7 +212,7 @@ pub fn records(state: &State) -> Vec<DeviceRecord> {
 pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
     if rec.still_ours() {
         let reset = rec.sys().join("reset");
-        write(&reset, "1").map_err(|e| {
+        reset_when_closed(&reset).map_err(|e| {
             let why = if e.raw_os_error() == Some(libc::EBUSY) {
                 "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); it is removed by a later `down` or `apply` once it is free".to_string()
             } else {
@@ -231,6 +231,26 @@ pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
     })
 }
 
+/// How long a reset waits for a device to be closed. Right after an unmount
+/// others open it for a moment: udev probes a block device a writer closed
+/// (blkid), and btrfs-progs and blkid read every device's superblock.
+const RESET_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Resets the device, again while it is busy (EBUSY) for up to [`RESET_PATIENCE`].
+fn reset_when_closed(reset: &Path) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        match write(reset, "1") {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < RESET_PATIENCE => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// See `backend::release_unused`: the recorded devices with no filesystem
 /// mounted in this mount namespace are removed. One the kernel still holds
 /// open stays recorded, with a warning.
@@ -242,7 +262,11 @@ pub fn release_unused(state: &State) -> Result<Vec<String>> {
     let table = MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
     let mut done = Vec::new();
     for rec in recs {
-        let mounted = rec.still_ours() && rec.dev().is_ok_and(|d| table.entries.iter().any(|e| e.dev == d));
+        // btrfs shows a device number of its own, and the device by its path.
+        let on = |e: &crate::host::mountinfo::MountEntry, d| {
+            e.dev == d || super::btrfs_device(e) == Some(rec.device)
+        };
+        let mounted = rec.still_ours() && rec.dev().is_ok_and(|d| table.entries.iter().any(|e| on(e, d)));
         if mounted {
             continue;
         }

@@ -186,7 +186,7 @@ pub(super) fn mount(
         overlay_limits(cx, i, m, persist);
     }
     match backend {
-        Some(Backend::Zram) => zram_limits(cx, i, m, wd_defaults, watchdog.as_ref()),
+        Some(Backend::Zram) => zram_limits(cx, i, m, fs, wd_defaults, watchdog.as_ref()),
         Some(Backend::Tmpfs) => zram_only(cx, i, m),
         None => {}
     }
@@ -240,11 +240,13 @@ fn zram_only(cx: &mut Ctx, i: usize, m: &RawMount) {
 /// What a zram mount cannot do. `huge` and `noswap` are tmpfs options (zram
 /// memory is never swapped); the mount's own values are refused, inherited
 /// `defaults` are not its concern. `grow` would need a larger device: a
-/// zram device's size is fixed once set.
+/// zram device's size is fixed once set. btrfs makes its inodes as it needs
+/// them: an `inodes` count would be silently meaningless.
 fn zram_limits(
     cx: &mut Ctx,
     i: usize,
     m: &RawMount,
+    fs: Option<ZramFs>,
     wd_defaults: Option<&RawWatchdog>,
     watchdog: Option<&Watchdog>,
 ) {
@@ -265,6 +267,17 @@ fn zram_limits(
             &format!("mounts[{i}].noswap"),
             "noswap is a tmpfs option; zram memory is never swapped out".to_string(),
             Some("false, or no `noswap` on a zram mount"),
+        );
+    }
+    if let (Some(ZramFs::Btrfs), Some(n)) = (fs, &m.inodes) {
+        cx.at(
+            n,
+            &format!("mounts[{i}].inodes"),
+            format!(
+                "inodes `{}` cannot apply to fs: btrfs, which makes its inodes as it needs them",
+                n.value
+            ),
+            Some("no `inodes` with fs: btrfs (or fs: ext4 with `inodes`)"),
         );
     }
     if watchdog.is_some_and(|w| w.actions.contains(&Action::Grow)) {
