@@ -54,8 +54,9 @@ impl Agent {
         let device = w.zram;
         // btrfs frees (and discards) what a deletion gave back only when it
         // commits its transaction: before that, neither statvfs nor the
-        // device shows the room made.
-        let btrfs = device.is_some() && w.spec.fs == crate::spec::ZramFs::Btrfs;
+        // device shows the room made. The live filesystem says, not the spec.
+        let btrfs = nix::sys::statfs::fstatfs(root.as_fd())
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC);
         let commit = || {
             if btrfs {
                 let _ = nix::unistd::syncfs(root.as_fd());
@@ -85,6 +86,7 @@ impl Agent {
             &ram,
             &mut w.scanned,
         );
+        commit();
         let after = Usage::of_fd(root).ok();
         w.usage = after.or(w.usage);
         w.last_evicted = res.as_ref().map_or(0, |r| r.files);

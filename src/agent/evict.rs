@@ -294,6 +294,16 @@ impl Measure<'_> {
     }
 }
 
+/// `need` bytes of the filesystem's usage as bytes of its files (`st_blocks`,
+/// what the candidates count): the same on a tmpfs or ext4, but btrfs counts
+/// what it stores compressed, and its files' blocks uncompressed.
+fn in_file_bytes(need: u64, used: u64, files: u64) -> u64 {
+    if used == 0 || files <= used {
+        return need;
+    }
+    (need as f64 * files as f64 / used as f64).ceil() as u64
+}
+
 /// One eviction from the kept scan (when `may_reuse` and it is recent) or a new
 /// one; also says whether the scan was reused.
 fn evict_once(
@@ -334,7 +344,13 @@ fn evict_once(
         out.skipped_open = candidates.iter().filter(|cd| cd.busy).count() as u64;
     }
     let tree = &c.tree;
-    let (need_bytes, need_inodes) = measure.need(&target)?;
+    let used = (measure.usage)()?;
+    let (need_bytes, need_inodes) = target.need(&used, (measure.ram)());
+    let need_bytes = in_file_bytes(
+        need_bytes,
+        used.used,
+        tree.candidates.iter().map(|c| c.bytes).sum(),
+    );
     let order: Vec<usize> = pick_evictions(&candidates, need_bytes, need_inodes)
         .into_iter()
         .map(|k| live[k])
@@ -405,6 +421,18 @@ fn evict_once(
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_compressing_filesystems_need_is_scaled_to_its_files_bytes() {
+        assert_eq!(
+            in_file_bytes(100, 1000, 800),
+            100,
+            "tmpfs: files take less than used"
+        );
+        assert_eq!(in_file_bytes(100, 1000, 3000), 300, "btrfs at 3x");
+        assert_eq!(in_file_bytes(100, 0, 3000), 100);
+        assert_eq!(in_file_bytes(0, 1000, 3000), 0);
+    }
 
     #[test]
     fn entries_are_grouped_by_stem_directory_or_file() {

@@ -241,7 +241,9 @@ fn build(
                 .create(&root)
                 .with_context(|| format!("creating {}", root.display()))
                 .and_then(|()| crate::mount::clone_tree(&root));
-            nix::mount::umount(target).with_context(|| format!("umount {}", target.display()))?;
+            // Lazily: a process that wandered into the staging point must
+            // not keep the whole filesystem mounted in the mount's place.
+            crate::mount::detach(target)?;
             crate::mount::attach_tree(tree?, target)?;
         }
     }

@@ -116,6 +116,7 @@ pub(super) fn start<'s>(
     let (events, receiver) = mpsc::sync_channel(QUEUE);
     scope.spawn(move || {
         let mut scan = Scan {
+            mount: crate::host::procs::mount_id(root.as_fd()),
             events,
             dev: root_st.st_dev,
             rel: RelPath::default(),
@@ -132,6 +133,9 @@ pub(super) fn start<'s>(
 struct Scan<'f> {
     events: SyncSender<ScanEvent>,
     dev: u64,
+    /// The id of the root's mount: a directory with another `dev` on the same
+    /// mount is no mount point but a btrfs subvolume.
+    mount: Option<u32>,
     rel: RelPath,
     bufs: XattrBufs,
     filter: Option<&'f Filter>,
@@ -200,6 +204,17 @@ impl Scan<'_> {
     /// at once.
     fn enter(&mut self, fd: OwnedFd, st: FileStat, in_new: bool) -> Result<Option<ScanDir>, Failed> {
         let rel_len = self.rel.len();
+        if st.st_dev != self.dev
+            && self.mount.is_some()
+            && crate::host::procs::mount_id(fd.as_fd()) == self.mount
+        {
+            // Its contents are the tree's, and go with the device at `down`;
+            // left empty like a mount point, they would be lost.
+            return Err(super::error::failed(
+                true,
+                "write back the btrfs subvolume (no mount point: its files would go with the device; move them into a plain directory, then `btrfs subvolume delete` it)",
+            )(std::io::Error::from_raw_os_error(libc::EXDEV)));
+        }
         if st.st_dev != self.dev {
             let empty = ScanDir {
                 fd: fd.try_clone().map_err(src_err("open directory"))?,

@@ -754,3 +754,51 @@ fn zram_btrfs_write_back_reads_only_what_changed_with_the_agent() {
     assert!(!cache.join("sub/p9.html").exists());
     assert!(cache.join("sub/p8.html").exists());
 }
+
+/// A btrfs subvolume made in the cache is no mount point: its files go with the
+/// device. The write-back refuses it by name and keeps the RAM, instead of
+/// leaving it empty on disk as it does a mount point.
+#[test]
+fn zram_btrfs_subvolume_in_the_cache_stops_the_write_back_and_keeps_the_ram() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let cache = text_cache(sb);
+    let spec = zram_spec(sb, &cache, "    fs: btrfs\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let btrfs = |verb: &str, at: &Path| {
+        crate::common::run_tool(
+            "btrfs",
+            &["-q".as_ref(), "subvolume".as_ref(), verb.as_ref(), at.as_os_str()],
+        )
+    };
+    btrfs("create", &cache.join("vol"));
+    fs::write(cache.join("vol/only-in-ram"), "keep me").unwrap();
+    let r = sb.run(["down".as_ref(), spec.as_os_str()]);
+    assert_ne!(r.code, Some(0), "{r}");
+    assert!(
+        r.to_string().contains("cannot write back the btrfs subvolume"),
+        "{r}"
+    );
+    // The application is on its disk directory; the RAM copy is held.
+    let held = sb.state.join("held/cache");
+    assert_eq!(
+        fs::read_to_string(held.join("vol/only-in-ram")).ok().as_deref(),
+        Some("keep me"),
+        "{r}"
+    );
+
+    // Its contents moved into a plain directory and the subvolume deleted,
+    // `down` writes everything back.
+    fs::create_dir(held.join("plain")).unwrap();
+    // (A copy: rename(2) does not cross subvolumes.)
+    fs::copy(held.join("vol/only-in-ram"), held.join("plain/only-in-ram")).unwrap();
+    btrfs("delete", &held.join("vol"));
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert!(sb.mounts_at(&cache).is_empty());
+    assert_eq!(
+        fs::read_to_string(cache.join("plain/only-in-ram")).unwrap(),
+        "keep me"
+    );
+    assert!(!cache.join("vol").exists());
+    assert!(zb.recorded().is_empty());
+}

@@ -212,7 +212,7 @@ pub fn records(state: &State) -> Vec<DeviceRecord> {
 pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
     if rec.still_ours() {
         let reset = rec.sys().join("reset");
-        reset_when_closed(&reset).map_err(|e| {
+        reset_when_closed(&reset, rec.device).map_err(|e| {
             let why = if e.raw_os_error() == Some(libc::EBUSY) {
                 "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); it is removed by a later `down` or `apply` once it is free".to_string()
             } else {
@@ -236,19 +236,34 @@ pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
 /// (blkid), and btrfs-progs and blkid read every device's superblock.
 const RESET_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Resets the device, again while it is busy (EBUSY) for up to [`RESET_PATIENCE`].
-fn reset_when_closed(reset: &Path) -> std::io::Result<()> {
+/// Resets zramN, again while it is busy (EBUSY) for up to [`RESET_PATIENCE`]:
+/// not when a filesystem on it still lives (a mount detached while busy),
+/// which holds it until its last user goes.
+fn reset_when_closed(reset: &Path, n: u32) -> std::io::Result<()> {
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(5);
     loop {
         match write(reset, "1") {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < RESET_PATIENCE => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && start.elapsed() < RESET_PATIENCE
+                    && !fs_lives_on(n) =>
+            {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(std::time::Duration::from_millis(200));
             }
             r => return r,
         }
     }
+}
+
+/// Whether an ext4 or a btrfs is still alive on zramN (mounted, if only
+/// detached): each shows in sysfs while it is.
+fn fs_lives_on(n: u32) -> bool {
+    let dev = format!("zram{n}");
+    Path::new("/sys/fs/ext4").join(&dev).exists()
+        || fs::read_dir("/sys/fs/btrfs")
+            .is_ok_and(|d| d.flatten().any(|e| e.path().join("devices").join(&dev).exists()))
 }
 
 /// See `backend::release_unused`: the recorded devices with no filesystem
