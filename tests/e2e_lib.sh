@@ -70,6 +70,17 @@ e2e_cleanup() {
     done
     # Anything still mounted below WORK (the namespace dies with us anyway).
     findmnt -rn -o TARGET | grep "^$WORK" | sort -r | xargs -r -n1 umount -l 2>/dev/null
+    # A zram device a failed `down` left (E2E_BACKEND=zram-*): only one
+    # recorded in this run's state, and only while it is still that device.
+    local rec n seq
+    for rec in "$TMPFSCTL_STATE_DIR"/zram/zram*/device.json; do
+        [ -f "$rec" ] || continue
+        n=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"])' "$rec")
+        seq=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["diskseq"])' "$rec")
+        if [ "$(cat "/sys/block/zram$n/diskseq" 2>/dev/null)" = "$seq" ]; then
+            echo 1 >"/sys/block/zram$n/reset" && echo "$n" >/sys/class/zram-control/hot_remove
+        fi
+    done
     # E2E_KEEP=DIR: a copy of everything (logs, the disk directory) for a post-mortem.
     [ -n "${E2E_KEEP:-}" ] && cp -a "$WORK" "$E2E_KEEP" && echo "$E2E: kept a copy in $E2E_KEEP" >&2
     rm -rf "$WORK"
@@ -258,7 +269,8 @@ e2e_check_loop() {
 
 # $1: mount name: SPEC (WORK/spec.yaml, taken down at exit), NAME and CACHE
 # (WORK/cache, the managed directory, created) for a 256 MiB mount with
-# persist: on-stop
+# persist: on-stop; a tmpfs, or with E2E_BACKEND=zram-ext4 or zram-btrfs a
+# zram device with that filesystem
 e2e_persist_spec() {
     SPEC=$WORK/spec.yaml
     NAME=$1
@@ -267,6 +279,12 @@ e2e_persist_spec() {
     mkdir -p "$CACHE"
     printf 'version: 1\nmounts:\n  - name: %s\n    path: %s\n    size: 256MiB\n    persist: on-stop\n' \
         "$NAME" "$CACHE" >"$SPEC"
+    case ${E2E_BACKEND:-tmpfs} in
+        tmpfs) ;;
+        zram-ext4 | zram-btrfs)
+            printf '    backend: zram\n    fs: %s\n' "${E2E_BACKEND#zram-}" >>"$SPEC" ;;
+        *) fail "E2E_BACKEND=$E2E_BACKEND: tmpfs, zram-ext4 or zram-btrfs" ;;
+    esac
 }
 
 # The write-back under test can be broken on purpose, to see that the checks
@@ -348,9 +366,11 @@ e2e_step() {
         try=$((try + 1))
         sleep 0.2
     done
+    local want=tmpfs
+    case ${E2E_BACKEND:-tmpfs} in zram-*) want=${E2E_BACKEND#zram-} ;; esac
     if [ "$1" = apply ] && [ -z "${E2E_BREAK:-}" ] &&
-        [ "$(findmnt -rn -o FSTYPE --mountpoint "$4")" != tmpfs ]; then
-        e2e_problem "apply: $4 is not on tmpfs after $try attempts"
+        [ "$(findmnt -rn -o FSTYPE --mountpoint "$4")" != "$want" ]; then
+        e2e_problem "apply: $4 is not on $want after $try attempts"
     fi
     return 0
 }
