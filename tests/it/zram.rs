@@ -109,6 +109,34 @@ fn zram_spec(sb: &Sandbox, cache: &Path, extra: &str) -> PathBuf {
     sb.one_mount_spec("cache", cache, "32MiB", &format!("    backend: zram\n{extra}"))
 }
 
+/// Checks a text_cache applied on zramN: the root's owner and mode and the data
+/// from the disk, a second apply that changes nothing, and `status` after a
+/// sync (written data reaches the device, compressed, when the page cache
+/// writes it back); returns that status.
+fn seeded_from_the_disk(sb: &Sandbox, cache: &Path, spec: &Path, n: u32) -> serde_json::Value {
+    assert_eq!(
+        owner_of(cache),
+        (1234, 2345),
+        "root owner from the disk directory"
+    );
+    assert_eq!(mode_of(cache), 0o750, "root mode from the disk directory");
+    assert!(fs::read_to_string(cache.join("sub/p7.html"))
+        .unwrap()
+        .contains("page 7"));
+    sb.run(["apply".as_ref(), spec.as_os_str()])
+        .code(0)
+        .stdout_has("changed: no");
+    nix::unistd::syncfs(fs::File::open(cache).unwrap()).unwrap();
+    let st = sb
+        .run(["status", "--format", "json", spec.to_str().unwrap()])
+        .code(0)
+        .json();
+    let m = &st["mounts"][0];
+    assert_eq!(m["state"], "offloaded", "{st:#}");
+    assert_eq!(m["compressed"]["device"], format!("zram{n}"), "{st:#}");
+    st
+}
+
 fn gone(n: u32, seq: u64) -> bool {
     diskseq(n) != Some(seq)
 }
@@ -152,35 +180,13 @@ fn zram_apply_mounts_seeded_compressed_ext4_and_down_removes_the_device() {
     let algorithm = fs::read_to_string(format!("/sys/block/zram{n}/comp_algorithm")).unwrap();
     assert!(algorithm.contains("[lz4]"), "{algorithm}");
 
-    assert_eq!(
-        owner_of(&cache),
-        (1234, 2345),
-        "root owner from the disk directory"
-    );
-    assert_eq!(mode_of(&cache), 0o750, "root mode from the disk directory");
     assert!(
         !cache.join("lost+found").exists(),
         "mkfs's lost+found is not the application's"
     );
-    assert!(fs::read_to_string(cache.join("sub/p7.html"))
-        .unwrap()
-        .contains("page 7"));
-
-    sb.run(["apply".as_ref(), spec.as_os_str()])
-        .code(0)
-        .stdout_has("changed: no");
-
-    // Written data reaches the device (and is compressed) when the page cache
-    // writes it back.
-    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
-    let st = sb
-        .run(["status", "--format", "json", spec.to_str().unwrap()])
-        .code(0)
-        .json();
+    let st = seeded_from_the_disk(sb, &cache, &spec, n);
     let m = &st["mounts"][0];
-    assert_eq!(m["state"], "offloaded", "{st:#}");
     let c = &m["compressed"];
-    assert_eq!(c["device"], format!("zram{n}"), "{st:#}");
     assert_eq!(c["compression"], "lz4", "{st:#}");
     let (data, ram) = (c["data"].as_u64().unwrap(), c["ram_used"].as_u64().unwrap());
     assert!(data >= 2_000_000 && ram > 0 && ram < data, "{st:#}");
@@ -229,28 +235,13 @@ fn zram_btrfs_mounts_a_compressing_directory_named_for_the_mount() {
     for o in ["nosuid", "nodev", "noexec"] {
         assert!(e.has_mount_option(o), "{o}: {e:?}");
     }
-    assert_eq!(owner_of(&cache), (1234, 2345));
-    assert_eq!(mode_of(&cache), 0o750);
     assert_eq!(
         fs::read_dir(&cache).unwrap().count(),
         1,
         "only `sub`: nothing of the filesystem's own shows"
     );
-    assert!(fs::read_to_string(cache.join("sub/p7.html"))
-        .unwrap()
-        .contains("page 7"));
-    sb.run(["apply".as_ref(), spec.as_os_str()])
-        .code(0)
-        .stdout_has("changed: no");
-
-    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
-    let st = sb
-        .run(["status", "--format", "json", spec.to_str().unwrap()])
-        .code(0)
-        .json();
+    let st = seeded_from_the_disk(sb, &cache, &spec, n);
     let m = &st["mounts"][0];
-    assert_eq!(m["state"], "offloaded", "{st:#}");
-    assert_eq!(m["compressed"]["device"], format!("zram{n}"), "{st:#}");
     // 2.6MiB of pages in 200 files: btrfs's zstd packs them into far less RAM.
     let ram = m["compressed"]["ram_used"].as_u64().unwrap();
     assert!(ram > 0 && ram < 1 << 20, "{st:#}");
@@ -394,57 +385,37 @@ fn device_left_by_a_crash_is_removed_by_the_next_apply(fs: &str) {
     }
 }
 
+/// Somebody else's zram with a filesystem, mounted whole where a mount of ours
+/// goes, is theirs: neither ext4 through a link of ours nor btrfs with a root
+/// directory named for a mount.
 #[test]
 fn someone_elses_zram_is_never_taken_for_ours() {
-    let mut zb = ZramBox::new();
-    let n = zb.add_own();
-    let sb = &zb.sb;
-    let cache = text_cache(sb);
-    fs::write(format!("/sys/block/zram{n}/disksize"), "16M").unwrap();
-    crate::common::run_tool("mkfs.ext4", &["-q".as_ref(), format!("/dev/zram{n}").as_ref()]);
-    nix::mount::mount(
-        Some(format!("/dev/zram{n}").as_str()),
-        &cache,
-        Some("ext4"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .unwrap();
-    let spec = zram_spec(sb, &cache, "");
-    sb.run(["apply".as_ref(), spec.as_os_str()])
-        .code(3)
-        .stdout_has(&format!("already a mount point (ext4 from /dev/zram{n})"));
-    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-    assert_eq!(sb.mounts_at(&cache).len(), 1, "their mount stays");
-    assert_eq!(diskseq(n), Some(zb.own[0].1), "their device stays");
-    assert!(zb.recorded().is_empty());
+    for (fs, mkfs, size) in [("ext4", &["-q"][..], "16M"), ("btrfs", &["-q", "-f"][..], "128M")] {
+        someone_elses_zram_with(fs, mkfs, size);
+    }
 }
 
-/// A btrfs on somebody else's zram, even mounted where a mount of ours goes,
-/// is theirs: its root is not a directory named for a mount.
-#[test]
-fn someone_elses_btrfs_on_zram_is_never_taken_for_ours() {
+fn someone_elses_zram_with(fs: &str, mkfs: &[&str], size: &str) {
     let mut zb = ZramBox::new();
     let n = zb.add_own();
     let sb = &zb.sb;
     let cache = text_cache(sb);
-    fs::write(format!("/sys/block/zram{n}/disksize"), "128M").unwrap();
-    crate::common::run_tool(
-        "mkfs.btrfs",
-        &["-q".as_ref(), "-f".as_ref(), format!("/dev/zram{n}").as_ref()],
-    );
+    let node = format!("/dev/zram{n}");
+    fs::write(format!("/sys/block/zram{n}/disksize"), size).unwrap();
+    let args: Vec<&std::ffi::OsStr> = mkfs.iter().map(|a| a.as_ref()).chain([node.as_ref()]).collect();
+    crate::common::run_tool(&format!("mkfs.{fs}"), &args);
     nix::mount::mount(
-        Some(format!("/dev/zram{n}").as_str()),
+        Some(node.as_str()),
         &cache,
-        Some("btrfs"),
+        Some(fs),
         nix::mount::MsFlags::empty(),
         None::<&str>,
     )
     .unwrap();
-    let spec = zram_spec(sb, &cache, "    fs: btrfs\n");
+    let spec = zram_spec(sb, &cache, &format!("    fs: {fs}\n"));
     sb.run(["apply".as_ref(), spec.as_os_str()])
         .code(3)
-        .stdout_has(&format!("already a mount point (btrfs from /dev/zram{n})"));
+        .stdout_has(&format!("already a mount point ({fs} from {node})"));
     sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
     assert_eq!(sb.mounts_at(&cache).len(), 1, "their mount stays");
     assert_eq!(diskseq(n), Some(zb.own[0].1), "their device stays");
@@ -573,24 +544,33 @@ fn incompressible(dir: &Path, prefix: &str, n: usize, size: usize, since: u64) {
     }
 }
 
+/// A 64MiB zram mount of an empty cache with `extra` lines (its watchdog), and
+/// an agent watching it.
+fn agent_on_zram(sb: &Sandbox, extra: &str) -> (PathBuf, PathBuf, crate::agent_integration::Agent) {
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = sb.one_mount_spec("cache", &cache, "64MiB", &format!("    backend: zram\n{extra}"));
+    let mut agent = crate::agent_integration::Agent::start(sb, &spec, &[], &[]);
+    crate::agent_integration::wait_offloaded(&mut agent, "cache");
+    (cache, spec, agent)
+}
+
+/// The RAM of the device under the mount `cache`, as the agent exports it.
+fn ram_of(m: &crate::agent_integration::Metrics) -> f64 {
+    m.get("tmpfsctl_mount_zram_memory_bytes{name=\"cache\"}")
+}
+
 #[test]
 fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
-    use crate::agent_integration::{wait_offloaded, Agent};
+    use crate::agent_integration::Agent;
     const MIB: f64 = (1 << 20) as f64;
     let zb = ZramBox::new();
     let sb = &zb.sb;
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     // 64MiB of capacity, 3MiB of RAM: the byte thresholds (80%, 95%) stay far off.
-    let spec = sb.one_mount_spec(
-        "cache",
-        &cache,
-        "64MiB",
-        "    backend: zram\n    watchdog: { memory: { high: 3MiB, low: 1536KiB }, action: evict }\n",
+    let (cache, spec, mut agent) = agent_on_zram(
+        sb,
+        "    watchdog: { memory: { high: 3MiB, low: 1536KiB }, action: evict }\n",
     );
-    let mut agent = Agent::start(sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "cache");
-    let ram =
-        |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_memory_bytes{name=\"cache\"}");
+
     let stored =
         |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_stored_bytes{name=\"cache\"}");
 
@@ -602,13 +582,17 @@ fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
         fs::write(cache.join(format!("t{i:02}.html")), &line.as_bytes()[..64 << 10]).unwrap();
     }
     let m = agent.wait_for("the text stored in the device", |m| stored(m) >= 3.9 * MIB);
-    assert!(ram(&m) < 1.5 * MIB, "text compresses: {} bytes of RAM", ram(&m));
+    assert!(
+        ram_of(&m) < 1.5 * MIB,
+        "text compresses: {} bytes of RAM",
+        ram_of(&m)
+    );
     assert_eq!(m.actions("cache", "evict"), 0.0, "{}", agent.log());
 
     // 4MiB that do not compress take 4MiB of RAM, with the disk only 13% used.
     incompressible(&cache, "r", 128, 32 << 10, 1_000_000);
     let m = agent.wait_for("an eviction on RAM, and the RAM back below high", |m| {
-        m.actions("cache", "evict") >= 1.0 && ram(m) <= 3.0 * MIB
+        m.actions("cache", "evict") >= 1.0 && ram_of(m) <= 3.0 * MIB
     });
     let u = tmpfsctl::host::usage::Usage::of(&cache).unwrap();
     assert!(u.used_pct() < 20.0, "eviction was for RAM, not fullness: {u:?}");
@@ -634,7 +618,7 @@ fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
     fs::remove_file(sb.path("metrics.prom")).unwrap();
     let mut agent = Agent::start(sb, &spec, &[], &[]);
     let m = agent.wait_for("an eviction on RAM after the restart", |m| {
-        m.actions("cache", "evict") >= 1.0 && ram(m) <= 1.5 * MIB
+        m.actions("cache", "evict") >= 1.0 && ram_of(m) <= 1.5 * MIB
     });
     assert_eq!(texts(), kept, "no text file went\n{}", agent.log());
     assert!(
@@ -648,18 +632,10 @@ fn zram_agent_evicts_on_the_devices_ram_not_only_on_fullness() {
 
 #[test]
 fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
-    use crate::agent_integration::{wait_offloaded, Agent};
     let zb = ZramBox::new();
     let sb = &zb.sb;
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    let spec = sb.one_mount_spec(
-        "cache",
-        &cache,
-        "64MiB",
-        "    backend: zram\n    watchdog: { memory: { high: 2MiB }, action: fallback }\n",
-    );
-    let mut agent = Agent::start(sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "cache");
+    let (cache, spec, mut agent) =
+        agent_on_zram(sb, "    watchdog: { memory: { high: 2MiB }, action: fallback }\n");
     let recorded = zb.recorded();
     assert_eq!(recorded.len(), 1, "{recorded:?}");
     let (n, seq, _) = recorded[0].clone();
@@ -685,21 +661,14 @@ fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
 /// of its own) and acts on its RAM; eviction stops near memory `low`.
 #[test]
 fn zram_btrfs_agent_evicts_on_the_devices_ram() {
-    use crate::agent_integration::{wait_offloaded, Agent};
     const MIB: f64 = (1 << 20) as f64;
     let zb = ZramBox::new();
     let sb = &zb.sb;
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    let spec = sb.one_mount_spec(
-        "cache",
-        &cache,
-        "64MiB",
-        "    backend: zram\n    fs: btrfs\n    watchdog: { memory: { high: 6MiB, low: 4MiB }, action: evict }\n",
+    let (cache, _, mut agent) = agent_on_zram(
+        sb,
+        "    fs: btrfs\n    watchdog: { memory: { high: 6MiB, low: 4MiB }, action: evict }\n",
     );
-    let mut agent = Agent::start(sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "cache");
-    let ram =
-        |m: &crate::agent_integration::Metrics| m.get("tmpfsctl_mount_zram_memory_bytes{name=\"cache\"}");
+
     let log = agent.log();
     assert!(
         log.contains("watching") && !log.contains("fanotify mark failed"),
@@ -708,7 +677,7 @@ fn zram_btrfs_agent_evicts_on_the_devices_ram() {
     // 8MiB that do not compress, oldest first.
     incompressible(&cache, "r", 256, 32 << 10, 1_000_000);
     let m = agent.wait_for("an eviction on RAM, and the RAM back below high", |m| {
-        m.actions("cache", "evict") >= 1.0 && ram(m) <= 6.0 * MIB && ram(m) > 0.0
+        m.actions("cache", "evict") >= 1.0 && ram_of(m) <= 6.0 * MIB && ram_of(m) > 0.0
     });
     assert!(!cache.join("r000").exists(), "the oldest entries went first");
     let left = (0..256)
