@@ -82,7 +82,7 @@ fn main() -> ExitCode {
                     None,
                 )
                 .map_err(|e| err(e.into()))?;
-                if let Some(f) = &base_file {
+                if let Some(f) = base_file.as_ref().filter(|_| !synced.kept) {
                     synced.baseline.save(f).map_err(|e| err(e.into()))?;
                     std::fs::remove_file(f.with_extension("journal"))?;
                 }

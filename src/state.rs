@@ -189,7 +189,9 @@ impl State {
     pub fn baseline(&self, name: &str) -> Result<Baseline> {
         let mut base = self.recorded_baseline(name)?;
         let journal = self.journal_path(name);
-        Journal::replay(&journal, &mut base).with_context(|| format!("reading {}", journal.display()))?;
+        let replayed =
+            Journal::replay(&journal, &mut base).with_context(|| format!("reading {}", journal.display()))?;
+        base.replayed = replayed > 0;
         Ok(base)
     }
 

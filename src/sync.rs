@@ -276,7 +276,9 @@ fn pass(
         })
         .and_then(|synced| {
             crate::failpoint::hit("after-merge", &m.name);
-            state.save_baseline(&m.name, &synced.baseline)?;
+            if !synced.kept {
+                state.save_baseline(&m.name, &synced.baseline)?;
+            }
             crate::failpoint::hit("after-baseline", &m.name);
             Ok(synced.stats)
         })

@@ -143,6 +143,9 @@ pub struct Baseline {
     /// For a [`Mark::Placing`] from a journal: the record it replaced, which holds
     /// if the placing never happened. Not saved (a saved baseline has no `Placing`).
     pub placing_before: HashMap<Box<[u8]>, Mark>,
+    /// Records of an interrupted pass's journal were replayed into it: what they
+    /// establish is saved only with the next baseline. Not saved.
+    pub replayed: bool,
 }
 
 impl Baseline {
@@ -319,6 +322,7 @@ impl Baseline {
             listed_after,
             marks,
             placing_before: HashMap::new(),
+            replayed: false,
         })
     }
 

@@ -123,6 +123,9 @@ impl SyncStats {
 pub struct Synced {
     pub stats: SyncStats,
     pub baseline: Baseline,
+    /// The pass found nothing changed on either side and read nothing: `baseline`
+    /// is the one it was given, and need not be saved again (see [`unchanged`]).
+    pub kept: bool,
 }
 
 /// Makes the disk directory `dst` (reached through a private side bind) hold what the
@@ -292,9 +295,26 @@ fn sync_pass(
     let taken = baseline::now_after_tick();
     // Asked only now: it must hold every change before `taken`, which the next pass
     // will not look for.
-    let filter = dirty
-        .and_then(|ask| ask())
-        .and_then(|d| Filter::new(base, &d, dst_fd.as_fd()));
+    let mut quiet = false;
+    let filter = dirty.and_then(|ask| ask()).and_then(|d| {
+        quiet = d.dirs.is_empty() && d.subtrees.is_empty();
+        Filter::new(base, &d, dst_fd.as_fd())
+    });
+    if let Some(stats) = filter
+        .as_ref()
+        .filter(|_| quiet && copied.is_none() && touched.is_empty())
+        .and_then(|f| unchanged(base, f, &dst_st))
+    {
+        return Ok(Pass {
+            synced: Synced {
+                stats,
+                baseline: base.clone(),
+                kept: true,
+            },
+            linked_changed: false,
+            touched,
+        });
+    }
     // One index for the trusted listings and the skipped subtrees.
     let by_dir = (base.listed_after.is_some() || filter.is_some()).then(|| base.marks.by_dir());
     std::thread::scope(|scope| {
@@ -375,10 +395,32 @@ fn sync_pass(
             synced: Synced {
                 stats: reporter.stats,
                 baseline,
+                kept: false,
             },
             linked_changed,
             touched,
         })
+    })
+}
+
+/// A tracked pass with nothing to do, when the tracker saw no change in RAM since
+/// `base` was taken, no disk directory `base` records changed (`filter` enters only
+/// the root), the disk root's own listing did not change since (its ctime), and
+/// `base` holds nothing replayed from a journal (what that establishes must be
+/// saved): a full pass would only confirm every record. Its stats, or `None`.
+///
+/// `base` is then kept as it is, its time too: the tracker is asked again for every
+/// change since it, which includes this moment's.
+fn unchanged(base: &Baseline, filter: &Filter, dst_root: &nix::sys::stat::FileStat) -> Option<SyncStats> {
+    let taken = base.taken?;
+    if base.replayed || !filter.enters_only_the_root() || baseline::Sig::of(dst_root).ctime >= taken {
+        return None;
+    }
+    Some(SyncStats {
+        unchanged: base.marks.len() as u64,
+        tracked: true,
+        dirs_skipped: filter.known_dirs() as u64,
+        ..SyncStats::default()
     })
 }
 

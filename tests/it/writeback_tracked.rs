@@ -136,7 +136,7 @@ fn tracked_passes_end_where_full_passes_do() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0x2545_F491_4F6C_DD1D));
-        let (mut skipped, mut tracked_passes) = (0, 0);
+        let (mut skipped, mut tracked_passes, mut kept) = (0, 0, 0);
         for round in 0..200 {
             // Quiet rounds and rounds with few changes leave most directories
             // unchanged, which is what tracking is for.
@@ -155,6 +155,7 @@ fn tracked_passes_end_where_full_passes_do() {
             let done = pass(src, a, &base_a, Some(&mut tracker));
             skipped += done.stats.dirs_skipped;
             tracked_passes += u64::from(done.stats.tracked);
+            kept += u64::from(done.kept);
             base_a = done.baseline;
             base_b = pass(src, b, &base_b, None).baseline;
             let (ca, cb) = (contents(a), contents(b));
@@ -179,6 +180,8 @@ fn tracked_passes_end_where_full_passes_do() {
         }
         assert!(tracked_passes > 100, "only {tracked_passes} passes were tracked");
         assert!(skipped > 500, "tracked passes skipped only {skipped} directories");
+        // Quiet rounds: nothing read, the baseline kept as it was.
+        assert!(kept > 10, "only {kept} passes found nothing changed");
     });
 }
 

@@ -91,6 +91,17 @@ impl Filter {
         })
     }
 
+    /// Whether nothing but the root is to be read: no RAM directory changed, and no
+    /// disk directory of the baseline.
+    pub(crate) fn enters_only_the_root(&self) -> bool {
+        self.subtrees.is_empty() && self.enter.len() == 1
+    }
+
+    /// The directories the baseline records.
+    pub(crate) fn known_dirs(&self) -> usize {
+        self.known.len()
+    }
+
     /// Whether the RAM subdirectory at `path`, stated `st`, is to be read; `in_new`:
     /// its parent is in or below a directory created or moved in. Returns whether it
     /// is read, and whether its subdirectories are in such a directory.
