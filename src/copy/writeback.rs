@@ -409,11 +409,15 @@ fn sync_pass(
 /// `base` holds nothing replayed from a journal (what that establishes must be
 /// saved): a full pass would only confirm every record. Its stats, or `None`.
 ///
+/// The disk root's ctime is compared by whole seconds: a filesystem that keeps
+/// them so (ext4 with small inodes, FAT, a server's clock) stores a change in
+/// the second of `taken` as earlier than `taken`.
+///
 /// `base` is then kept as it is, its time too: the tracker is asked again for every
 /// change since it, which includes this moment's.
 fn unchanged(base: &Baseline, filter: &Filter, dst_root: &nix::sys::stat::FileStat) -> Option<SyncStats> {
     let taken = base.taken?;
-    if base.replayed || !filter.enters_only_the_root() || baseline::Sig::of(dst_root).ctime >= taken {
+    if base.replayed || !filter.enters_only_the_root() || baseline::Sig::of(dst_root).ctime.0 >= taken.0 {
         return None;
     }
     Some(SyncStats {

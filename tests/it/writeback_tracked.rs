@@ -58,7 +58,12 @@ fn dir(rng: &mut Rng) -> PathBuf {
     p
 }
 
+/// A file in a directory, or now and then one in the root (`rN`): a pass that
+/// reads nothing must not miss a name the disk root gained or lost.
 fn file(rng: &mut Rng) -> PathBuf {
+    if rng.below(8) == 0 {
+        return PathBuf::from(format!("r{}", rng.below(3)));
+    }
     let f = format!("f{}", rng.below(6));
     dir(rng).join(f)
 }
@@ -153,7 +158,10 @@ fn tracked_passes_end_where_full_passes_do() {
             }
             tick();
             let done = pass(src, a, &base_a, Some(&mut tracker));
-            skipped += done.stats.dirs_skipped;
+            // A pass that read nothing skipped everything: not what this counts.
+            if !done.kept {
+                skipped += done.stats.dirs_skipped;
+            }
             tracked_passes += u64::from(done.stats.tracked);
             kept += u64::from(done.kept);
             base_a = done.baseline;
@@ -276,6 +284,54 @@ fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
         assert!(
             matches!(tracker.answer(taken), Answer::Untracked(_)),
             "what it dropped, it cannot answer for"
+        );
+    });
+}
+
+/// A pass that reads nothing must not stand in for one that would have seen the
+/// disk root change: a name deleted there, unseen, would keep its old record, and
+/// the RAM's later rewrite of it would then lose to any later change of the disk
+/// root (taken for the deletion's time).
+#[test]
+fn a_disk_root_change_is_never_left_to_a_pass_that_reads_nothing() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/x"), "x").unwrap();
+        fs::write(src.join("f"), "first").unwrap();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        let mut tracker =
+            ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME");
+        tick();
+        let base = pass(src, dst, &base, Some(&mut tracker)).baseline;
+        tick();
+        fs::remove_file(dst.join("f")).unwrap();
+        tick();
+        // Nothing changed in RAM; the disk root did.
+        let quiet = pass(src, dst, &base, Some(&mut tracker));
+        assert!(!quiet.kept, "the disk root changed: the pass must read it");
+        let base = quiet.baseline;
+        tick();
+        fs::write(src.join("f"), "second, written in RAM").unwrap();
+        tick();
+        fs::write(dst.join("g"), "a later change of the disk root").unwrap();
+        tick();
+        let base = pass(src, dst, &base, Some(&mut tracker)).baseline;
+        assert_eq!(
+            fs::read_to_string(dst.join("f")).ok().as_deref(),
+            Some("second, written in RAM"),
+            "the RAM's rewrite after the disk's deletion is written back"
+        );
+        // And with nothing changed anywhere since, the next pass reads nothing.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let base = pass(src, dst, &base, Some(&mut tracker)).baseline;
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(
+            pass(src, dst, &base, Some(&mut tracker)).kept,
+            "a quiet pass reads nothing"
         );
     });
 }
