@@ -101,7 +101,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = crate::spec::ZRAM_COMPRESSIONS)]
     pub compression: Option<String>,
     /// The filesystem on the zram device (--backend zram), as `fs:` in a spec.
-    #[arg(long, value_parser = ["ext4", "btrfs"])]
+    #[arg(long, value_parser = crate::spec::ZramFs::ALL.map(|(n, _)| n))]
     pub fs: Option<String>,
 }
 
@@ -245,10 +245,10 @@ fn run_backends(args: &BenchArgs, json: bool, dir: PathBuf, host: &Host, state: 
         sample: sample.clone(),
         runs: args.runs,
         compression: args.compression.clone(),
-        fs: match args.fs.as_deref() {
-            Some("btrfs") => crate::spec::ZramFs::Btrfs,
-            _ => crate::spec::ZramFs::Ext4,
-        },
+        fs: crate::spec::ZramFs::ALL
+            .into_iter()
+            .find(|(n, _)| Some(*n) == args.fs.as_deref())
+            .map_or_else(Default::default, |(_, fs)| fs),
         state: state.clone(),
         progress: !json && io::stderr().is_terminal(),
     };

@@ -466,8 +466,7 @@ fn seed(
     // A filesystem that compresses what it stores (fs: btrfs on zram) holds
     // more than its size, by a ratio only the copy finds out; one that makes
     // its inodes as needed reports none. Past what they hold, ENOSPC says it.
-    let compresses = nix::sys::statfs::statfs(to)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC);
+    let compresses = nix::sys::statfs::statfs(to).is_ok_and(|s| crate::host::usage::compresses(&s));
     let fit_bytes = room.size / 100 * (100 - SEED_HEADROOM_PCT);
     let fit_inodes = room.inodes / 100 * (100 - SEED_HEADROOM_PCT);
     if (!compresses && need.allocated > fit_bytes) || (room.inodes > 0 && need.inodes > fit_inodes) {

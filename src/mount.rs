@@ -158,20 +158,22 @@ pub fn move_mount(from: &Path, to: &Path) -> Result<()> {
 /// nowhere): it keeps its filesystem alive without a mount point, and goes
 /// with the descriptor when not attached by [`attach_tree`].
 pub fn clone_tree(path: &Path) -> Result<std::os::fd::OwnedFd> {
+    use nix::NixPath;
     use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+    let fd = path
+        .with_nix_path(|c| {
+            // SAFETY: open_tree(2) reads the NUL-terminated path and returns a
+            // new descriptor or -1; nothing else is touched.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
+                )
+            }
+        })
         .with_context(|| format!("{} holds a NUL byte", path.display()))?;
-    // SAFETY: open_tree(2) reads the NUL-terminated path and returns a new
-    // descriptor or -1; nothing else is touched.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
-        )
-    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("open_tree(OPEN_TREE_CLONE) {}", path.display()));
@@ -182,22 +184,24 @@ pub fn clone_tree(path: &Path) -> Result<std::os::fd::OwnedFd> {
 
 /// Attaches a tree from [`clone_tree`] at `target`.
 pub fn attach_tree(tree: std::os::fd::OwnedFd, target: &Path) -> Result<()> {
+    use nix::NixPath;
     use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(target.as_os_str().as_bytes())
+    let r = target
+        .with_nix_path(|c| {
+            // SAFETY: move_mount(2) reads the two NUL-terminated paths ("" and
+            // the target) and the descriptor, which stays open across the call.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_move_mount,
+                    tree.as_raw_fd(),
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    libc::MOVE_MOUNT_F_EMPTY_PATH,
+                )
+            }
+        })
         .with_context(|| format!("{} holds a NUL byte", target.display()))?;
-    // SAFETY: move_mount(2) reads the two NUL-terminated paths ("" and the
-    // target) and the descriptor, which stays open across the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
     if r < 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("move_mount to {}", target.display()));

@@ -55,8 +55,7 @@ impl Agent {
         // btrfs frees (and discards) what a deletion gave back only when it
         // commits its transaction: before that, neither statvfs nor the
         // device shows the room made. The live filesystem says, not the spec.
-        let btrfs = nix::sys::statfs::fstatfs(root.as_fd())
-            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC);
+        let btrfs = nix::sys::statfs::fstatfs(root.as_fd()).is_ok_and(|s| crate::host::usage::compresses(&s));
         let commit = || {
             if btrfs {
                 let _ = nix::unistd::syncfs(root.as_fd());
@@ -64,14 +63,12 @@ impl Agent {
         };
         // The device holds what was synced when the RAM was measured, and each
         // deleted file gives its RAM back once discarded: read, not estimated.
+        // Eviction reads it right after the usage, whose read commits first.
         let ram = || {
             target
                 .memory
                 .and(device)
-                .and_then(|d| {
-                    commit();
-                    backend::zram::compressed_of(d)
-                })
+                .and_then(backend::zram::compressed_of)
                 .map(|c| c.ram_used)
         };
         let res = evict::evict(

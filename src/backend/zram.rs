@@ -20,7 +20,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 use nix::errno::Errno;
-
 use serde::Serialize;
 
 use super::Change;
@@ -36,7 +35,7 @@ pub use device::release_unused;
 /// The backend's name, as `plan` shows it.
 pub const NAME: &str = "zram";
 
-/// The mount data beyond the subvolume: freed blocks are discarded, which
+/// The mount data: freed blocks are discarded, which
 /// gives their compressed pages back to the kernel (without it, deleted files
 /// keep their RAM). btrfs compresses everything it writes with zstd at its
 /// default level, even what its first bytes make look incompressible.
@@ -326,7 +325,7 @@ pub fn device_of(e: &MountEntry) -> Option<u32> {
     if e.fstype == ZramFs::Btrfs.name() {
         return btrfs_device(e);
     }
-    sysfs_of(e.dev).map(|(n, _)| n)
+    number_of(e.dev)
 }
 
 /// A live zram mount of ours as the kernel reports it.
@@ -369,11 +368,10 @@ impl LiveZram {
     }
 }
 
-/// N and the sysfs directory of the zram device `major:minor`.
-fn sysfs_of(dev: (u32, u32)) -> Option<(u32, std::path::PathBuf)> {
+/// N of the zram device `major:minor`.
+fn number_of(dev: (u32, u32)) -> Option<u32> {
     let sys = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", dev.0, dev.1)).ok()?;
-    let device = sys.file_name()?.to_str()?.strip_prefix("zram")?.parse().ok()?;
-    Some((device, sys))
+    sys.file_name()?.to_str()?.strip_prefix("zram")?.parse().ok()
 }
 
 /// What /dev/zramN holds now (the agent's metrics); `None` when there is no

@@ -295,14 +295,12 @@ fn sync_pass(
     let taken = baseline::now_after_tick();
     // Asked only now: it must hold every change before `taken`, which the next pass
     // will not look for.
-    let mut quiet = false;
-    let filter = dirty.and_then(|ask| ask()).and_then(|d| {
-        quiet = d.dirs.is_empty() && d.subtrees.is_empty();
-        Filter::new(base, &d, dst_fd.as_fd())
-    });
+    let filter = dirty
+        .and_then(|ask| ask())
+        .and_then(|d| Filter::new(base, &d, dst_fd.as_fd()));
     if let Some(stats) = filter
         .as_ref()
-        .filter(|_| quiet && copied.is_none() && touched.is_empty())
+        .filter(|_| copied.is_none() && touched.is_empty())
         .and_then(|f| unchanged(base, f, &dst_st))
     {
         return Ok(Pass {
@@ -417,7 +415,7 @@ fn sync_pass(
 /// change since it, which includes this moment's.
 fn unchanged(base: &Baseline, filter: &Filter, dst_root: &nix::sys::stat::FileStat) -> Option<SyncStats> {
     let taken = base.taken?;
-    if base.replayed || !filter.enters_only_the_root() || baseline::Sig::of(dst_root).ctime.0 >= taken.0 {
+    if base.replayed || !filter.nothing_changed() || baseline::Sig::of(dst_root).ctime.0 >= taken.0 {
         return None;
     }
     Some(SyncStats {

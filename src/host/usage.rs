@@ -6,6 +6,14 @@ use anyhow::{Context, Result};
 use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
+/// Whether the filesystem of `s` compresses what it stores (btrfs, as zram's
+/// `fs: btrfs` mounts it): its usage then counts bytes stored, fewer than its
+/// files' (`st_size`, `st_blocks`), and a deletion frees room only when btrfs
+/// commits its transaction.
+pub fn compresses(s: &nix::sys::statfs::Statfs) -> bool {
+    s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub size: u64,

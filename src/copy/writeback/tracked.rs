@@ -49,6 +49,8 @@ pub(crate) struct Filter {
     /// Paths with a directory record in the baseline.
     known: HashSet<Box<[u8]>>,
     taken: Time,
+    /// The tracker saw no change at all.
+    quiet: bool,
 }
 
 /// Adds `path` and every directory above it.
@@ -88,13 +90,14 @@ impl Filter {
             subtrees: dirty.subtrees.iter().cloned().collect(),
             known,
             taken,
+            quiet: dirty.dirs.is_empty() && dirty.subtrees.is_empty(),
         })
     }
 
-    /// Whether nothing but the root is to be read: no RAM directory changed, and no
-    /// disk directory of the baseline.
-    pub(crate) fn enters_only_the_root(&self) -> bool {
-        self.subtrees.is_empty() && self.enter.len() == 1
+    /// Whether nothing changed below the root: the tracker saw no change in RAM,
+    /// and no disk directory of the baseline changed.
+    pub(crate) fn nothing_changed(&self) -> bool {
+        self.quiet && self.enter.len() == 1
     }
 
     /// The directories the baseline records.
