@@ -69,6 +69,10 @@ fn main() -> ExitCode {
                     let (state, name) = tracker.as_ref()?;
                     tmpfsctl::dirty::ask(state, name, Path::new(src), base.taken?).ok()
                 };
+                let barriers = || {
+                    let (state, name) = tracker.as_ref()?;
+                    tmpfsctl::dirty::barriers(state, name)
+                };
                 let synced = sync_tree(
                     Path::new(src),
                     Path::new(dst),
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
                         journal: journal.as_ref(),
                         deletions: None,
                         dirty: Some(&mut ask),
+                        barriers: Some(&barriers),
                         copied: None,
                     },
                     None,

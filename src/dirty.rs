@@ -40,10 +40,10 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::fanotify::{Fanotify, MaskFlags};
 
-use crate::copy::baseline::{read_nofollow, Time};
-use crate::copy::{Dirty, TEMP_PREFIX};
+use crate::copy::baseline::{read_nofollow, Sig, Time};
+use crate::copy::{Barriers, Dirty, TEMP_PREFIX};
 use crate::host::fanotify::{fd_path, filesystem_group, open_handle, parse, Event, Handle};
-use crate::state::{write_quick, State};
+use crate::state::{remove_if_present, write_quick, State};
 
 /// How long a write-back waits for the tracker's answer before it reads everything.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
@@ -399,8 +399,59 @@ fn decode(bytes: &[u8]) -> Option<(u64, Answer)> {
     }
 }
 
+fn root_ctime(root: &Path) -> Option<Time> {
+    nix::sys::stat::stat(root).ok().map(|st| Sig::of(&st).ctime)
+}
+
+const BARRIERS_MAGIC: &str = "tmpfsctl-barriers 1";
+
+/// What the barriers asked of the tracker of `name` did to its RAM root's ctime, as
+/// recorded by the last [`ask`].
+pub fn barriers(state: &State, name: &str) -> Option<Barriers> {
+    let text = String::from_utf8(read_nofollow(&state.barriers_path(name)).ok()?).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != BARRIERS_MAGIC {
+        return None;
+    }
+    let mut n = lines.next()?.split(' ').map(str::parse);
+    let mut next = || n.next()?.ok();
+    let b = Barriers {
+        left: (next()?, next()?),
+        before: (next()?, next()?),
+    };
+    Some(b).filter(|b| b.left.1 < 1_000_000_000 && b.before.1 < 1_000_000_000)
+}
+
+/// Records that the barrier just made left the root's ctime at `left`, which was
+/// `before` without barriers; without both (a failed `stat`), the record goes, and the
+/// next pass takes the root's ctime as it finds it (a deletion there looks later,
+/// as after any later change in the root).
+fn record_barriers(state: &State, name: &str, before: Option<Time>, left: Option<Time>) {
+    let path = state.barriers_path(name);
+    let written = match (before, left) {
+        (Some(before), Some(left)) => write_quick(
+            &path,
+            format!(
+                "{BARRIERS_MAGIC}\n{} {} {} {}\n",
+                left.0, left.1, before.0, before.1
+            )
+            .as_bytes(),
+        ),
+        _ => remove_if_present(&path),
+    };
+    if let Err(e) = written {
+        tracing::warn!("{name}: {e:#}");
+    }
+}
+
 /// Asks the tracker of `name`, whose tmpfs root is at `root`, for the changes since
 /// `taken`; without a complete answer, why the pass reads the whole tree.
+///
+/// The barrier moves the root's ctime, which the write-back takes for the time of
+/// the RAM's deletions there; what the root's ctime was before (less any earlier
+/// barrier) is recorded for the next pass ([`barriers`]). A name the application
+/// adds, removes or renames in the root in the microseconds between that `stat` and
+/// the barrier gets the earlier time.
 pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty, String> {
     let pid: Option<i32> = read_nofollow(&advert_path(state, name))
         .ok()
@@ -419,6 +470,7 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
     let barrier = root.join(OsStr::from_bytes(
         format!("{TEMP_PREFIX}{BARRIER}{nonce}.{}.{}", taken.0, taken.1).as_bytes(),
     ));
+    let before = root_ctime(root).map(|c| Barriers::undo(barriers(state, name), c));
     let made = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -432,6 +484,7 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
         ));
     }
     let _ = std::fs::remove_file(&barrier);
+    record_barriers(state, name, before, root_ctime(root));
     let answers = answer_path(state, name);
     let deadline = Instant::now() + ANSWER_WITHIN;
     while Instant::now() < deadline {

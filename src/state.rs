@@ -399,6 +399,12 @@ impl State {
         self.dir.join("mounts").join(format!("{name}.degraded"))
     }
 
+    /// What the change tracker's barriers did to the RAM root's ctime (see
+    /// [`crate::dirty::ask`]).
+    pub fn barriers_path(&self, name: &str) -> PathBuf {
+        self.dir.join("mounts").join(format!("{name}.barriers"))
+    }
+
     pub fn record(&self, name: &str) -> Option<Record> {
         let text = read_text(&self.record_path(name))?;
         serde_json::from_str(&text).ok()
@@ -514,6 +520,7 @@ impl State {
         for p in [
             self.record_path(name),
             self.degraded_path(name),
+            self.barriers_path(name),
             self.baseline_path(name),
             self.journal_path(name),
         ] {
@@ -543,7 +550,11 @@ pub fn unix_now() -> u64 {
 /// Replaces a record that is rewritten often and only read by `status`:
 /// atomic, but not worth an fsync.
 pub(crate) fn write_quick(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("json.tmp~");
+    // Beside the file, under its whole name: records of one mount that differ only
+    // in their extension are written by different threads.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp~");
+    let tmp = PathBuf::from(tmp);
     let _ = fs::remove_file(&tmp);
     fs::OpenOptions::new()
         .write(true)
@@ -606,7 +617,7 @@ fn own_directory(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-fn remove_if_present(p: &Path) -> Result<()> {
+pub(crate) fn remove_if_present(p: &Path) -> Result<()> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing {}", p.display()))

@@ -268,6 +268,7 @@ fn pass(
                 journal: Some(&journal),
                 deletions,
                 dirty: Some(&mut ask),
+                barriers: Some(&|| crate::dirty::barriers(state, &m.name)),
                 copied: None,
             };
             let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);

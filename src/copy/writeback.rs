@@ -31,8 +31,8 @@ use super::scan::{self, Name, ScanEvent, SrcEntry};
 use super::settle;
 use super::temp::TempNames;
 use compare::Pairing;
-pub use tracked::Dirty;
 pub(super) use tracked::Filter;
+pub use tracked::{Barriers, Dirty};
 
 /// Removes `name` from `dir`, a directory with everything below it, without following
 /// symlinks or entering another filesystem; returns how many entries went.
@@ -236,7 +236,8 @@ pub fn sync_tree(
     merge: Merge<'_>,
     mut progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<Synced, CopyError> {
-    let (journal, deletions, copied) = (merge.journal, merge.deletions, merge.copied);
+    let (journal, deletions, copied, barriers) =
+        (merge.journal, merge.deletions, merge.copied, merge.barriers);
     let first = sync_pass(
         src,
         dst,
@@ -255,6 +256,7 @@ pub fn sync_tree(
         journal,
         deletions,
         dirty: None,
+        barriers,
         copied,
     };
     // The first pass's own unlinks changed the ctimes of inodes it left linked
@@ -284,9 +286,11 @@ fn sync_pass(
         journal,
         deletions,
         dirty,
+        barriers,
         copied,
     } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
+    let barriers = barriers.and_then(|b| b());
     let (dst_fd, dst_st) = open_root_dir(dst, false)?;
     let dst_root = dst_fd.try_clone().map_err(|e| {
         dst_err("open directory")(Errno::from_raw(e.raw_os_error().unwrap_or(0))).at(PathBuf::from("."))
@@ -321,6 +325,7 @@ fn sync_pass(
             journal,
             deletions,
             copied,
+            barriers,
             // Most records come back as they were: shared with the old baseline, not
             // copied.
             marks: baseline::Marks::next_of(&base.marks),
@@ -438,6 +443,9 @@ pub struct Merge<'a> {
     /// was taken, if a tracker knows them. `None` (or an answer of `None`): the pass
     /// reads the whole tree.
     pub dirty: Option<&'a mut dyn FnMut() -> Option<Dirty>>,
+    /// What the tracker's barriers did to the RAM root's ctime, asked once the pass
+    /// opened the root (a pass's own barrier comes after).
+    pub barriers: Option<&'a dyn Fn() -> Option<Barriers>>,
     /// The destination is a fresh copy of the source (a seed's), made before this
     /// baseline's time, which records the source entries as they were copied (see
     /// [`Syncer::copy_outdated`]).
@@ -532,6 +540,7 @@ struct Syncer<'p, 'b> {
     journal: Option<&'b Journal>,
     deletions: Option<&'b Mutex<dyn DiskDeletions + Send>>,
     copied: Option<&'b Baseline>,
+    barriers: Option<Barriers>,
     /// The next baseline's records, in the order made (the last of a path holds).
     marks: baseline::Marks,
     /// The baseline's records by directory: the names of each disk directory where
@@ -602,7 +611,7 @@ impl Syncer<'_, '_> {
                 let mut frame = self
                     .frame(fd, entries, DstDir::new(dst, Vec::new()), None, None, None)
                     .map_err(at_root)?;
-                frame.ram_deleted_at = ctime(&st);
+                frame.ram_deleted_at = Barriers::undo(self.barriers, ctime(&st));
                 frame.disk_deleted_at = ctime(&dst_st);
                 // The tmpfs root itself is never renamed.
                 frame.ram_kept = true;

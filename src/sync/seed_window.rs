@@ -88,6 +88,7 @@ pub fn catch_up(
             journal: None,
             deletions: watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
             dirty: None,
+            barriers: None,
             copied: copied.as_ref(),
         },
         Some(&mut progress),

@@ -28,6 +28,7 @@ fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
         journal: None,
         deletions: None,
         dirty: None,
+        barriers: None,
         copied: None,
     };
     sync_tree(src, dst, merge, None).expect("write-back")

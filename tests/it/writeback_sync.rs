@@ -555,6 +555,7 @@ fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
                 journal: None,
                 deletions: None,
                 dirty: None,
+                barriers: None,
                 copied: Some(&copied),
             },
             None,

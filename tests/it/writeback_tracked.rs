@@ -39,6 +39,7 @@ fn pass(src: &Path, dst: &Path, base: &Baseline, tracker: Option<&mut ChangeTrac
             journal: None,
             deletions: None,
             dirty: ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
+            barriers: None,
             copied: None,
         },
         None,
@@ -332,6 +333,74 @@ fn a_disk_root_change_is_never_left_to_a_pass_that_reads_nothing() {
         assert!(
             pass(src, dst, &base, Some(&mut tracker)).kept,
             "a quiet pass reads nothing"
+        );
+    });
+}
+
+/// A write-back's barrier (see `tmpfsctl::dirty::ask`) moves the RAM root's ctime,
+/// which stands for when the RAM deleted a name there. Where the disk's later
+/// version of a name won over the RAM's deletion (the disk is written while the
+/// application works on it: `down`'s window, a retried write-back), the barrier of
+/// that pass must not make the deletion the later change at the next: that would
+/// delete the disk's version. A change the application makes in the root after the
+/// barrier still dates the deletions there.
+#[test]
+fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let state_dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        let state = tmpfsctl::state::State::new(state_dir.path());
+        let _tracker = tmpfsctl::dirty::Running::spawn("c", fs::File::open(src).unwrap(), &state)
+            .expect("fanotify with FAN_REPORT_DFID_NAME");
+        let pass = |base: &Baseline| {
+            let taken = base.taken;
+            let mut ask = || tmpfsctl::dirty::ask(&state, "c", src, taken?).ok();
+            let barriers = || tmpfsctl::dirty::barriers(&state, "c");
+            sync_tree(
+                src,
+                dst,
+                Merge {
+                    base,
+                    journal: None,
+                    deletions: None,
+                    dirty: Some(&mut ask),
+                    barriers: Some(&barriers),
+                    copied: None,
+                },
+                None,
+            )
+            .expect("write-back")
+            .baseline
+        };
+        for f in ["f", "g"] {
+            fs::write(src.join(f), "first").unwrap();
+        }
+        let mut base = pass(&Baseline::none());
+        tick();
+        fs::remove_file(src.join("f")).unwrap();
+        tick();
+        fs::write(dst.join("f"), "rewritten on disk after the RAM deleted it").unwrap();
+        tick();
+        for round in 0..3 {
+            base = pass(&base);
+            assert_eq!(
+                fs::read_to_string(dst.join("f")).ok().as_deref(),
+                Some("rewritten on disk after the RAM deleted it"),
+                "pass {round}: the disk's later version stays"
+            );
+            tick();
+        }
+        fs::write(dst.join("g"), "rewritten on disk").unwrap();
+        tick();
+        fs::remove_file(src.join("g")).unwrap();
+        tick();
+        pass(&base);
+        assert!(
+            !dst.join("g").exists(),
+            "the RAM's deletion after the disk's rewrite, made after a barrier, wins"
         );
     });
 }

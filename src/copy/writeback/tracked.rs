@@ -40,6 +40,32 @@ pub struct Dirty {
     pub subtrees: Vec<Box<[u8]>>,
 }
 
+/// What the change tracker's barriers did to the RAM root's ctime (see
+/// [`crate::dirty::ask`]): each moves it to the time it was made, and the root's
+/// ctime stands for when the RAM deleted a name there. A barrier made after the
+/// disk's version of a name won over the RAM's deletion (a disk written while the
+/// application works on it: `down`'s window, a retried write-back) would otherwise
+/// have the next pass take the deletion for the later change, and delete the
+/// disk's version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Barriers {
+    /// The root's ctime the last barrier left.
+    pub left: Time,
+    /// The root's ctime before the first of the barriers since the application last
+    /// added, removed or renamed a name there.
+    pub before: Time,
+}
+
+impl Barriers {
+    /// The time the root's ctime `ctime` stands for.
+    pub fn undo(this: Option<Barriers>, ctime: Time) -> Time {
+        match this {
+            Some(b) if b.left == ctime => b.before,
+            _ => ctime,
+        }
+    }
+}
+
 /// What the scan asks of each RAM subdirectory in a tracked pass.
 pub(crate) struct Filter {
     /// The directories to enter: changed ones, those whose disk side changed, and

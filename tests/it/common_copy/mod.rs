@@ -619,6 +619,7 @@ pub fn mirror(
             journal: None,
             deletions: None,
             dirty: None,
+            barriers: None,
             copied: None,
         },
         progress,
