@@ -43,7 +43,7 @@ use nix::sys::fanotify::{Fanotify, MaskFlags};
 use crate::copy::baseline::{read_nofollow, Sig, Time};
 use crate::copy::{Barriers, Dirty, TEMP_PREFIX};
 use crate::host::fanotify::{fd_path, filesystem_group, open_handle, parse, Event, Handle};
-use crate::state::{remove_if_present, write_quick, State};
+use crate::state::{write_quick, State};
 
 /// How long a write-back waits for the tracker's answer before it reads everything.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
@@ -403,42 +403,63 @@ fn root_ctime(root: &Path) -> Option<Time> {
     nix::sys::stat::stat(root).ok().map(|st| Sig::of(&st).ctime)
 }
 
-const BARRIERS_MAGIC: &str = "tmpfsctl-barriers 1";
+/// The record's first line; then `LEFT_SECS LEFT_NANOS BEFORE_SECS BEFORE_NANOS`,
+/// fixed width, so that `left` is filled in place once the barrier was made.
+const BARRIERS_MAGIC: &str = "tmpfsctl-barriers 2\n";
+/// `left` while the barrier is being made: no root's ctime.
+const PENDING: Time = (0, 0);
 
-/// What the barriers asked of the tracker of `name` did to its RAM root's ctime, as
-/// recorded by the last [`ask`].
-pub fn barriers(state: &State, name: &str) -> Option<Barriers> {
-    let text = String::from_utf8(read_nofollow(&state.barriers_path(name)).ok()?).ok()?;
-    let mut lines = text.lines();
-    if lines.next()? != BARRIERS_MAGIC {
-        return None;
-    }
-    let mut n = lines.next()?.split(' ').map(str::parse);
-    let mut next = || n.next()?.ok();
-    let b = Barriers {
-        left: (next()?, next()?),
-        before: (next()?, next()?),
-    };
-    Some(b).filter(|b| b.left.1 < 1_000_000_000 && b.before.1 < 1_000_000_000)
+fn time_field(t: Time) -> String {
+    format!("{:020} {:09}", t.0, t.1)
 }
 
-/// Records that the barrier just made left the root's ctime at `left`, which was
-/// `before` without barriers; without both (a failed `stat`), the record goes, and the
-/// next pass takes the root's ctime as it finds it (a deletion there looks later,
-/// as after any later change in the root).
-fn record_barriers(state: &State, name: &str, before: Option<Time>, left: Option<Time>) {
-    let path = state.barriers_path(name);
-    let written = match (before, left) {
-        (Some(before), Some(left)) => write_quick(
-            &path,
-            format!(
-                "{BARRIERS_MAGIC}\n{} {} {} {}\n",
-                left.0, left.1, before.0, before.1
-            )
-            .as_bytes(),
-        ),
-        _ => remove_if_present(&path),
+/// What the barriers asked of the tracker of `name` did to its RAM root's ctime, as
+/// recorded by the last [`ask`]; a record whose barrier was never filled in (the
+/// process died in between) undoes nothing.
+pub fn barriers(state: &State, name: &str) -> Option<Barriers> {
+    let text = String::from_utf8(read_nofollow(&state.barriers_path(name)).ok()?).ok()?;
+    let fields: Vec<i64> = text
+        .strip_prefix(BARRIERS_MAGIC)?
+        .strip_suffix('\n')?
+        .split(' ')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [ls, ln, bs, bn] = fields[..] else { return None };
+    let b = Barriers {
+        left: (ls, ln),
+        before: (bs, bn),
     };
+    let sane = |t: Time| (0..1_000_000_000).contains(&t.1);
+    Some(b).filter(|b| b.left != PENDING && sane(b.left) && sane(b.before))
+}
+
+/// Records, before a barrier is made, what the root's ctime stood for: `before`,
+/// with the barrier's `left` still pending. Without the record there is no barrier
+/// (the pass reads the whole tree, and the root's ctime stays what the application
+/// made it).
+fn record_before(state: &State, name: &str, before: Time) -> Result<()> {
+    let text = format!("{BARRIERS_MAGIC}{} {}\n", time_field(PENDING), time_field(before));
+    write_quick(&state.barriers_path(name), text.as_bytes())
+}
+
+/// Fills in the root's ctime the barrier left, in place: no space is needed that
+/// the record did not already have. If this fails, the record stays pending and the
+/// next pass takes the root's ctime as it finds it (its deletions there look later,
+/// as after any later change in the root).
+fn record_left(state: &State, name: &str, left: Option<Time>) {
+    use std::os::unix::fs::FileExt;
+    let path = state.barriers_path(name);
+    let written = left
+        .context("the root's ctime after the barrier is unknown")
+        .and_then(|left| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .and_then(|f| f.write_all_at(time_field(left).as_bytes(), BARRIERS_MAGIC.len() as u64))
+                .with_context(|| format!("writing {}", path.display()))
+        });
     if let Err(e) = written {
         tracing::warn!("{name}: {e:#}");
     }
@@ -450,8 +471,8 @@ fn record_barriers(state: &State, name: &str, before: Option<Time>, left: Option
 /// The barrier moves the root's ctime, which the write-back takes for the time of
 /// the RAM's deletions there; what the root's ctime was before (less any earlier
 /// barrier) is recorded for the next pass ([`barriers`]). A name the application
-/// adds, removes or renames in the root in the microseconds between that `stat` and
-/// the barrier gets the earlier time.
+/// adds, removes or renames in the root between that `stat` and the barrier, or in
+/// the barrier's clock tick, gets the earlier time.
 pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty, String> {
     let pid: Option<i32> = read_nofollow(&advert_path(state, name))
         .ok()
@@ -470,7 +491,10 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
     let barrier = root.join(OsStr::from_bytes(
         format!("{TEMP_PREFIX}{BARRIER}{nonce}.{}.{}", taken.0, taken.1).as_bytes(),
     ));
-    let before = root_ctime(root).map(|c| Barriers::undo(barriers(state, name), c));
+    let before = root_ctime(root)
+        .map(|c| Barriers::undo(barriers(state, name), c))
+        .ok_or_else(|| format!("cannot ask the change tracker (stat {}: failed)", root.display()))?;
+    record_before(state, name, before).map_err(|e| format!("cannot ask the change tracker ({e:#})"))?;
     let made = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -484,7 +508,7 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
         ));
     }
     let _ = std::fs::remove_file(&barrier);
-    record_barriers(state, name, before, root_ctime(root));
+    record_left(state, name, root_ctime(root));
     let answers = answer_path(state, name);
     let deadline = Instant::now() + ANSWER_WITHIN;
     while Instant::now() < deadline {
@@ -507,6 +531,43 @@ pub fn ask(state: &State, name: &str, root: &Path, taken: Time) -> Result<Dirty,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_barriers_record_undoes_only_once_its_barrier_is_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = State::new(dir.path());
+        std::fs::create_dir(dir.path().join("mounts")).unwrap();
+        record_before(&state, "c", (100, 5)).unwrap();
+        assert_eq!(barriers(&state, "c"), None, "pending");
+        record_left(&state, "c", Some((1_700_000_000, 999_999_999)));
+        let b = barriers(&state, "c").expect("filled in");
+        assert_eq!(
+            b,
+            Barriers {
+                left: (1_700_000_000, 999_999_999),
+                before: (100, 5)
+            }
+        );
+        assert_eq!(Barriers::undo(Some(b), b.left), (100, 5));
+        assert_eq!(Barriers::undo(Some(b), (1_700_000_001, 0)), (1_700_000_001, 0));
+        let later = Barriers {
+            left: (10, 0),
+            before: (20, 0),
+        };
+        assert_eq!(Barriers::undo(Some(later), (10, 0)), (10, 0), "never later");
+        let path = state.barriers_path("c");
+        for bad in [
+            "",
+            "tmpfsctl-barriers 1\n1 2 3 4\n",
+            "tmpfsctl-barriers 2\n1 2 3\n",
+            "tmpfsctl-barriers 2\n1 2 3 4 5\n",
+            "tmpfsctl-barriers 2\n1 2000000000 3 4\n",
+            "tmpfsctl-barriers 2\n1 2 3 x\n",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(barriers(&state, "c"), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn barriers_are_recognised_by_name_only() {

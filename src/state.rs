@@ -520,12 +520,13 @@ impl State {
         for p in [
             self.record_path(name),
             self.degraded_path(name),
-            self.barriers_path(name),
             self.baseline_path(name),
             self.journal_path(name),
         ] {
             remove_if_present(&p)?;
         }
+        // Only ever matches the ctime of the tmpfs root it was made on, which is gone.
+        let _ = fs::remove_file(self.barriers_path(name));
         Ok(())
     }
 
@@ -617,7 +618,7 @@ fn own_directory(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-pub(crate) fn remove_if_present(p: &Path) -> Result<()> {
+fn remove_if_present(p: &Path) -> Result<()> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing {}", p.display()))

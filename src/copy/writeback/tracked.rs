@@ -57,10 +57,10 @@ pub struct Barriers {
 }
 
 impl Barriers {
-    /// The time the root's ctime `ctime` stands for.
+    /// The time the root's ctime `ctime` stands for (never a later one).
     pub fn undo(this: Option<Barriers>, ctime: Time) -> Time {
         match this {
-            Some(b) if b.left == ctime => b.before,
+            Some(b) if b.left == ctime => b.before.min(ctime),
             _ => ctime,
         }
     }
