@@ -18,6 +18,7 @@ use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat};
 
+use super::baseline::{Sig, Time};
 use super::error::{src_err, Failed};
 use super::ops::{file_type, open_src, RelPath};
 use super::temp::is_temp;
@@ -76,10 +77,20 @@ pub(super) struct SrcEntry {
     /// `None`: vanished since the listing. A directory's is replaced by the stat of
     /// its descriptor in its [`ScanEvent::Enter`].
     pub(super) st: Option<FileStat>,
-    /// The attribute list, when it holds any attribute that is copied.
-    pub(super) xattrs: Option<Box<[u8]>>,
+    /// The attribute list, when it holds any attribute that is copied; not read
+    /// ([`Xattrs::Unread`]) for a non-directory unchanged since the baseline
+    /// (its ctime is before it), which is mostly carried over as it is.
+    pub(super) xattrs: Xattrs,
     /// A symlink's target.
     pub(super) target: Option<OsString>,
+}
+
+/// A source entry's copied attributes, as far as the scan read them.
+#[derive(Debug)]
+pub(super) enum Xattrs {
+    /// Its attribute list when it holds any attribute that is copied.
+    Listed(Option<Box<[u8]>>),
+    Unread,
 }
 
 pub(super) enum ScanEvent {
@@ -112,6 +123,7 @@ pub(super) fn start<'s>(
     root: OwnedFd,
     root_st: FileStat,
     filter: Option<&'s Filter>,
+    taken: Option<Time>,
 ) -> Receiver<ScanEvent> {
     let (events, receiver) = mpsc::sync_channel(QUEUE);
     scope.spawn(move || {
@@ -122,6 +134,7 @@ pub(super) fn start<'s>(
             rel: RelPath::default(),
             bufs: XattrBufs::default(),
             filter,
+            taken,
         };
         if let Err((failed, path)) = scan.walk(root, root_st) {
             let _ = scan.events.send(ScanEvent::Failed(failed, path));
@@ -139,6 +152,8 @@ struct Scan<'f> {
     rel: RelPath,
     bufs: XattrBufs,
     filter: Option<&'f Filter>,
+    /// The baseline's time.
+    taken: Option<Time>,
 }
 
 /// The walk stopped listening (it failed or finished early).
@@ -271,7 +286,7 @@ impl Scan<'_> {
             name,
             skipped: false,
             st: None,
-            xattrs: None,
+            xattrs: Xattrs::Unread,
             target: None,
         };
         let name = entry.name.as_c_str();
@@ -288,9 +303,10 @@ impl Scan<'_> {
                 Err(e) => return Err(src_err("read symlink")(e)),
             }
         }
-        if kind != libc::S_IFDIR {
+        let changed = self.taken.is_none_or(|t| Sig::of(&st).ctime >= t);
+        if kind != libc::S_IFDIR && changed {
             match xattrs::copied_list(XattrTarget::At(dir, name), &mut self.bufs, true) {
-                Ok(list) => entry.xattrs = list,
+                Ok(list) => entry.xattrs = Xattrs::Listed(list),
                 Err(f) if f.errno() == Some(libc::ENOENT) => return Ok(entry),
                 Err(f) => return Err(f),
             }

@@ -339,7 +339,7 @@ fn sync_pass(
             touched,
             transfer: Transfer::default(),
             temps: TempNames::new(),
-            scan: scan::start(scope, src_fd, src_st, filter.as_ref()),
+            scan: scan::start(scope, src_fd, src_st, filter.as_ref(), base.taken),
             durable: Durable::start(scope, journal, deletions),
             waiting: HashMap::new(),
             linked_changed: false,
@@ -487,9 +487,10 @@ struct Frame {
     /// The disk directory kept its names since the baseline, whose records stand for
     /// its listing ([`Baseline::unchanged_dir`]).
     trusted: bool,
-    /// Neither this RAM directory nor any above it changed since the baseline, so its
-    /// names hold what they held then: a directory renamed or exchanged in RAM gets a
-    /// new ctime, its entries (and their subdirectories) do not.
+    /// Neither this RAM directory nor any above it was moved since the baseline, so
+    /// its names that did not change hold what they held then: a directory renamed or
+    /// exchanged in RAM gets a new ctime, its entries (and their subdirectories) do
+    /// not. Without a tracker, any change of the directory's ctime counts as a move.
     ram_kept: bool,
     /// The tracker saw this directory, or one above it, created or moved in: its
     /// names are new at their paths whatever their ctimes say.

@@ -71,8 +71,8 @@ fn file(rng: &mut Rng) -> PathBuf {
 
 /// One change by the application at `root`; the same `Rng` state makes the same
 /// change. Many fail (a missing parent, a name that is not there): that is part of
-/// the mix.
-fn change(root: &Path, rng: &mut Rng, round: usize) {
+/// the mix. `exchanges`: some renames swap the two names (`RENAME_EXCHANGE`).
+fn change(root: &Path, rng: &mut Rng, round: usize, exchanges: bool) {
     let op = rng.below(10);
     let (a, b) = (file(rng), file(rng));
     let (da, db) = (dir(rng), dir(rng));
@@ -91,12 +91,14 @@ fn change(root: &Path, rng: &mut Rng, round: usize) {
                 f.set_modified(stamp)
             }),
         3 => fs::remove_file(at(&a)),
+        4 if rng.below(3) == 0 && exchanges => exchange(&at(&a), &at(&b)),
         4 => fs::rename(at(&a), at(&b)),
         5 => fs::set_permissions(
             at(&a),
             fs::Permissions::from_mode(0o600 + 0o40 * (round as u32 % 2)),
         ),
         6 => fs::create_dir_all(at(&da)),
+        7 if rng.below(2) == 0 && exchanges => exchange(&at(&da), &at(&db)),
         7 => fs::rename(at(&da), at(&db)),
         8 if rng.below(4) == 0 => fs::remove_dir_all(at(&da)),
         8 => fs::hard_link(at(&a), at(&b)),
@@ -105,6 +107,13 @@ fn change(root: &Path, rng: &mut Rng, round: usize) {
             fs::Permissions::from_mode(0o750 + 0o5 * (round as u32 % 2)),
         ),
     };
+}
+
+/// Swaps two names (`RENAME_EXCHANGE`): neither inode gets a new name of its own,
+/// and a directory's entries keep their ctimes at their new paths.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE).map_err(std::io::Error::from)
 }
 
 #[test]
@@ -148,14 +157,14 @@ fn tracked_passes_end_where_full_passes_do() {
             // unchanged, which is what tracking is for.
             let (ram_changes, disk_changes) = (rng.below(5), u64::from(rng.below(5) == 0));
             for _ in 0..ram_changes {
-                change(src, &mut rng, round);
+                change(src, &mut rng, round, true);
             }
             tick();
             for _ in 0..disk_changes {
                 let state = rng.0;
-                change(a, &mut rng, round);
+                change(a, &mut rng, round, false);
                 rng.0 = state;
-                change(b, &mut rng, round);
+                change(b, &mut rng, round, false);
             }
             tick();
             let done = pass(src, a, &base_a, Some(&mut tracker));
@@ -190,7 +199,7 @@ fn tracked_passes_end_where_full_passes_do() {
         assert!(tracked_passes > 100, "only {tracked_passes} passes were tracked");
         assert!(skipped > 500, "tracked passes skipped only {skipped} directories");
         // Quiet rounds: nothing read, the baseline kept as it was.
-        assert!(kept > 10, "only {kept} passes found nothing changed");
+        assert!(kept > 5, "only {kept} passes found nothing changed");
     });
 }
 

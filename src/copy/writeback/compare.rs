@@ -160,7 +160,7 @@ mod tests {
             name: CString::new(n).expect("no NUL"),
             skipped: false,
             st: None,
-            xattrs: None,
+            xattrs: crate::copy::scan::Xattrs::Unread,
             target: None,
         };
         let src = vec![

@@ -193,7 +193,10 @@ impl Syncer<'_, '_> {
         let mut frame = self.frame(src, entries, DstDir::new(dst, gone), Some(s), before, Some(&path))?;
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
-        frame.ram_kept = parent.ram_kept && self.base.taken.is_some_and(|t| ctime(&s) < t);
+        // A tracked pass knows every directory moved in since the baseline (`new`):
+        // one that was not holds its names at their paths, whatever else changed in it.
+        frame.ram_kept =
+            parent.ram_kept && (self.tracked && !new || self.base.taken.is_some_and(|t| ctime(&s) < t));
         frame.new = new;
         frame.tentative = tentative;
         frame.ram_meta = ram_meta;

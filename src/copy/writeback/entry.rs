@@ -11,7 +11,7 @@ use nix::sys::stat::{self, FileStat};
 use crate::copy::baseline::{Disk, Verdict};
 use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::file_type;
-use crate::copy::scan::{ScanEvent, SrcEntry};
+use crate::copy::scan::{ScanEvent, SrcEntry, Xattrs};
 use crate::copy::xattrs::{self, XattrTarget};
 
 use super::compare::{compare_stats, Diff, Pairing};
@@ -220,8 +220,12 @@ impl Syncer<'_, '_> {
                 }
             }
             let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
-            match (&entry.xattrs, xattrs::copied_list(dst, bufs, false)?) {
-                (None, None) => Ok(true),
+            let ours = match &entry.xattrs {
+                Xattrs::Listed(list) => list.is_some(),
+                Xattrs::Unread => xattrs::copied_list(src, bufs, true)?.is_some(),
+            };
+            match (ours, xattrs::copied_list(dst, bufs, false)?) {
+                (false, None) => Ok(true),
                 _ => xattrs::same_xattrs(src, dst, bufs),
             }
         })();
