@@ -759,7 +759,10 @@ pub fn decide(
                 Ram::Present(r) => r,
                 Ram::Absent => ram_deleted_at,
             };
-            if ram_at <= won.ctime {
+            // The disk's version may be older than the RAM's that lost to it (a
+            // directory moved in on disk keeps its files' ctimes): a RAM side
+            // unchanged since the baseline has not changed since it lost either.
+            if ram_at <= won.ctime || !ram_changed(ram_at) {
                 plain(Verdict::Disk(disk_gone.then_some(disk_at)))
             } else if !disk_changed {
                 plain(Verdict::Ram)
@@ -798,7 +801,9 @@ pub fn decide(
                 plain(Verdict::Disk(None))
             }
         }
-        (Some(Mark::Deleted(_)), Ram::Absent, Disk::Present(_)) => plain(Verdict::Disk(None)),
+        // The disk made the name again, the RAM deleted its older version: the
+        // later change wins (the disk's version is then the disk's own, unrecorded).
+        (Some(Mark::Deleted(_)), Ram::Absent, Disk::Present(d)) => conflict(ram_deleted_at, d.ctime, false),
     }
 }
 

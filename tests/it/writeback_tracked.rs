@@ -71,8 +71,8 @@ fn file(rng: &mut Rng) -> PathBuf {
 
 /// One change by the application at `root`; the same `Rng` state makes the same
 /// change. Many fail (a missing parent, a name that is not there): that is part of
-/// the mix. `exchanges`: some renames swap the two names (`RENAME_EXCHANGE`).
-fn change(root: &Path, rng: &mut Rng, round: usize, exchanges: bool) {
+/// the mix. Some renames swap the two names (`RENAME_EXCHANGE`).
+fn change(root: &Path, rng: &mut Rng, round: usize) {
     let op = rng.below(10);
     let (a, b) = (file(rng), file(rng));
     let (da, db) = (dir(rng), dir(rng));
@@ -91,14 +91,14 @@ fn change(root: &Path, rng: &mut Rng, round: usize, exchanges: bool) {
                 f.set_modified(stamp)
             }),
         3 => fs::remove_file(at(&a)),
-        4 if rng.below(3) == 0 && exchanges => exchange(&at(&a), &at(&b)),
+        4 if rng.below(3) == 0 => exchange(&at(&a), &at(&b)),
         4 => fs::rename(at(&a), at(&b)),
         5 => fs::set_permissions(
             at(&a),
             fs::Permissions::from_mode(0o600 + 0o40 * (round as u32 % 2)),
         ),
         6 => fs::create_dir_all(at(&da)),
-        7 if rng.below(2) == 0 && exchanges => exchange(&at(&da), &at(&db)),
+        7 if rng.below(2) == 0 => exchange(&at(&da), &at(&db)),
         7 => fs::rename(at(&da), at(&db)),
         8 if rng.below(4) == 0 => fs::remove_dir_all(at(&da)),
         8 => fs::hard_link(at(&a), at(&b)),
@@ -157,14 +157,14 @@ fn tracked_passes_end_where_full_passes_do() {
             // unchanged, which is what tracking is for.
             let (ram_changes, disk_changes) = (rng.below(5), u64::from(rng.below(5) == 0));
             for _ in 0..ram_changes {
-                change(src, &mut rng, round, true);
+                change(src, &mut rng, round);
             }
             tick();
             for _ in 0..disk_changes {
                 let state = rng.0;
-                change(a, &mut rng, round, false);
+                change(a, &mut rng, round);
                 rng.0 = state;
-                change(b, &mut rng, round, false);
+                change(b, &mut rng, round);
             }
             tick();
             let done = pass(src, a, &base_a, Some(&mut tracker));
@@ -199,7 +199,7 @@ fn tracked_passes_end_where_full_passes_do() {
         assert!(tracked_passes > 100, "only {tracked_passes} passes were tracked");
         assert!(skipped > 500, "tracked passes skipped only {skipped} directories");
         // Quiet rounds: nothing read, the baseline kept as it was.
-        assert!(kept > 5, "only {kept} passes found nothing changed");
+        assert!(kept >= 3, "only {kept} passes found nothing changed");
     });
 }
 
@@ -418,5 +418,89 @@ fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
             !dst.join("g").exists(),
             "the RAM's deletion after the disk's rewrite, made after a barrier, wins"
         );
+    });
+}
+
+/// A directory moved on the disk side (the application renames or exchanges it
+/// while it works on the disk) brings files whose ctimes are older than the RAM's
+/// versions at that path: the disk's side won all the same (the RAM did not change
+/// since the baseline), and a later change of that RAM directory must not make
+/// the RAM's old version the later one.
+#[test]
+fn a_directory_moved_on_disk_keeps_its_files_against_older_ram_versions() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        fs::create_dir(src.join("d")).unwrap();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        // The disk's own directory, older than the RAM's version of `d/f`.
+        fs::create_dir(dst.join("old")).unwrap();
+        fs::write(dst.join("old/f"), "moved in on disk").unwrap();
+        tick();
+        fs::write(src.join("d/f"), "the RAM's").unwrap();
+        tick();
+        let mut base = pass(src, dst, &base, None).baseline;
+        assert_eq!(fs::read_to_string(dst.join("d/f")).unwrap(), "the RAM's");
+        tick();
+        exchange(&dst.join("d"), &dst.join("old")).unwrap();
+        tick();
+        for round in 0..3 {
+            base = pass(src, dst, &base, None).baseline;
+            assert_eq!(
+                fs::read_to_string(dst.join("d/f")).unwrap(),
+                "moved in on disk",
+                "pass {round}: the disk's change since the baseline stays"
+            );
+            tick();
+            fs::write(
+                src.join(format!("d/new{round}")),
+                "a later change of the RAM directory",
+            )
+            .unwrap();
+            tick();
+        }
+    });
+}
+
+/// A RAM deletion the disk's later rewrite won over (the application wrote the
+/// name on disk while the RAM copy was held) stays lost when the RAM directory
+/// changes afterwards: that change dates the directory, not the deletion.
+#[test]
+fn a_disk_version_that_won_over_a_ram_deletion_stays() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let (src, dst) = (ram.path(), disk.path());
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/f"), "first").unwrap();
+        let mut base = pass(src, dst, &Baseline::none(), None).baseline;
+        tick();
+        fs::remove_file(src.join("d/f")).unwrap();
+        tick();
+        fs::write(dst.join("d/f"), "rewritten on disk after the RAM deleted it").unwrap();
+        tick();
+        for round in 0..3 {
+            base = pass(src, dst, &base, None).baseline;
+            assert_eq!(
+                fs::read_to_string(dst.join("d/f")).ok().as_deref(),
+                Some("rewritten on disk after the RAM deleted it"),
+                "pass {round}: the disk's later version stays"
+            );
+            tick();
+            fs::write(
+                src.join(format!("d/g{round}")),
+                "a later change of the RAM directory",
+            )
+            .unwrap();
+            tick();
+        }
+        // The RAM makes the name again: a change after the disk's, which wins.
+        fs::write(src.join("d/f"), "made again in RAM").unwrap();
+        tick();
+        pass(src, dst, &base, None);
+        assert_eq!(fs::read_to_string(dst.join("d/f")).unwrap(), "made again in RAM");
     });
 }

@@ -73,6 +73,19 @@ fn a_version_that_lost_to_the_disk_stays_lost_until_it_changes() {
     assert_eq!(d(won, Ram::Absent, disk, T0, T0), v(Verdict::Disk(None)));
     // Deleted in RAM after the disk's version: deleted on disk.
     assert_eq!(d(won, Ram::Absent, disk, T2, T0), v(Verdict::Ram));
+    // A disk version older than the RAM's that lost to it (a directory moved in
+    // on disk keeps its files' ctimes): the RAM unchanged since the baseline still
+    // follows the disk.
+    let older = Some(Mark::DiskWon(file(1, T0)));
+    let ram_before_baseline = Ram::Present((150, 0));
+    assert_eq!(
+        d(older, ram_before_baseline, Disk::Present(file(1, T0)), T0, T0),
+        v(Verdict::Disk(None))
+    );
+    assert_eq!(
+        d(older, Ram::Present(T2), Disk::Present(file(1, T0)), T0, T0),
+        v(Verdict::Ram)
+    );
     // Changed in RAM since, the disk unchanged: the RAM's change goes to disk.
     assert_eq!(d(won, Ram::Present(T2), disk, T0, T0), v(Verdict::Ram));
     // Both changed: the later change wins.
@@ -170,7 +183,9 @@ fn a_remembered_deletion_holds_until_the_ram_writes_the_name_again() {
     let back = Disk::Present(file(3, T1));
     assert_eq!(d(base, Ram::Present(T0), back, T0, T0), v(Verdict::Disk(None)));
     assert_eq!(d(base, Ram::Present(T2), back, T0, T0), c(Verdict::Ram));
-    assert_eq!(d(base, Ram::Absent, back, T2, T0), v(Verdict::Disk(None)));
+    // Made again on disk, deleted in RAM: the later of the two.
+    assert_eq!(d(base, Ram::Absent, back, T2, T0), c(Verdict::Ram));
+    assert_eq!(d(base, Ram::Absent, back, T0, T0), c(Verdict::Disk(None)));
     assert_eq!(d(base, Ram::Absent, Disk::Absent, T2, T0), v(Verdict::Gone));
 }
 

@@ -188,8 +188,12 @@ impl Syncer<'_, '_> {
                     changed: removed > 0,
                 })
             }
-            verdict => {
-                self.keep_disk(path, verdict, Some(&d))?;
+            _ => {
+                // The disk's version stays where the RAM lacks the name: from now on
+                // it is the disk's own, as if the RAM never had it. A record of the
+                // disk's win would be judged against the time of the RAM's deletion,
+                // which any later change of the RAM directory moves.
+                self.reporter.stats.kept_disk += 1;
                 Ok(Stepped::default())
             }
         }

@@ -234,7 +234,7 @@ impl Syncer<'_, '_> {
         }
         let mark = match self.base.get(path) {
             Some(m @ Mark::Entry(sig)) if !sig.is_dir() => m,
-            Some(m @ Mark::DiskWon(sig)) if !sig.is_dir() && ram <= sig.ctime => m,
+            Some(m @ Mark::DiskWon(sig)) if !sig.is_dir() => m,
             _ => return false,
         };
         self.marks.insert(path, mark);
