@@ -304,11 +304,7 @@ fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
 /// root (taken for the deletion's time).
 #[test]
 fn a_disk_root_change_is_never_left_to_a_pass_that_reads_nothing() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         fs::create_dir(src.join("d")).unwrap();
         fs::write(src.join("d/x"), "x").unwrap();
         fs::write(src.join("f"), "first").unwrap();
@@ -355,12 +351,8 @@ fn a_disk_root_change_is_never_left_to_a_pass_that_reads_nothing() {
 /// barrier still dates the deletions there.
 #[test]
 fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
     let state_dir = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         let state = tmpfsctl::state::State::new(state_dir.path());
         let _tracker = tmpfsctl::dirty::Running::spawn("c", fs::File::open(src).unwrap(), &state)
             .expect("fanotify with FAN_REPORT_DFID_NAME");
@@ -428,11 +420,7 @@ fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
 /// the RAM's old version the later one.
 #[test]
 fn a_directory_moved_on_disk_keeps_its_files_against_older_ram_versions() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         fs::create_dir(src.join("d")).unwrap();
         let base = pass(src, dst, &Baseline::none(), None).baseline;
         // The disk's own directory, older than the RAM's version of `d/f`.
@@ -469,11 +457,7 @@ fn a_directory_moved_on_disk_keeps_its_files_against_older_ram_versions() {
 /// changes afterwards: that change dates the directory, not the deletion.
 #[test]
 fn a_disk_version_that_won_over_a_ram_deletion_stays() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        let (src, dst) = (ram.path(), disk.path());
+    with_trees(|src, dst| {
         fs::create_dir(src.join("d")).unwrap();
         fs::write(src.join("d/f"), "first").unwrap();
         let mut base = pass(src, dst, &Baseline::none(), None).baseline;

@@ -114,15 +114,6 @@ fn trusted_directories_change_no_outcome() {
 
 /// A fresh tmpfs (the RAM side) and an empty directory under /tmp (the disk side),
 /// in a private mount namespace.
-fn with_trees(test: impl FnOnce(&Path, &Path) + Send) {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
-    in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
-        test(ram.path(), disk.path());
-    });
-}
-
 fn stats_of(src: &Path, dst: &Path, base: &mut Baseline) -> SyncStats {
     let done = pass(src, dst, base);
     *base = done.baseline;

@@ -665,3 +665,14 @@ impl Rng {
 pub fn tick() {
     std::thread::sleep(std::time::Duration::from_millis(12));
 }
+
+/// Runs `test` with a 16 MiB tmpfs (the RAM side) and a directory under /tmp (the
+/// disk side), in a private mount namespace.
+pub fn with_trees(test: impl FnOnce(&Path, &Path) + Send) {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk = tempfile::tempdir_in("/tmp").expect("tempdir");
+    crate::common::in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        test(ram.path(), disk.path());
+    });
+}
