@@ -700,6 +700,8 @@ pub struct Decision {
 /// The three-way rule for one name (see docs/writeback.md for the table).
 ///
 /// - `mark`: the baseline's record of the name; `since`: when the baseline was taken.
+/// - `ram_in_place`: no RAM directory above the name was moved since the baseline,
+///   so a RAM entry with a ctime before it was at this path then.
 /// - `ram_deleted_at`, `disk_deleted_at`: when a side that lacks the name deleted it,
 ///   as far as can be told: the ctime of the directory it was in, as the pass found it
 ///   (a deletion changes it; so may later changes, which makes a deletion look later,
@@ -711,6 +713,7 @@ pub fn decide(
     mark: Option<&Mark>,
     since: Option<Time>,
     ram: Ram,
+    ram_in_place: bool,
     disk: Disk,
     ram_deleted_at: Time,
     disk_deleted_at: Time,
@@ -760,9 +763,10 @@ pub fn decide(
                 Ram::Absent => ram_deleted_at,
             };
             // The disk's version may be older than the RAM's that lost to it (a
-            // directory moved in on disk keeps its files' ctimes): a RAM side
-            // unchanged since the baseline has not changed since it lost either.
-            if ram_at <= won.ctime || !ram_changed(ram_at) {
+            // directory moved in on disk keeps its files' ctimes): a RAM entry
+            // unchanged since the baseline at this path has not changed since it
+            // lost either. Only at this path: one moved in above it keeps its ctime.
+            if ram_at <= won.ctime || ram_in_place && !ram_changed(ram_at) {
                 plain(Verdict::Disk(disk_gone.then_some(disk_at)))
             } else if !disk_changed {
                 plain(Verdict::Ram)

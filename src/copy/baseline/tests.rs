@@ -24,7 +24,7 @@ fn dir(ino: u64, ctime: Time) -> Sig {
 }
 
 fn d(mark: Option<Mark>, ram: Ram, disk: Disk, ram_del: Time, disk_del: Time) -> Decision {
-    decide(mark.as_ref(), Some(SINCE), ram, disk, ram_del, disk_del)
+    decide(mark.as_ref(), Some(SINCE), ram, true, disk, ram_del, disk_del)
 }
 
 fn v(verdict: Verdict) -> Decision {
@@ -51,7 +51,7 @@ fn in_no_baseline_nothing_is_deleted_and_the_newer_wins() {
     assert_eq!(d(None, ram_old, disk, T0, T0), v(Verdict::Disk(None)));
     assert_eq!(d(None, Ram::Absent, Disk::Absent, T0, T0), v(Verdict::Gone));
     // No baseline at all behaves the same.
-    let none = decide(None, None, Ram::Absent, disk, T2, T0);
+    let none = decide(None, None, Ram::Absent, true, disk, T2, T0);
     assert_eq!(none, v(Verdict::Disk(None)));
 }
 
@@ -86,6 +86,17 @@ fn a_version_that_lost_to_the_disk_stays_lost_until_it_changes() {
         d(older, Ram::Present(T2), Disk::Present(file(1, T0)), T0, T0),
         v(Verdict::Ram)
     );
+    // Unless a RAM directory above it moved: the entry may be new at this path.
+    let moved = decide(
+        older.as_ref(),
+        Some(SINCE),
+        ram_before_baseline,
+        false,
+        Disk::Present(file(1, T0)),
+        T0,
+        T0,
+    );
+    assert_eq!(moved, v(Verdict::Ram));
     // Changed in RAM since, the disk unchanged: the RAM's change goes to disk.
     assert_eq!(d(won, Ram::Present(T2), disk, T0, T0), v(Verdict::Ram));
     // Both changed: the later change wins.

@@ -102,6 +102,7 @@ impl Syncer<'_, '_> {
                 self.base_mark(&child, disk).as_ref(),
                 self.base.taken,
                 Ram::Absent,
+                false,
                 disk,
                 ram_deleted_at,
                 ram_deleted_at,

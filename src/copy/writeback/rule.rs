@@ -56,6 +56,7 @@ impl Syncer<'_, '_> {
                 mark.as_ref(),
                 self.base.taken,
                 ram,
+                frame.ram_kept,
                 disk,
                 frame.ram_deleted_at,
                 frame.disk_deleted_at,
