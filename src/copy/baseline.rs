@@ -730,7 +730,9 @@ pub fn decide(
         },
         conflict: true,
     };
-    let ram_changed = |at: Time| since.is_none_or(|s| at >= s);
+    // Unchanged only where it was at this path then: one moved in with a RAM
+    // directory above it keeps its old ctime.
+    let ram_changed = |at: Time| !ram_in_place || since.is_none_or(|s| at >= s);
     match (mark, ram, disk) {
         (_, Ram::Absent, Disk::Absent) => plain(Verdict::Gone),
         // In no baseline: nothing is deleted, and of two versions the newer wins.
@@ -765,8 +767,8 @@ pub fn decide(
             // The disk's version may be older than the RAM's that lost to it (a
             // directory moved in on disk keeps its files' ctimes): a RAM entry
             // unchanged since the baseline at this path has not changed since it
-            // lost either. Only at this path: one moved in above it keeps its ctime.
-            if ram_at <= won.ctime || ram_in_place && !ram_changed(ram_at) {
+            // lost either.
+            if ram_at <= won.ctime || !ram_changed(ram_at) {
                 plain(Verdict::Disk(disk_gone.then_some(disk_at)))
             } else if !disk_changed {
                 plain(Verdict::Ram)

@@ -499,3 +499,47 @@ fn a_disk_version_that_won_over_a_ram_deletion_stays() {
         assert_eq!(fs::read_to_string(dst.join("d/f")).unwrap(), "made again in RAM");
     });
 }
+
+/// The converse: a RAM directory moved after the disk's version of a name in it
+/// won. The RAM's files keep their ctimes at their new paths, from before the
+/// baseline: they are new there all the same, and the later change decides (in a
+/// tracked pass and a full one alike).
+#[test]
+fn a_directory_moved_in_ram_after_the_disk_won_brings_its_files() {
+    // In place, the disk's change is seen only once the RAM's changes (a
+    // baseline record); renamed over, at once (the disk's version won).
+    for (tracked, renamed) in [(false, false), (true, false), (false, true), (true, true)] {
+        with_trees(|src, dst| {
+            fs::create_dir(src.join("d")).unwrap();
+            fs::create_dir(src.join("e")).unwrap();
+            fs::write(src.join("d/f"), "the RAM's first").unwrap();
+            let mut tracker = tracked.then(|| {
+                ChangeTracker::start(fs::File::open(src).unwrap())
+                    .expect("fanotify with FAN_REPORT_DFID_NAME")
+            });
+            tick();
+            let base = pass(src, dst, &Baseline::none(), None).baseline;
+            tick();
+            if renamed {
+                fs::write(dst.join("d/f.new"), "the disk's, later").unwrap();
+                fs::rename(dst.join("d/f.new"), dst.join("d/f")).unwrap();
+            } else {
+                fs::write(dst.join("d/f"), "the disk's, later").unwrap();
+            }
+            tick();
+            fs::write(src.join("e/f"), "the RAM's, later still").unwrap();
+            tick();
+            let base = pass(src, dst, &base, tracker.as_mut()).baseline;
+            assert_eq!(fs::read_to_string(dst.join("d/f")).unwrap(), "the disk's, later");
+            tick();
+            exchange(&src.join("d"), &src.join("e")).unwrap();
+            tick();
+            pass(src, dst, &base, tracker.as_mut());
+            assert_eq!(
+                fs::read_to_string(dst.join("d/f")).unwrap(),
+                "the RAM's, later still",
+                "tracked: {tracked}, renamed: {renamed}"
+            );
+        });
+    }
+}
