@@ -543,3 +543,27 @@ fn a_directory_moved_in_ram_after_the_disk_won_brings_its_files() {
         });
     }
 }
+
+/// Without a tracker, a RAM directory whose ctime changed could have been moved
+/// in: its files count as changed unless they still look like the version both
+/// sides agreed on there. An unchanged one then follows the disk's change, even
+/// one whose ctime understates it (files a directory moved on disk brought).
+#[test]
+fn a_full_pass_keeps_what_a_disk_move_brought_over_agreed_ram_files() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::create_dir(dst.join("old")).unwrap();
+        fs::write(dst.join("old/f"), "moved in on disk").unwrap();
+        tick();
+        fs::write(src.join("d/f"), "the RAM's").unwrap();
+        tick();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        tick();
+        exchange(&dst.join("d"), &dst.join("old")).unwrap();
+        fs::write(src.join("d/g"), "a later change of the RAM directory").unwrap();
+        tick();
+        pass(src, dst, &base, None);
+        assert_eq!(fs::read_to_string(dst.join("d/f")).unwrap(), "moved in on disk");
+        assert_eq!(fs::read_to_string(dst.join("old/f")).unwrap(), "the RAM's");
+    });
+}

@@ -56,7 +56,7 @@ impl Syncer<'_, '_> {
                 mark.as_ref(),
                 self.base.taken,
                 ram,
-                frame.ram_kept,
+                frame.ram_kept || src.is_some_and(|s| agreed_as(mark.as_ref(), s)),
                 disk,
                 frame.ram_deleted_at,
                 frame.disk_deleted_at,
@@ -262,4 +262,16 @@ impl Syncer<'_, '_> {
         let now = stat::fstatat(dst_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(dst_err("stat"))?;
         self.remember(path, Mark::Entry(Sig::of(&now)))
     }
+}
+
+/// Whether the RAM file `s` still looks like the version both sides agreed on at
+/// this path (`mark`: type, mode, size and mtime): then it is that version, not one
+/// that came with a RAM directory moved here since, whatever its directory's ctime
+/// says.
+fn agreed_as(mark: Option<&Mark>, s: &FileStat) -> bool {
+    let Some(Mark::Entry(agreed)) = mark else {
+        return false;
+    };
+    let now = Sig::of(s);
+    !agreed.is_dir() && (now.mode, now.size, now.mtime) == (agreed.mode, agreed.size, agreed.mtime)
 }
