@@ -54,15 +54,21 @@ impl Sig {
         self.mode & libc::S_IFMT == libc::S_IFDIR
     }
 
-    /// Whether `now` is still this entry. A directory counts as the same while it is
-    /// the same directory inode: its times change with every name added or removed,
-    /// which the merge of its contents looks at one by one.
+    /// The same type, mode, size and mtime: the same version by what a copy keeps of
+    /// it (another inode, and its own ctime).
+    pub fn same_version(&self, now: &Sig) -> bool {
+        (self.mode, self.size, self.mtime) == (now.mode, now.size, now.mtime)
+    }
+
     /// The same inode with the same type, mode, size and mtime: what a rename leaves
     /// of it (it changes the ctime).
     pub fn same_but_ctime(&self, now: &Sig) -> bool {
-        (self.ino, self.mode, self.size, self.mtime) == (now.ino, now.mode, now.size, now.mtime)
+        self.ino == now.ino && self.same_version(now)
     }
 
+    /// Whether `now` is still this entry. A directory counts as the same while it is
+    /// the same directory inode: its times change with every name added or removed,
+    /// which the merge of its contents looks at one by one.
     pub fn unchanged(&self, now: &Sig) -> bool {
         if self.is_dir() || now.is_dir() {
             return self.is_dir() && now.is_dir() && self.ino == now.ino;

@@ -77,9 +77,9 @@ pub(super) struct SrcEntry {
     /// `None`: vanished since the listing. A directory's is replaced by the stat of
     /// its descriptor in its [`ScanEvent::Enter`].
     pub(super) st: Option<FileStat>,
-    /// The attribute list, when it holds any attribute that is copied; not read
-    /// ([`Xattrs::Unread`]) for a non-directory unchanged since the baseline
-    /// (its ctime is before it), which is mostly carried over as it is.
+    /// Whether it has any attribute that is copied; not read ([`Xattrs::Unread`]) for
+    /// a non-directory unchanged since the baseline (its ctime is before it), which
+    /// is mostly carried over as it is.
     pub(super) xattrs: Xattrs,
     /// A symlink's target.
     pub(super) target: Option<OsString>,
@@ -88,8 +88,8 @@ pub(super) struct SrcEntry {
 /// A source entry's copied attributes, as far as the scan read them.
 #[derive(Debug)]
 pub(super) enum Xattrs {
-    /// Its attribute list when it holds any attribute that is copied.
-    Listed(Option<Box<[u8]>>),
+    /// Listed: whether any of them is copied.
+    Listed(bool),
     Unread,
 }
 
@@ -306,7 +306,7 @@ impl Scan<'_> {
         let changed = self.taken.is_none_or(|t| Sig::of(&st).ctime >= t);
         if kind != libc::S_IFDIR && changed {
             match xattrs::copied_list(XattrTarget::At(dir, name), &mut self.bufs, true) {
-                Ok(list) => entry.xattrs = Xattrs::Listed(list),
+                Ok(list) => entry.xattrs = Xattrs::Listed(list.is_some()),
                 Err(f) if f.errno() == Some(libc::ENOENT) => return Ok(entry),
                 Err(f) => return Err(f),
             }

@@ -225,7 +225,7 @@ impl Syncer<'_, '_> {
             }
             let (src, dst) = (XattrTarget::At(src_dir, name), XattrTarget::At(dst_dir, name));
             let ours = match &entry.xattrs {
-                Xattrs::Listed(list) => list.is_some(),
+                Xattrs::Listed(any) => *any,
                 Xattrs::Unread => xattrs::copied_list(src, bufs, true)?.is_some(),
             };
             match (ours, xattrs::copied_list(dst, bufs, false)?) {

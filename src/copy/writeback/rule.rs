@@ -269,9 +269,5 @@ impl Syncer<'_, '_> {
 /// that came with a RAM directory moved here since, whatever its directory's ctime
 /// says.
 fn agreed_as(mark: Option<&Mark>, s: &FileStat) -> bool {
-    let Some(Mark::Entry(agreed)) = mark else {
-        return false;
-    };
-    let now = Sig::of(s);
-    !agreed.is_dir() && (now.mode, now.size, now.mtime) == (agreed.mode, agreed.size, agreed.mtime)
+    matches!(mark, Some(Mark::Entry(agreed)) if !agreed.is_dir() && agreed.same_version(&Sig::of(s)))
 }
