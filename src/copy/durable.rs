@@ -1,12 +1,15 @@
-//! Makes the write-back's temporaries durable and puts them in place, off the walk's
-//! thread: `fsync` mostly waits for the disk, so a few workers keep several in flight
-//! (their writes and cache flushes overlap, and on a journaling filesystem they share
-//! commits) while the walk goes on comparing.
+//! Writes the files the write-back copies, makes them durable and puts them in place,
+//! off the walk's thread: creating a file on the disk, copying its data and `fsync`ing
+//! it cost more than comparing an entry, so a few workers do that for several files
+//! at once (their writes and cache flushes overlap, and on a journaling filesystem
+//! they share commits) while the walk goes on comparing.
 //!
-//! Order per file is unchanged: data and metadata are written by the walk, then a
-//! worker `fsync`s the temporary and only then renames it over its final name. A
-//! directory's metadata is applied (by the walk) after the last rename into it
-//! finished, and its `fsync` is queued after that.
+//! Order per file: a worker creates a temporary beside the final name, copies data and
+//! metadata into it from the RAM file the walk opened, `fsync`s it and only then
+//! renames it over its final name. A directory's metadata is applied (by the walk)
+//! after the last rename into it finished, and its `fsync` is queued after that.
+//! Hard-linked files stay with the walk: their later names are linked to the first
+//! copy's inode, which must be in place by then.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -18,13 +21,15 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use nix::fcntl::AtFlags;
-use nix::sys::stat;
+use nix::sys::stat::{self, FileStat};
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
 use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
+use super::ops::Transfer;
 use super::place::{put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
+use super::temp::{create_temp_file, TempNames};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
@@ -99,7 +104,7 @@ impl DstDir {
 }
 
 pub(super) enum Job {
-    Rename(Rename),
+    Rename(Box<Rename>),
     /// `fsync` a directory whose names or metadata changed.
     FsyncDir {
         dir: Arc<DstDir>,
@@ -112,11 +117,14 @@ pub(super) enum Job {
     },
 }
 
-/// `fsync` the finished temporary `file`, then rename `temp` over `name` in `dir`.
+/// Copy the RAM file `src` into a new temporary in `dir`, `fsync` it, then rename it
+/// over `name`.
 pub(super) struct Rename {
     pub(super) dir: Arc<DstDir>,
-    pub(super) file: File,
-    pub(super) temp: CString,
+    /// The singly-linked regular file, open for reading, and its stat then: the
+    /// metadata given to the copy.
+    pub(super) src: File,
+    pub(super) stat: FileStat,
     pub(super) name: CString,
     /// Only if `name` is still free, or still the entry the walk compared; if not, the
     /// temporary is dropped and counted by [`Durable::finish`].
@@ -133,6 +141,8 @@ struct Shared {
     aborted: AtomicBool,
     /// `noreplace` renames not done because the name existed by then.
     not_placed: AtomicU64,
+    /// Data bytes copied and not yet taken into the walk's counts.
+    bytes_written: AtomicU64,
     /// Files put in place, by relative path, as they are once there (a rename changes
     /// the ctime): the next baseline's records, packed as it packs them (a full first
     /// write-back puts every file of the tree here).
@@ -184,14 +194,19 @@ impl Durable {
     }
 
     pub(super) fn submit(&self, job: Job) {
-        if let Job::Rename(Rename { dir, .. }) = &job {
-            dir.renames.lock().expect("no worker panics holding it").pending += 1;
+        if let Job::Rename(r) = &job {
+            r.dir.renames.lock().expect("no worker panics holding it").pending += 1;
         }
         self.jobs
             .as_ref()
             .expect("jobs are submitted before the end")
             .send(job)
             .expect("the workers live as long as the queue");
+    }
+
+    /// The data bytes the workers copied since the last call.
+    pub(super) fn take_bytes_written(&self) -> u64 {
+        self.shared.bytes_written.swap(0, Ordering::Relaxed)
     }
 
     /// The first error a worker ran into, if any: the walk stops with it. The workers
@@ -221,6 +236,7 @@ impl Durable {
             Some(error) => Err(error),
             None => Ok(Finished {
                 not_placed: self.shared.not_placed.load(Ordering::Relaxed),
+                bytes_written: self.take_bytes_written(),
                 placed: std::mem::take(&mut *self.shared.placed.lock().expect("the workers ended")),
                 kept: std::mem::take(&mut *self.shared.kept.lock().expect("the workers ended")),
             }),
@@ -232,6 +248,8 @@ impl Durable {
 pub(super) struct Finished {
     /// `noreplace` renames that found their name taken: the temporary was dropped.
     pub(super) not_placed: u64,
+    /// Data bytes copied since the walk last took them.
+    pub(super) bytes_written: u64,
     /// Files put in place, by relative path, as they are there.
     pub(super) placed: Marks,
     /// Files the application replaced or deleted before they could be put in place.
@@ -245,36 +263,44 @@ fn work(
     journal: Option<&Journal>,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
 ) {
+    // Each worker's own: temporary names never repeat across workers (each seeds
+    // its own), and the copy buffers are not shared.
+    let mut temps = TempNames::new();
+    let mut transfer = Transfer::default();
     loop {
         let job = queue.lock().expect("no worker panics holding it").recv();
         let Ok(job) = job else { return };
         let failed_before = shared.aborted.load(Ordering::Relaxed);
         let failure = match job {
             Job::Rename(r) => {
+                let mut written = None;
                 let result = if failed_before {
                     Ok(Placed::Taken)
                 } else {
-                    fsync_and_place(&r, journal, deletions)
+                    write_temp(&r, &mut temps, &mut transfer, shared).and_then(|w| {
+                        let w = written.insert(w);
+                        fsync_and_place(&r, w, journal, deletions)
+                    })
                 };
-                let result = match result {
-                    Ok(placed @ (Placed::Taken | Placed::Deleted)) if !failed_before => {
+                let result = match (result, &written) {
+                    (Ok(placed @ (Placed::Taken | Placed::Deleted)), Some(_)) => {
                         keep_theirs(&r, placed, shared, journal)
                     }
-                    other => other,
+                    (other, _) => other,
                 };
-                let result = match result {
-                    Ok(Placed::Yes) => note_placed(&r, shared, journal),
-                    Ok(_) => Ok(false),
-                    Err(f) => Err(f),
+                let result = match (result, &written) {
+                    (Ok(Placed::Yes), Some(w)) => note_placed(&r, &w.file, shared, journal),
+                    (Ok(_), _) => Ok(false),
+                    (Err(f), _) => Err(f),
                 };
-                let Rename {
-                    dir, file, temp, rel, ..
-                } = r;
-                if failed_before || !matches!(result, Ok(true)) {
-                    // Best effort: the next sync removes what is left.
-                    let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
+                let Rename { dir, rel, .. } = *r;
+                if let Some(Written { file, temp }) = written {
+                    if !matches!(result, Ok(true)) {
+                        // Best effort: the next sync removes what is left.
+                        let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
+                    }
+                    drop(file);
                 }
-                drop(file);
                 let mut renames = dir.renames.lock().expect("no worker panics holding it");
                 renames.pending -= 1;
                 if renames.pending == 0 && renames.left {
@@ -299,22 +325,49 @@ fn work(
     }
 }
 
+/// A temporary with a file's data and metadata, not yet durable.
+struct Written {
+    file: File,
+    temp: CString,
+}
+
+/// Copies the RAM file into a new temporary beside its final name.
+fn write_temp(
+    r: &Rename,
+    temps: &mut TempNames,
+    transfer: &mut Transfer,
+    shared: &Shared,
+) -> Result<Written, Failed> {
+    let (mut temp, file) = create_temp_file(temps, r.dir.fd.as_fd())?;
+    transfer.copy_data(&r.src, &file, &r.stat, &mut |n| {
+        shared.bytes_written.fetch_add(n, Ordering::Relaxed);
+    })?;
+    transfer.set_metadata(r.src.as_fd(), file.as_fd(), &r.stat, true)?;
+    // The caller removes it from here on, unless it is put in place.
+    temp.live = false;
+    Ok(Written {
+        file,
+        temp: std::mem::take(&mut temp.name),
+    })
+}
+
 /// `fsync`s the temporary and puts it in place as the walk asked.
 fn fsync_and_place(
     r: &Rename,
+    w: &Written,
     journal: Option<&Journal>,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
 ) -> Result<Placed, Failed> {
-    unistd::fsync(&r.file).map_err(dst_err("fsync"))?;
+    unistd::fsync(&w.file).map_err(dst_err("fsync"))?;
     // Noted before the rename: a crash right after it leaves a name the next pass
     // must know was ours.
     if let Some(j) = journal {
-        let st = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+        let st = stat::fstat(&w.file).map_err(dst_err("stat"))?;
         let key = r.rel.as_os_str().as_bytes();
         j.note(key, &Mark::Placing(Sig::of(&st)))
             .map_err(dst_err("record in the write-back journal"))?;
     }
-    let (at, temp, name) = (r.dir.fd.as_fd(), r.temp.as_c_str(), r.name.as_c_str());
+    let (at, temp, name) = (r.dir.fd.as_fd(), w.temp.as_c_str(), r.name.as_c_str());
     // A free name the application created and deleted again since the walk looked:
     // its deletion is the newer change.
     if matches!(r.place, Place::Free) && deletions.is_some_and(|dl| r.dir.deleted(dl, name).is_some()) {
@@ -332,7 +385,7 @@ fn fsync_and_place(
         // Deleted between the look above and the rename (the worker may be preempted
         // there): the name was free only through that deletion, the later change. The
         // copy goes again unless the application changed it since it appeared.
-        let ours = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+        let ours = stat::fstat(&w.file).map_err(dst_err("stat"))?;
         if remove_seen(at, name, Seen::of(&ours), temp).map_err(dst_err("take out again"))? {
             tracing::debug!(
                 "write-back: {}: deleted on disk as it was put in place, taken out again",
@@ -381,8 +434,8 @@ fn keep_theirs(
 }
 
 /// Records a temporary put in place, as it is there (the rename changed its ctime).
-fn note_placed(r: &Rename, shared: &Shared, journal: Option<&Journal>) -> Result<bool, Failed> {
-    let st = stat::fstat(&r.file).map_err(dst_err("stat"))?;
+fn note_placed(r: &Rename, file: &File, shared: &Shared, journal: Option<&Journal>) -> Result<bool, Failed> {
+    let st = stat::fstat(file).map_err(dst_err("stat"))?;
     let (key, sig) = (r.rel.as_os_str().as_bytes(), Sig::of(&st));
     if let Some(j) = journal {
         j.note(key, &Mark::Entry(sig))

@@ -2,12 +2,15 @@
 //! such a name in their final directory, to be put in place when complete.
 
 use std::ffi::{CStr, CString};
+use std::fs::File;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::os::fd::BorrowedFd;
 
+use nix::fcntl::{self, OFlag};
+use nix::sys::stat::Mode;
 use nix::unistd::{self, UnlinkatFlags};
 
-use super::error::Failed;
+use super::error::{dst_err, Failed};
 
 /// Names starting with this are the write-back's temporaries: skipped in the source,
 /// removed from the destination.
@@ -43,6 +46,24 @@ pub(super) fn create_temp<'d, T>(
             Err(f) => return Err(f),
         }
     }
+}
+
+/// A new empty regular file under a fresh temporary name in `dir`, open for writing;
+/// only its owner may open it until its metadata is set.
+pub(super) fn create_temp_file<'d>(
+    temps: &mut TempNames,
+    dir: BorrowedFd<'d>,
+) -> Result<(Temp<'d>, File), Failed> {
+    let (temp, fd) = create_temp(temps, dir, |dir, temp| {
+        fcntl::openat(
+            dir,
+            temp,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(dst_err("create file"))
+    })?;
+    Ok((temp, File::from(fd)))
 }
 
 /// A temporary entry in a destination directory, unlinked on drop unless it was put

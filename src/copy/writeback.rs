@@ -360,6 +360,7 @@ fn sync_pass(
         let finished = durable.finish(walked.err())?;
         // Written, but the destination got the name first: the application's stays.
         reporter.stats.files_written -= finished.not_placed;
+        reporter.stats.bytes_written += finished.bytes_written;
         reporter.stats.kept_disk += finished.not_placed;
         // The files put in place hold over the walk's records (a file is recorded
         // once there). A full first pass puts nearly every record there: the walk's
@@ -651,6 +652,7 @@ impl Syncer<'_, '_> {
             if let Some(child) = outcome.enter {
                 stack.push(child);
             }
+            self.reporter.stats.bytes_written += self.durable.take_bytes_written();
             self.reporter.entry_done();
             self.finish_landed(false)?;
         }

@@ -329,8 +329,11 @@ fn a_directory_removed_between_attempts_keeps_what_the_ram_wrote_in_it() {
     d.run("apply").code(0);
     fs::write(cache.join("z/new"), "written in RAM").unwrap();
     let filler = d.fill_but(1 << 20);
-    // Walked before `z`: the first attempt fails before it gets there.
+    // Walked before `z`: the first attempt fails before it gets there. Hard-linked,
+    // so that the walk writes it itself (the workers write singly-linked files while
+    // the walk goes on, and it would reach `z` before their failure stops it).
     fs::write(cache.join("big"), vec![1u8; 4 << 20]).unwrap();
+    fs::hard_link(cache.join("big"), cache.join("big.link")).unwrap();
     d.run("down").code(1).stdout_has("PENDING");
     assert!(
         !cache.join("z/new").exists(),

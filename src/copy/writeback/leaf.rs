@@ -16,7 +16,7 @@ use crate::copy::durable::{DstDir, Job, Rename};
 use crate::copy::error::{dst_err, src_err, Failed};
 use crate::copy::ops::{file_type, link_to_first_copy, open_src, open_src_typed};
 use crate::copy::place::{put_in_place, Place, Placed, Seen};
-use crate::copy::temp::{create_temp, Temp};
+use crate::copy::temp::{create_temp, create_temp_file, Temp};
 
 use super::compare::{compare_stats, decide, reuse, Diff, FileAction, Reuse};
 use super::{ctime, vanished, Frame, Group, Stepped, Syncer};
@@ -256,46 +256,34 @@ impl Syncer<'_, '_> {
                     Err(e) => return Err(src_err("open file")(e)),
                 };
                 // The data is copied with the stat of what was opened; whether it goes
-                // in place now or through the workers follows the walk's stat, which
+                // in place through the workers or now follows the walk's stat, which
                 // decided whether it is a hard-link group's first copy.
                 let grouped = s.st_nlink > 1;
                 let s = stat::fstat(&src).map_err(src_err("stat"))?;
                 if file_type(&s) != libc::S_IFREG {
                     return Ok(None);
                 }
-                let (mut temp, fd) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
-                    fcntl::openat(
-                        dir,
-                        temp,
-                        OFlag::O_WRONLY
-                            | OFlag::O_CREAT
-                            | OFlag::O_EXCL
-                            | OFlag::O_NOFOLLOW
-                            | OFlag::O_CLOEXEC,
-                        Mode::S_IRUSR | Mode::S_IWUSR,
-                    )
-                    .map_err(dst_err("create file"))
-                })?;
-                let file = File::from(fd);
+                self.reporter.stats.files_written += 1;
+                if !grouped {
+                    // Created, written and fsynced by a worker: the walk goes on
+                    // comparing meanwhile.
+                    self.durable.submit(Job::Rename(Box::new(Rename {
+                        dir: Arc::clone(dst),
+                        src,
+                        stat: s,
+                        name: name.to_owned(),
+                        place: d.map_or(Place::Free, |d| Place::Over(Seen::of(d))),
+                        rel: self.rel.path(Some(name)),
+                    })));
+                    return Ok(Some(None));
+                }
+                let (temp, file) = create_temp_file(&mut self.temps, dst_dir)?;
                 let reporter = &mut self.reporter;
                 self.transfer.copy_data(&src, &file, &s, &mut |n| {
                     reporter.stats.bytes_written += n;
                     reporter.report_if_due();
                 })?;
                 self.transfer.set_metadata(src.as_fd(), file.as_fd(), &s, true)?;
-                self.reporter.stats.files_written += 1;
-                if !grouped {
-                    temp.live = false;
-                    self.durable.submit(Job::Rename(Rename {
-                        dir: Arc::clone(dst),
-                        file,
-                        temp: std::mem::take(&mut temp.name),
-                        name: name.to_owned(),
-                        place: d.map_or(Place::Free, |d| Place::Over(Seen::of(d))),
-                        rel: self.rel.path(Some(name)),
-                    }));
-                    return Ok(Some(None));
-                }
                 unistd::fsync(&file).map_err(dst_err("fsync"))?;
                 let ino = stat::fstat(&file).map_err(dst_err("stat"))?.st_ino;
                 (temp, ino)
