@@ -6,8 +6,10 @@
 //! and names (`FAN_REPORT_DFID_NAME`) for every write, attribute change, creation,
 //! deletion and rename, and file ids (`FAN_REPORT_FID`) for what happens to a file
 //! without a name (its link count changed through another name). It keeps each
-//! changed directory with the time of its last event; a directory created or moved
-//! in is kept as a new subtree.
+//! changed directory with the time of its last event, and the names the events
+//! happened to (up to [`MAX_NAMES`] in all: a directory that would need more, or
+//! had an event without a name, counts as changed as a whole); a directory created
+//! or moved in is kept as a new subtree.
 //!
 //! A write-back (`sync`, the agent's schedule, `down`, in any process) asks for the
 //! changes since its baseline with a barrier: it creates and removes a reserved name
@@ -48,6 +50,9 @@ use crate::state::{write_quick, State};
 /// How long a write-back waits for the tracker's answer before it reads everything.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
+/// Changed names kept at most, over all directories: about 100 bytes each.
+pub const MAX_NAMES: usize = 1 << 16;
+
 /// The barrier's name after [`TEMP_PREFIX`] (which the write-back never copies):
 /// `barrier.NONCE.SECS.NANOS`, the nonce and the baseline's time in decimal.
 const BARRIER: &str = "barrier.";
@@ -80,6 +85,11 @@ pub struct ChangeTracker {
     overflowed: bool,
     /// Directories with a changed entry, by handle: the last event's time.
     dirs: HashMap<Handle, Time>,
+    /// The names changed in them: the last event's time.
+    names: HashMap<(Handle, Vec<u8>), Time>,
+    /// Directories with a change not told by name (an event on the directory itself,
+    /// or one name too many): the last such event's time.
+    whole: HashMap<Handle, Time>,
     /// Directories created or moved in (by parent handle and name): their time.
     subtrees: HashMap<(Handle, Vec<u8>), Time>,
     /// Objects changed without a name (a file whose link count changed), by handle:
@@ -125,6 +135,8 @@ impl ChangeTracker {
             since: now(),
             overflowed: false,
             dirs: HashMap::new(),
+            names: HashMap::new(),
+            whole: HashMap::new(),
             subtrees: HashMap::new(),
             objects: HashMap::new(),
             dropped_before: (0, 0),
@@ -159,8 +171,9 @@ impl ChangeTracker {
                         let new_dir = mask & libc::FAN_ONDIR != 0
                             && mask & (libc::FAN_CREATE | libc::FAN_MOVED_TO) != 0;
                         if new_dir {
-                            self.subtrees.insert((dir.clone(), name), at);
+                            self.subtrees.insert((dir.clone(), name.clone()), at);
                         }
+                        self.note_name(&dir, name, at);
                         self.dirs.insert(dir, at);
                     }
                     Event::Object { fid, .. } => {
@@ -168,6 +181,19 @@ impl ChangeTracker {
                     }
                 }
             }
+        }
+    }
+
+    /// Keeps the name a change in `dir` happened to; a change of the directory itself
+    /// (reported as `.`), or a name beyond [`MAX_NAMES`], makes it changed as a whole.
+    fn note_name(&mut self, dir: &Handle, name: Vec<u8>, at: Time) {
+        let full = self.names.len() >= MAX_NAMES;
+        if matches!(&name[..], b"" | b"." | b"..")
+            || full && !self.names.contains_key(&(dir.clone(), name.clone()))
+        {
+            self.whole.insert(dir.clone(), at);
+        } else {
+            self.names.insert((dir.clone(), name), at);
         }
     }
 
@@ -185,6 +211,8 @@ impl ChangeTracker {
             return Answer::Untracked("asked for changes older than the change tracker keeps".into());
         }
         self.dirs.retain(|_, t| *t >= taken);
+        self.names.retain(|_, t| *t >= taken);
+        self.whole.retain(|_, t| *t >= taken);
         self.subtrees.retain(|_, t| *t >= taken);
         self.objects.retain(|_, t| *t >= taken);
         self.dropped_before = taken;
@@ -193,9 +221,13 @@ impl ChangeTracker {
         };
         let mut dirty = Dirty::default();
         let mut gone = Vec::new();
+        let mut paths = HashMap::new();
         for handle in self.dirs.keys() {
             match self.relative(&root, handle) {
-                Resolved::At(p, _) => dirty.dirs.push(p),
+                Resolved::At(p, _) => {
+                    paths.insert(handle, p.clone());
+                    dirty.dirs.push(p);
+                }
                 Resolved::Gone => gone.push(handle.clone()),
                 Resolved::Unknown => {
                     return Answer::Untracked("a changed directory could not be found".into())
@@ -217,13 +249,42 @@ impl ChangeTracker {
             }
         }
         let mut objects_gone = Vec::new();
+        // Directories changed without a name: by an object's change.
+        let mut unnamed = std::collections::HashSet::new();
         for handle in self.objects.keys() {
-            match self.relative(&root, handle) {
+            let dir: Box<[u8]> = match self.relative(&root, handle) {
                 // A file: the directory it is in now (one of its names, if several).
-                Resolved::At(p, false) => dirty.dirs.push(crate::copy::parent_of(&p).into()),
-                Resolved::At(p, true) => dirty.dirs.push(p),
-                Resolved::Gone => objects_gone.push(handle.clone()),
+                Resolved::At(p, false) => crate::copy::parent_of(&p).into(),
+                Resolved::At(p, true) => p,
+                Resolved::Gone => {
+                    objects_gone.push(handle.clone());
+                    continue;
+                }
                 Resolved::Unknown => return Answer::Untracked("a changed file could not be found".into()),
+            };
+            unnamed.insert(dir.clone());
+            dirty.dirs.push(dir);
+        }
+        // By path: a directory seen through two handles (replaced at its path) is
+        // named only if both told every change by name.
+        for (handle, p) in &paths {
+            if self.whole.contains_key(*handle) {
+                unnamed.insert(p.clone());
+            }
+        }
+        for p in paths.values() {
+            if !unnamed.contains(p) {
+                dirty.named.push(p.clone());
+            }
+        }
+        for (handle, name) in self.names.keys() {
+            if let Some(p) = paths.get(handle).filter(|p| !unnamed.contains(*p)) {
+                let mut path = p.to_vec();
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(name);
+                dirty.entries.push(path.into());
             }
         }
         for handle in objects_gone {
@@ -231,11 +292,16 @@ impl ChangeTracker {
         }
         for handle in gone {
             self.dirs.remove(&handle);
+            self.whole.remove(&handle);
+            self.names.retain(|(h, _), _| *h != handle);
             self.subtrees.retain(|(h, _), _| *h != handle);
         }
         dirty.dirs.sort();
         dirty.dirs.dedup();
         dirty.subtrees.sort();
+        dirty.named.sort();
+        dirty.named.dedup();
+        dirty.entries.sort();
         Answer::Changed(dirty)
     }
 
@@ -344,8 +410,10 @@ fn advert_path(state: &State, name: &str) -> PathBuf {
 const MAGIC: &[u8] = b"tmpfsctl-dirty 1\n";
 
 /// The answer file: magic, nonce, then either `U` and the reason, or `C` and the
-/// paths, each a kind (`D` directory, `S` subtree), a length and the bytes, and `E`:
-/// an answer cut short is no answer, never one with fewer directories.
+/// paths, each a kind (`D` directory, `S` subtree, `N` directory changed by name
+/// only, `P` changed entry), a length and the bytes, and `E`: an answer cut short is
+/// no answer, never one with fewer directories. An older reader refuses the kinds it
+/// does not know, and reads the whole tree.
 fn encode(nonce: u64, answer: &Answer) -> Vec<u8> {
     let mut out = MAGIC.to_vec();
     out.extend_from_slice(&nonce.to_le_bytes());
@@ -356,7 +424,12 @@ fn encode(nonce: u64, answer: &Answer) -> Vec<u8> {
         }
         Answer::Changed(d) => {
             out.push(b'C');
-            for (kind, paths) in [(b'D', &d.dirs), (b'S', &d.subtrees)] {
+            for (kind, paths) in [
+                (b'D', &d.dirs),
+                (b'S', &d.subtrees),
+                (b'N', &d.named),
+                (b'P', &d.entries),
+            ] {
                 for p in paths {
                     out.push(kind);
                     out.extend_from_slice(&(p.len() as u32).to_le_bytes());
@@ -390,6 +463,8 @@ fn decode(bytes: &[u8]) -> Option<(u64, Answer)> {
                 match kind {
                     b'D' => d.dirs.push(path),
                     b'S' => d.subtrees.push(path),
+                    b'N' => d.named.push(path),
+                    b'P' => d.entries.push(path),
                     _ => return None,
                 }
                 rest = &after[4 + len..];
@@ -589,6 +664,8 @@ mod tests {
         let changed = Answer::Changed(Dirty {
             dirs: vec![Box::from(&b""[..]), Box::from(&b"a/odd\nname\xff"[..])],
             subtrees: vec![Box::from(&b"new"[..])],
+            named: vec![Box::from(&b"a/odd\nname\xff"[..])],
+            entries: vec![Box::from(&b"a/odd\nname\xff/f"[..])],
         });
         let bytes = encode(7, &changed);
         assert_eq!(decode(&bytes), Some((7, changed)));

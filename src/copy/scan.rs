@@ -74,15 +74,33 @@ pub(super) struct SrcEntry {
     /// A directory a tracked pass does not read (see [`super::writeback`]'s
     /// `tracked`): no events follow for it.
     pub(super) skipped: bool,
-    /// `None`: vanished since the listing. A directory's is replaced by the stat of
-    /// its descriptor in its [`ScanEvent::Enter`].
+    /// `None`: vanished since the listing, or `untouched`. A directory's is replaced
+    /// by the stat of its descriptor in its [`ScanEvent::Enter`].
     pub(super) st: Option<FileStat>,
+    /// A regular file a tracked pass's tracker saw no change of since the baseline
+    /// (see [`Filter::touched`]), in a directory whose every change it saw by name:
+    /// not stated, its record is carried over unless the walk must compare it.
+    pub(super) untouched: bool,
     /// Whether it has any attribute that is copied; not read ([`Xattrs::Unread`]) for
     /// a non-directory unchanged since the baseline (its ctime is before it), which
     /// is mostly carried over as it is.
     pub(super) xattrs: Xattrs,
     /// A symlink's target.
     pub(super) target: Option<OsString>,
+}
+
+impl SrcEntry {
+    /// A name not looked at.
+    pub(super) fn untouched(name: CString) -> SrcEntry {
+        SrcEntry {
+            name,
+            skipped: false,
+            st: None,
+            untouched: true,
+            xattrs: Xattrs::Unread,
+            target: None,
+        }
+    }
 }
 
 /// A source entry's copied attributes, as far as the scan read them.
@@ -249,7 +267,12 @@ impl Scan<'_> {
         names.retain(|n| !is_temp(&n.name));
         let mut entries = Vec::with_capacity(names.len());
         let mut subdirs = Vec::new();
-        for Name { name, .. } in names {
+        let touched = self.filter.and_then(|f| f.touched(self.rel.as_bytes(), in_new));
+        for Name { name, dtype } in names {
+            if dtype == Some(Type::File) && touched.is_some_and(|t| !t.contains(name.to_bytes())) {
+                entries.push(SrcEntry::untouched(name));
+                continue;
+            }
             let mut entry = self.scan_entry(fd.as_fd(), name)?;
             if let Some(st) = entry.st.filter(|st| file_type(st) == libc::S_IFDIR) {
                 let (read, new) = match self.filter {
@@ -282,13 +305,8 @@ impl Scan<'_> {
 
     /// One `fstatat`, the attribute list and a symlink's target.
     fn scan_entry(&mut self, dir: BorrowedFd<'_>, name: CString) -> Result<SrcEntry, Failed> {
-        let mut entry = SrcEntry {
-            name,
-            skipped: false,
-            st: None,
-            xattrs: Xattrs::Unread,
-            target: None,
-        };
+        let mut entry = SrcEntry::untouched(name);
+        entry.untouched = false;
         let name = entry.name.as_c_str();
         let st = match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,

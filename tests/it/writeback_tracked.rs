@@ -238,19 +238,20 @@ fn linked_as(root: &Path, groups: &[Vec<PathBuf>]) -> Vec<Vec<Vec<PathBuf>>> {
 }
 
 /// What the tracker answers: the directories with a changed entry (written in
-/// place, chmodded, created, deleted, renamed), a directory moved in as a new
-/// subtree, nothing for a directory deleted since; and no answer for a time before
-/// it started, or before what an earlier answer let it drop.
+/// place, chmodded, created, deleted, renamed, linked), a directory moved in as a
+/// new subtree, nothing for a directory deleted since, and the names the changes
+/// happened to where it saw all of them by name; and no answer for a time before it
+/// started, or before what an earlier answer let it drop.
 #[test]
 fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
     let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
     in_private_mount_ns(|| {
         let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
         let root = ram.path();
-        for d in ["a/x", "b", "c", "d", "gone", "quiet/deep"] {
+        for d in ["a/x", "b", "c", "d", "e", "gone", "quiet/deep", "modes/m"] {
             fs::create_dir_all(root.join(d)).unwrap();
         }
-        for f in ["a/x/f", "b/f", "c/f", "quiet/deep/f"] {
+        for f in ["a/x/f", "b/f", "c/f", "e/g", "quiet/deep/f"] {
             fs::write(root.join(f), "seed").unwrap();
         }
         let before = tmpfsctl::copy::baseline::now_after_tick();
@@ -264,6 +265,8 @@ fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
             .unwrap();
         fs::set_permissions(root.join("b/f"), fs::Permissions::from_mode(0o600)).unwrap();
         fs::remove_file(root.join("c/f")).unwrap();
+        fs::set_permissions(root.join("modes/m"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::hard_link(root.join("e/g"), root.join("b/g")).unwrap();
         fs::rename(root.join("gone"), root.join("d/moved")).unwrap();
         fs::create_dir(root.join("d/moved/inner")).unwrap();
         fs::create_dir(root.join("doomed")).unwrap();
@@ -282,7 +285,33 @@ fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
                 .map(|p| String::from_utf8_lossy(p).into_owned())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(text(&dirty.dirs), ["", "a/x", "b", "c", "d", "d/moved"]);
+        let dirs = text(&dirty.dirs);
+        // The hard link's new link count is an event of the file, without a name: its
+        // directory is either name's.
+        assert!(
+            [
+                &["", "a/x", "b", "c", "d", "d/moved", "modes/m"][..],
+                &["", "a/x", "b", "c", "d", "d/moved", "e", "modes/m"]
+            ]
+            .contains(&&dirs.iter().map(String::as_str).collect::<Vec<_>>()[..]),
+            "{dirs:?}"
+        );
+        // The names each change happened to, where every change was told by name: not
+        // in a directory whose own mode changed (an event without a name), nor in
+        // the one the hard-linked file's event was resolved to.
+        let named = text(&dirty.named);
+        for d in ["", "a/x", "c", "d", "d/moved"] {
+            assert!(named.contains(&d.to_string()), "{d} not named: {named:?}");
+        }
+        assert!(!named.contains(&"modes/m".to_string()), "{named:?}");
+        assert!(
+            !(named.contains(&"e".to_string()) || dirs.len() == 7 && named.contains(&"b".to_string())),
+            "the re-linked file's directory is named: {named:?}"
+        );
+        let entries = text(&dirty.entries);
+        for e in ["a/x/f", "c/f", "d/moved", "d/moved/inner", "doomed", "gone"] {
+            assert!(entries.contains(&e.to_string()), "{e} not among {entries:?}");
+        }
         // A directory made and removed again is still named (by its parent, which is
         // there): the pass finds nothing under that name.
         assert_eq!(text(&dirty.subtrees), ["d/moved", "d/moved/inner", "doomed"]);

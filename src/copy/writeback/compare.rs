@@ -160,6 +160,7 @@ mod tests {
             name: CString::new(n).expect("no NUL"),
             skipped: false,
             st: None,
+            untouched: false,
             xattrs: crate::copy::scan::Xattrs::Unread,
             target: None,
         };

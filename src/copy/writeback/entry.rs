@@ -9,7 +9,7 @@ use nix::fcntl::{self, AtFlags};
 use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Disk, Verdict};
-use crate::copy::error::{dst_err, Failed};
+use crate::copy::error::{dst_err, src_err, Failed};
 use crate::copy::ops::file_type;
 use crate::copy::scan::{ScanEvent, SrcEntry, Xattrs};
 use crate::copy::xattrs::{self, XattrTarget};
@@ -33,10 +33,28 @@ impl Syncer<'_, '_> {
         };
         let name = entry.name.as_c_str();
         let path = self.rel.joined(name);
-        let Some(s) = entry.st else {
-            // Vanished from the RAM since it was listed: the next pass sees.
-            self.carry(&path);
-            return Ok(Stepped::default());
+        let s = match entry.st {
+            Some(s) => s,
+            None if entry.untouched => {
+                if parent.trusted && parent.ram_kept && self.carry_untouched(&path) {
+                    return Ok(Stepped::default());
+                }
+                match stat::fstatat(src_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    // A directory now: made since the tracker answered (the scan does
+                    // not read it), so the next pass sees it, as a vanished name.
+                    Ok(s) if file_type(&s) != libc::S_IFDIR => s,
+                    Ok(_) | Err(Errno::ENOENT) => {
+                        self.carry(&path);
+                        return Ok(Stepped::default());
+                    }
+                    Err(e) => return Err(src_err("stat")(e).into()),
+                }
+            }
+            None => {
+                // Vanished from the RAM since it was listed: the next pass sees.
+                self.carry(&path);
+                return Ok(Stepped::default());
+            }
         };
         if entry.skipped {
             // Unchanged on both sides since the baseline (see `tracked`).

@@ -20,7 +20,7 @@
 //! changed multiply-linked file (or one new at its path: in a directory moved in)
 //! asks for a full pass after it ([`super::sync_tree`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
 
 use nix::fcntl::AtFlags;
@@ -38,6 +38,11 @@ pub struct Dirty {
     pub dirs: Vec<Box<[u8]>>,
     /// Directories created or moved in: everything below is new at its path.
     pub subtrees: Vec<Box<[u8]>>,
+    /// The directories of `dirs` whose every change the tracker saw by the name it
+    /// happened to: their other entries are as they were at the baseline.
+    pub named: Vec<Box<[u8]>>,
+    /// The paths of those changed entries.
+    pub entries: Vec<Box<[u8]>>,
 }
 
 /// What the change tracker's barriers did to the RAM root's ctime (see
@@ -74,6 +79,12 @@ pub(crate) struct Filter {
     subtrees: HashSet<Box<[u8]>>,
     /// Paths with a directory record in the baseline.
     known: HashSet<Box<[u8]>>,
+    /// Directories with a change the tracker saw.
+    changed: HashSet<Box<[u8]>>,
+    /// Of those, the ones whose every change it saw by name: those names.
+    touched: HashMap<Box<[u8]>, HashSet<Box<[u8]>>>,
+    /// The names touched in a directory without a change: none.
+    none: HashSet<Box<[u8]>>,
     taken: Time,
     /// The tracker saw no change at all.
     quiet: bool,
@@ -111,10 +122,21 @@ impl Filter {
                 with_parents(&mut enter, path);
             }
         }
+        let mut touched: HashMap<_, HashSet<_>> =
+            dirty.named.iter().map(|d| (d.clone(), HashSet::new())).collect();
+        for path in &dirty.entries {
+            let (dir, name) = split_parent(path);
+            if let Some(names) = touched.get_mut(dir) {
+                names.insert(name.into());
+            }
+        }
         Some(Filter {
             enter,
             subtrees: dirty.subtrees.iter().cloned().collect(),
             known,
+            changed: dirty.dirs.iter().cloned().collect(),
+            touched,
+            none: HashSet::new(),
             taken,
             quiet: dirty.dirs.is_empty() && dirty.subtrees.is_empty(),
         })
@@ -139,6 +161,22 @@ impl Filter {
         let read =
             new || self.enter.contains(path) || !self.known.contains(path) || Sig::of(st).ctime >= self.taken;
         (read, new)
+    }
+
+    /// The names in the RAM directory at `path` that the tracker saw a change of since
+    /// the baseline, where it saw every change there by name: any other entry is the
+    /// one the baseline recorded at its path, unchanged. `None` where that is not
+    /// known: a change without a name, a directory new at its path (`in_new`: in or
+    /// below one), or one the baseline has no record of.
+    pub(crate) fn touched(&self, path: &[u8], in_new: bool) -> Option<&HashSet<Box<[u8]>>> {
+        if in_new || self.subtrees.contains(path) || !(path.is_empty() || self.known.contains(path)) {
+            return None;
+        }
+        if self.changed.contains(path) {
+            self.touched.get(path)
+        } else {
+            Some(&self.none)
+        }
     }
 }
 
