@@ -330,6 +330,50 @@ fn the_tracker_answers_what_changed_and_refuses_what_it_cannot_know() {
     });
 }
 
+/// The tracker keeps at most `MAX_NAMES` changed names: a directory whose change
+/// would need one more is changed as a whole (every entry of it is looked at),
+/// never named with a name missing.
+#[test]
+fn a_directory_with_more_changed_names_than_the_tracker_keeps_is_changed_as_a_whole() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=64m,nr_inodes=200k,mode=0755");
+        let root = ram.path();
+        for d in ["many", "few"] {
+            fs::create_dir(root.join(d)).unwrap();
+        }
+        let mut tracker = ChangeTracker::start(fs::File::open(root).unwrap()).unwrap();
+        let taken = tmpfsctl::copy::baseline::now_after_tick();
+        fs::write(root.join("few/f"), "x").unwrap();
+        for i in 0..=tmpfsctl::dirty::MAX_NAMES {
+            fs::File::create(root.join(format!("many/{i}"))).unwrap();
+            // Read before the queue (16,384 events) overflows.
+            if i % 2_000 == 0 {
+                tracker.drain();
+            }
+        }
+        tracker.drain();
+        let Answer::Changed(dirty) = tracker.answer(taken) else {
+            panic!("no answer");
+        };
+        let named: Vec<_> = dirty
+            .named
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        assert_eq!(named, ["few"], "named directories");
+        assert!(
+            dirty.dirs.iter().any(|d| &d[..] == b"many"),
+            "many is not changed"
+        );
+        assert!(
+            dirty.entries.iter().all(|e| !e.starts_with(b"many/")),
+            "entries of a whole directory were kept"
+        );
+        assert!(dirty.entries.iter().any(|e| &e[..] == b"few/f"));
+    });
+}
+
 /// A pass that reads nothing must not stand in for one that would have seen the
 /// disk root change: a name deleted there, unseen, would keep its old record, and
 /// the RAM's later rewrite of it would then lose to any later change of the disk
