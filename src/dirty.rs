@@ -50,8 +50,12 @@ use crate::state::{write_quick, State};
 /// How long a write-back waits for the tracker's answer before it reads everything.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
-/// Changed names kept at most, over all directories: about 100 bytes each.
+/// Changed names kept at most, over all directories (and as many files changed in
+/// place): about 100 bytes each.
 pub const MAX_NAMES: usize = 1 << 16;
+
+/// The events that create, remove or rename the name they report.
+const ENTRY_EVENTS: u64 = libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO;
 
 /// The barrier's name after [`TEMP_PREFIX`] (which the write-back never copies):
 /// `barrier.NONCE.SECS.NANOS`, the nonce and the baseline's time in decimal.
@@ -87,6 +91,12 @@ pub struct ChangeTracker {
     dirs: HashMap<Handle, Time>,
     /// The names changed in them: the last event's time.
     names: HashMap<(Handle, Vec<u8>), Time>,
+    /// Files written or changed in place (not created, deleted or renamed), by
+    /// handle: the directory and name the change was reported under, and its time.
+    /// fanotify reports the name the writer opened the file by, which may no longer
+    /// be the file's (unlinked, with another name left; or a file made with
+    /// `O_TMPFILE` and linked since): the answer checks each.
+    written: HashMap<Handle, (Handle, Vec<u8>, Time)>,
     /// Directories with a change not told by name (an event on the directory itself,
     /// or one name too many): the last such event's time.
     whole: HashMap<Handle, Time>,
@@ -136,6 +146,7 @@ impl ChangeTracker {
             overflowed: false,
             dirs: HashMap::new(),
             names: HashMap::new(),
+            written: HashMap::new(),
             whole: HashMap::new(),
             subtrees: HashMap::new(),
             objects: HashMap::new(),
@@ -163,7 +174,13 @@ impl ChangeTracker {
                         self.overflowed = true;
                         self.since = at;
                     }
-                    Event::Named { mask, dir, name, .. } => {
+                    Event::Named {
+                        mask,
+                        dir,
+                        name,
+                        object,
+                        ..
+                    } => {
                         if let Some(b) = parse_barrier(&name) {
                             barriers.push(b);
                             continue;
@@ -173,6 +190,10 @@ impl ChangeTracker {
                         if new_dir {
                             self.subtrees.insert((dir.clone(), name.clone()), at);
                         }
+                        let in_place = mask & (libc::FAN_ONDIR | ENTRY_EVENTS) == 0;
+                        if let Some(object) = object.filter(|_| in_place) {
+                            self.note_written(object, &dir, &name, at);
+                        }
                         self.note_name(&dir, name, at);
                         self.dirs.insert(dir, at);
                     }
@@ -181,6 +202,43 @@ impl ChangeTracker {
                     }
                 }
             }
+        }
+    }
+
+    /// Keeps which name the file `object` was changed through; one file too many
+    /// makes the directory whole.
+    fn note_written(&mut self, object: Handle, dir: &Handle, name: &[u8], at: Time) {
+        if self.written.len() >= MAX_NAMES && !self.written.contains_key(&object) {
+            self.whole.insert(dir.clone(), at);
+        } else {
+            self.written.insert(object, (dir.clone(), name.to_vec(), at));
+        }
+    }
+
+    /// Whether the name `name` in the directory `dir` is the file `object` now (as it
+    /// was when changed through that name); `None` when that cannot be told.
+    fn still_named(&self, object: &Handle, dir: &Handle, name: &[u8]) -> Option<bool> {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(dir) = open_handle(self.root.as_fd(), dir) else {
+            // A directory gone: so is every name in it.
+            return Some(false);
+        };
+        let at = match nix::sys::stat::fstatat(
+            dir.as_fd(),
+            OsStr::from_bytes(name),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => return Some(false),
+            Err(_) => return None,
+        };
+        match open_handle(self.root.as_fd(), object) {
+            Ok(fd) => {
+                let st = nix::sys::stat::fstat(&fd).ok()?;
+                Some((st.st_dev, st.st_ino) == (at.st_dev, at.st_ino))
+            }
+            Err(Errno::ESTALE | Errno::ENOENT) => Some(false),
+            Err(_) => None,
         }
     }
 
@@ -212,6 +270,7 @@ impl ChangeTracker {
         }
         self.dirs.retain(|_, t| *t >= taken);
         self.names.retain(|_, t| *t >= taken);
+        self.written.retain(|_, (_, _, t)| *t >= taken);
         self.whole.retain(|_, t| *t >= taken);
         self.subtrees.retain(|_, t| *t >= taken);
         self.objects.retain(|_, t| *t >= taken);
@@ -249,9 +308,18 @@ impl ChangeTracker {
             }
         }
         let mut objects_gone = Vec::new();
-        // Directories changed without a name: by an object's change.
+        // Directories changed without a name: by an object's change, or by a change
+        // of a file through a name it no longer has (where the file is now).
         let mut unnamed = std::collections::HashSet::new();
-        for handle in self.objects.keys() {
+        let mut moved_off = Vec::new();
+        for (object, (dir, name, _)) in &self.written {
+            match self.still_named(object, dir, name) {
+                Some(true) => {}
+                Some(false) => moved_off.push(object.clone()),
+                None => return Answer::Untracked("a changed file could not be found".into()),
+            }
+        }
+        for handle in self.objects.keys().chain(&moved_off) {
             let dir: Box<[u8]> = match self.relative(&root, handle) {
                 // A file: the directory it is in now (one of its names, if several).
                 Resolved::At(p, false) => crate::copy::parent_of(&p).into(),
@@ -289,6 +357,7 @@ impl ChangeTracker {
         }
         for handle in objects_gone {
             self.objects.remove(&handle);
+            self.written.remove(&handle);
         }
         for handle in gone {
             self.dirs.remove(&handle);

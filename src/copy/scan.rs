@@ -267,7 +267,9 @@ impl Scan<'_> {
         names.retain(|n| !is_temp(&n.name));
         let mut entries = Vec::with_capacity(names.len());
         let mut subdirs = Vec::new();
-        let touched = self.filter.and_then(|f| f.touched(self.rel.as_bytes(), in_new));
+        let touched = self
+            .filter
+            .and_then(|f| f.touched(self.rel.as_bytes(), &st, in_new));
         for Name { name, dtype } in names {
             if dtype == Some(Type::File) && touched.is_some_and(|t| !t.contains(name.to_bytes())) {
                 entries.push(SrcEntry::untouched(name));

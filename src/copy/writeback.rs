@@ -301,7 +301,7 @@ fn sync_pass(
     // will not look for.
     let filter = dirty
         .and_then(|ask| ask())
-        .and_then(|d| Filter::new(base, &d, dst_fd.as_fd()));
+        .and_then(|d| Filter::new(base, &d, dst_fd.as_fd(), taken));
     if let Some(stats) = filter
         .as_ref()
         .filter(|_| copied.is_none() && touched.is_empty())
@@ -331,6 +331,7 @@ fn sync_pass(
             marks: baseline::Marks::next_of(&base.marks),
             by_dir,
             tracked: filter.is_some(),
+            taken,
             reporter: Reporter::new(progress),
             dst_dev: dst_st.st_dev,
             rel: RelPath::default(),
@@ -550,6 +551,9 @@ struct Syncer<'p, 'b> {
     by_dir: Option<baseline::ByDir<'b>>,
     /// The pass reads only the RAM directories that changed (see [`Dirty`]).
     tracked: bool,
+    /// This pass's time: the tracker was asked after it, and knows every change
+    /// before it.
+    taken: Time,
     reporter: Reporter<'p, SyncStats>,
     dst_dev: u64,
     rel: RelPath,

@@ -31,5 +31,6 @@ mod writeback_listing;
 mod writeback_symlinks;
 mod writeback_sync;
 mod writeback_tracked;
+mod writeback_tracked_races;
 mod writeback_trust;
 mod zram;

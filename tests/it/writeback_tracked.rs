@@ -21,14 +21,31 @@ use tmpfsctl::copy::{sync_tree, Baseline, Dirty, Merge, Synced};
 use tmpfsctl::dirty::{Answer, ChangeTracker};
 
 fn pass(src: &Path, dst: &Path, base: &Baseline, tracker: Option<&mut ChangeTracker>) -> Synced {
+    pass_then(src, dst, base, tracker, || {})
+}
+
+/// [`pass`], with `meanwhile` done right after the tracker answered: between the
+/// barrier and the scan's listings.
+pub(crate) fn pass_then(
+    src: &Path,
+    dst: &Path,
+    base: &Baseline,
+    tracker: Option<&mut ChangeTracker>,
+    meanwhile: impl FnOnce(),
+) -> Synced {
     let taken = base.taken;
+    let mut meanwhile = Some(meanwhile);
     let mut ask = tracker.map(|t| {
         move || -> Option<Dirty> {
             t.drain();
-            match t.answer(taken?) {
+            let answer = match t.answer(taken?) {
                 Answer::Changed(d) => Some(d),
                 Answer::Untracked(_) => None,
+            };
+            if let Some(m) = meanwhile.take() {
+                m();
             }
+            answer
         }
     });
     sync_tree(
@@ -163,6 +180,12 @@ fn tracked_passes_end_where_full_passes_do() {
                 change(src, &mut rng, round, true);
             }
             tick();
+            if rng.below(2) == 0 {
+                // As the agent's thread does: the events stamped soon after they
+                // happen, before the pass's time (else the pass's own drain stamps
+                // them, after it).
+                tracker.drain();
+            }
             for _ in 0..disk_changes {
                 let state = rng.0;
                 change(a, &mut rng, round, false);

@@ -194,9 +194,12 @@ impl Syncer<'_, '_> {
         frame.ram_deleted_at = ctime(&s);
         frame.disk_deleted_at = disk_deleted_at;
         // A tracked pass knows every directory moved in since the baseline (`new`):
-        // one that was not holds its names at their paths, whatever else changed in it.
-        frame.ram_kept =
-            parent.ram_kept && (self.tracked && !new || self.base.taken.is_some_and(|t| ctime(&s) < t));
+        // one that was not holds its names at their paths, whatever else changed in it
+        // before the pass asked (a directory moved over it after the answer is not
+        // told).
+        frame.ram_kept = parent.ram_kept
+            && (self.tracked && !new && ctime(&s) < self.taken
+                || self.base.taken.is_some_and(|t| ctime(&s) < t));
         frame.new = new;
         frame.tentative = tentative;
         frame.ram_meta = ram_meta;

@@ -86,6 +86,9 @@ pub(crate) struct Filter {
     /// The names touched in a directory without a change: none.
     none: HashSet<Box<[u8]>>,
     taken: Time,
+    /// This pass's time, taken before the tracker was asked: a RAM directory changed
+    /// at or after it may have changed after the answer, in ways it does not tell.
+    answered: Time,
     /// The tracker saw no change at all.
     quiet: bool,
 }
@@ -102,7 +105,7 @@ impl Filter {
     /// The filter for a pass against `base` (which must have a time) with the
     /// tracker's `dirty`, after a look at every disk directory the baseline holds
     /// (through `dst`, the disk root). `None` without a baseline time: a full pass.
-    pub(crate) fn new(base: &Baseline, dirty: &Dirty, dst: BorrowedFd<'_>) -> Option<Filter> {
+    pub(crate) fn new(base: &Baseline, dirty: &Dirty, dst: BorrowedFd<'_>, answered: Time) -> Option<Filter> {
         let taken = base.taken?;
         base.listed_after?;
         let mut enter = HashSet::new();
@@ -134,6 +137,7 @@ impl Filter {
             enter,
             subtrees: dirty.subtrees.iter().cloned().collect(),
             known,
+            answered,
             changed: dirty.dirs.iter().cloned().collect(),
             touched,
             none: HashSet::new(),
@@ -153,6 +157,13 @@ impl Filter {
         self.known.len()
     }
 
+    /// Whether the RAM directory stated `st` changed since the pass asked the tracker:
+    /// its names may be other than the answer says (one renamed over another, a
+    /// directory moved over another).
+    pub(crate) fn changed_since_asked(&self, st: &FileStat) -> bool {
+        Sig::of(st).ctime >= self.answered
+    }
+
     /// Whether the RAM subdirectory at `path`, stated `st`, is to be read; `in_new`:
     /// its parent is in or below a directory created or moved in. Returns whether it
     /// is read, and whether its subdirectories are in such a directory.
@@ -163,13 +174,18 @@ impl Filter {
         (read, new)
     }
 
-    /// The names in the RAM directory at `path` that the tracker saw a change of since
-    /// the baseline, where it saw every change there by name: any other entry is the
-    /// one the baseline recorded at its path, unchanged. `None` where that is not
-    /// known: a change without a name, a directory new at its path (`in_new`: in or
-    /// below one), or one the baseline has no record of.
-    pub(crate) fn touched(&self, path: &[u8], in_new: bool) -> Option<&HashSet<Box<[u8]>>> {
-        if in_new || self.subtrees.contains(path) || !(path.is_empty() || self.known.contains(path)) {
+    /// The names in the RAM directory at `path`, stated `st`, that the tracker saw a
+    /// change of since the baseline, where it saw every change there by name: any
+    /// other entry is the one the baseline recorded at its path, unchanged. `None`
+    /// where that is not known: a change without a name, a directory new at its path
+    /// (`in_new`: in or below one), one the baseline has no record of, or one
+    /// changed since the pass asked (a name renamed over another after the answer).
+    pub(crate) fn touched(&self, path: &[u8], st: &FileStat, in_new: bool) -> Option<&HashSet<Box<[u8]>>> {
+        if in_new
+            || self.changed_since_asked(st)
+            || self.subtrees.contains(path)
+            || !(path.is_empty() || self.known.contains(path))
+        {
             return None;
         }
         if self.changed.contains(path) {

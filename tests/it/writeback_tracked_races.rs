@@ -1,0 +1,182 @@
+//! A tracked pass states only the RAM files its tracker named (see
+//! `docs/writeback.md`, "Only the RAM directories that changed are read"). What a
+//! name does not tell: a file written through a name it no longer has, and what
+//! the application does between the tracker's answer and the pass's listings.
+//! Each test counts what the RAM wrote against what the disk holds.
+//!
+//! Needs root: the tmpfs is mounted in a private mount namespace.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::common_copy::*;
+use crate::writeback_tracked::pass_then;
+use tmpfsctl::copy::{Baseline, Synced};
+use tmpfsctl::dirty::ChangeTracker;
+
+fn pass(src: &Path, dst: &Path, base: &Baseline, tracker: Option<&mut ChangeTracker>) -> Synced {
+    pass_then(src, dst, base, tracker, || {})
+}
+
+fn start(src: &Path) -> ChangeTracker {
+    ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME")
+}
+
+/// Writes `f` after the pass that wrote `at`'s first version back, then requires
+/// the disk's `at` to be the RAM's after a tracked pass, a second one, and a full
+/// one: the write is neither late nor lost for good.
+fn written_through_an_old_name_arrives(
+    src: &Path,
+    dst: &Path,
+    at: &str,
+    f: fs::File,
+    tracker: &mut ChangeTracker,
+    base: Baseline,
+) {
+    tracker.drain();
+    tick();
+    let done = pass(src, dst, &base, Some(&mut *tracker));
+    assert_eq!(fs::read_to_string(dst.join(at)).unwrap(), "version 1");
+    tick();
+    f.write_all_at(b"version 2, longer", 0).unwrap();
+    drop(f);
+    tick();
+    let done = pass(src, dst, &done.baseline, Some(&mut *tracker));
+    let ram = fs::read_to_string(src.join(at)).unwrap();
+    assert_eq!(ram, "version 2, longer");
+    let after_tracked = fs::read_to_string(dst.join(at)).unwrap();
+    tick();
+    let again = pass(src, dst, &done.baseline, Some(&mut *tracker));
+    let after_second = fs::read_to_string(dst.join(at)).unwrap();
+    pass(src, dst, &again.baseline, None);
+    let after_full = fs::read_to_string(dst.join(at)).unwrap();
+    assert_eq!(
+        [after_tracked.as_str(), after_second.as_str(), after_full.as_str()],
+        [ram.as_str(); 3],
+        "{at} on disk after a tracked pass, a second one and a full one"
+    );
+}
+
+/// fanotify reports a write under the name the writer opened the file by. Here that
+/// name was unlinked in an earlier pass's interval; the file's other name, in the
+/// same directory or in another one, is where the change shows.
+#[test]
+fn a_write_through_an_unlinked_name_reaches_the_file_s_other_name() {
+    for (other, touch_other_dir) in [("d/b", false), ("e/b", false), ("e/b", true)] {
+        with_trees(|src, dst| {
+            for d in ["d", "e"] {
+                fs::create_dir(src.join(d)).unwrap();
+            }
+            fs::write(src.join("d/a"), "version 1").unwrap();
+            fs::write(src.join("e/c"), "other").unwrap();
+            let mut tracker = start(src);
+            tick();
+            let base = pass(src, dst, &Baseline::none(), None).baseline;
+            tick();
+            fs::hard_link(src.join("d/a"), src.join(other)).unwrap();
+            let f = fs::OpenOptions::new().write(true).open(src.join("d/a")).unwrap();
+            fs::remove_file(src.join("d/a")).unwrap();
+            if touch_other_dir {
+                // The other directory changes by name too.
+                fs::write(src.join("e/c"), "other, rewritten").unwrap();
+            }
+            tick();
+            written_through_an_old_name_arrives(src, dst, other, f, &mut tracker, base);
+        });
+    }
+}
+
+/// A file made with `O_TMPFILE` and linked into place: written again through its
+/// descriptor, fanotify names the unnamed file's dentry (`#INO`), not the link.
+#[test]
+fn a_write_through_an_o_tmpfile_descriptor_reaches_its_link() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/c"), "other").unwrap();
+        let mut tracker = start(src);
+        tick();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        tick();
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(src.join("d"))
+            .unwrap();
+        f.write_all(b"version 1").unwrap();
+        nix::unistd::linkat(
+            nix::fcntl::AT_FDCWD,
+            format!("/proc/self/fd/{}", f.as_raw_fd()).as_str(),
+            nix::fcntl::AT_FDCWD,
+            &src.join("d/final"),
+            nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+        )
+        .unwrap();
+        tick();
+        written_through_an_old_name_arrives(src, dst, "d/final", f, &mut tracker, base);
+    });
+}
+
+/// A rename over an existing file after the tracker answered: the pass must not
+/// delete the old name on disk and keep the target's old version, which would leave
+/// the renamed data on no disk name until the next pass.
+#[test]
+fn a_rename_over_a_file_after_the_answer_keeps_the_data_on_disk() {
+    with_trees(|src, dst| {
+        fs::create_dir(src.join("d")).unwrap();
+        fs::write(src.join("d/g"), "G: the data that moves").unwrap();
+        fs::write(src.join("d/f"), "F: old").unwrap();
+        let mut tracker = start(src);
+        tick();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        tick();
+        fs::write(src.join("d/other"), "x").unwrap();
+        tick();
+        pass_then(src, dst, &base, Some(&mut tracker), || {
+            fs::rename(src.join("d/g"), src.join("d/f")).unwrap();
+        });
+        let on_disk: Vec<_> = ["d/g", "d/f"]
+            .iter()
+            .filter_map(|p| fs::read_to_string(dst.join(p)).ok())
+            .collect();
+        assert!(
+            on_disk.iter().any(|s| s.starts_with("G:")),
+            "after the pass, no disk name holds G's data: {on_disk:?}"
+        );
+    });
+}
+
+/// A directory moved over another after the tracker answered: its files are not the
+/// old directory's at that path, and the pass must not take them for those while it
+/// removes the moved directory's old path on disk.
+#[test]
+fn a_directory_moved_over_another_after_the_answer_keeps_its_data_on_disk() {
+    with_trees(|src, dst| {
+        fs::create_dir_all(src.join("d")).unwrap();
+        fs::create_dir_all(src.join("m")).unwrap();
+        fs::write(src.join("d/f"), "old d").unwrap();
+        fs::write(src.join("m/f"), "M: the data that moves").unwrap();
+        let mut tracker = start(src);
+        tick();
+        let base = pass(src, dst, &Baseline::none(), None).baseline;
+        tick();
+        fs::write(src.join("d/other"), "x").unwrap();
+        tick();
+        tracker.drain();
+        tick();
+        pass_then(src, dst, &base, Some(&mut tracker), || {
+            fs::rename(src.join("d"), src.join("d2")).unwrap();
+            fs::rename(src.join("m"), src.join("d")).unwrap();
+        });
+        let on_disk: Vec<_> = ["m/f", "d/f", "d2/f"]
+            .iter()
+            .filter_map(|p| fs::read_to_string(dst.join(p)).ok())
+            .collect();
+        assert!(
+            on_disk.iter().any(|s| s.starts_with("M:")),
+            "after the pass, no disk name holds M's data: {on_disk:?}"
+        );
+    });
+}
