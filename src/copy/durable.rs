@@ -137,7 +137,7 @@ pub(super) struct Rename {
 #[derive(Default)]
 struct Shared {
     error: Mutex<Option<CopyError>>,
-    /// Set on the first error, by either side: the workers then only clean up.
+    /// Set on the first error, by either side: the walk then stops at its next entry.
     aborted: AtomicBool,
     /// `noreplace` renames not done because the name existed by then.
     not_placed: AtomicU64,
@@ -224,7 +224,7 @@ impl Durable {
 
     /// Lets the workers finish the queue and end; returns the first error, else what
     /// they put in place. After an error (the walk's, or one it got from
-    /// [`Self::failed`]), queued temporaries are removed instead of renamed.
+    /// [`Self::failed`]), the jobs queued are still done, each as it would have been.
     pub(super) fn finish(mut self, error: Option<CopyError>) -> Result<Finished, CopyError> {
         if let Some(error) = error {
             self.shared.fail(error);
@@ -270,18 +270,16 @@ fn work(
     loop {
         let job = queue.lock().expect("no worker panics holding it").recv();
         let Ok(job) = job else { return };
-        let failed_before = shared.aborted.load(Ordering::Relaxed);
+        // A job queued before another failed is still done: the walk may have removed
+        // a disk name whose data the RAM moved to this one (a file renamed across
+        // directories) before it learnt of the failure.
         let failure = match job {
             Job::Rename(r) => {
                 let mut written = None;
-                let result = if failed_before {
-                    Ok(Placed::Taken)
-                } else {
-                    write_temp(&r, &mut temps, &mut transfer, shared).and_then(|w| {
-                        let w = written.insert(w);
-                        fsync_and_place(&r, w, journal, deletions)
-                    })
-                };
+                let result = write_temp(&r, &mut temps, &mut transfer, shared).and_then(|w| {
+                    let w = written.insert(w);
+                    fsync_and_place(&r, w, journal, deletions)
+                });
                 let result = match (result, &written) {
                     (Ok(placed @ (Placed::Taken | Placed::Deleted)), Some(_)) => {
                         keep_theirs(&r, placed, shared, journal)
@@ -309,7 +307,6 @@ fn work(
                 }
                 result.err().map(|f| f.at(rel))
             }
-            _ if failed_before => None,
             Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
                 .map_err(dst_err("fsync directory"))
                 .err()
