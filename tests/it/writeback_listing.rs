@@ -14,24 +14,16 @@ use std::fs;
 use std::path::Path;
 
 use crate::common::{disk_tempdir, run_tool, LoopFs};
-use crate::common_copy::in_private_mount_ns;
+use crate::common_copy::{in_private_mount_ns, plain_pass};
 use tmpfsctl::copy::baseline::Mark;
-use tmpfsctl::copy::{copy_tree, sync_tree, Baseline, Merge, Synced};
+use tmpfsctl::copy::{copy_tree, Baseline, Synced};
 
 const TWICE: &str = "listed-twice.1";
 /// Renamed to [`TWICE`] in the image: the same length, so only its bytes change.
 const OTHER: &str = "listed-twice.2";
 
 fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
-    let merge = Merge {
-        base,
-        journal: None,
-        deletions: None,
-        dirty: None,
-        barriers: None,
-        copied: None,
-    };
-    sync_tree(src, dst, merge, None).expect("write-back")
+    plain_pass(src, dst, base).expect("write-back")
 }
 
 fn names(dir: &Path) -> Vec<String> {

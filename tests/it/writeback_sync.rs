@@ -605,7 +605,7 @@ fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
         for i in 0..100 {
             fs::write(src.join(format!("a_new/i{i:02}")), "i").unwrap();
         }
-        let base = sync_once(src, &dst, &tmpfsctl::copy::Baseline::none())
+        let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
             .expect("first pass")
             .baseline;
         let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
@@ -628,7 +628,7 @@ fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
         fs::rename(src.join("z_old/big"), src.join("a_new/zbig")).unwrap();
         tick();
         assert!(
-            sync_once(src, &dst, &base).is_err(),
+            plain_pass(src, &dst, &base).is_err(),
             "the disk was full: the pass must fail"
         );
         let want = noise(1 << 20, 99);
@@ -641,25 +641,4 @@ fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
             "after the failed pass no disk name holds the moved file's data"
         );
     });
-}
-
-/// One pass without a journal, tracker or deletion watch.
-fn sync_once(
-    src: &Path,
-    dst: &Path,
-    base: &tmpfsctl::copy::Baseline,
-) -> Result<tmpfsctl::copy::Synced, tmpfsctl::copy::CopyError> {
-    tmpfsctl::copy::sync_tree(
-        src,
-        dst,
-        tmpfsctl::copy::Merge {
-            base,
-            journal: None,
-            deletions: None,
-            dirty: None,
-            barriers: None,
-            copied: None,
-        },
-        None,
-    )
 }

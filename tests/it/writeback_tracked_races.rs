@@ -119,33 +119,50 @@ fn a_write_through_an_o_tmpfile_descriptor_reaches_its_link() {
     });
 }
 
-/// A rename over an existing file after the tracker answered: the pass must not
-/// delete the old name on disk and keep the target's old version, which would leave
-/// the renamed data on no disk name until the next pass.
-#[test]
-fn a_rename_over_a_file_after_the_answer_keeps_the_data_on_disk() {
+/// Writes `files` (path, contents), makes a first pass with a tracker running,
+/// changes `d` by name, and makes a tracked pass during which `meanwhile` runs
+/// right after the tracker's answer. Then some name of `names` on disk must hold
+/// the contents that start with `moved`.
+fn after_the_answer(
+    files: &[(&str, &str)],
+    meanwhile: impl FnOnce(&Path) + Send,
+    names: &[&str],
+    moved: &str,
+) {
     with_trees(|src, dst| {
-        fs::create_dir(src.join("d")).unwrap();
-        fs::write(src.join("d/g"), "G: the data that moves").unwrap();
-        fs::write(src.join("d/f"), "F: old").unwrap();
+        for (path, contents) in files {
+            fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+            fs::write(src.join(path), contents).unwrap();
+        }
         let mut tracker = start(src);
         tick();
         let base = pass(src, dst, &Baseline::none(), None).baseline;
         tick();
         fs::write(src.join("d/other"), "x").unwrap();
         tick();
-        pass_then(src, dst, &base, Some(&mut tracker), || {
-            fs::rename(src.join("d/g"), src.join("d/f")).unwrap();
-        });
-        let on_disk: Vec<_> = ["d/g", "d/f"]
+        pass_then(src, dst, &base, Some(&mut tracker), || meanwhile(src));
+        let on_disk: Vec<_> = names
             .iter()
             .filter_map(|p| fs::read_to_string(dst.join(p)).ok())
             .collect();
         assert!(
-            on_disk.iter().any(|s| s.starts_with("G:")),
-            "after the pass, no disk name holds G's data: {on_disk:?}"
+            on_disk.iter().any(|s| s.starts_with(moved)),
+            "after the pass, no disk name holds {moved}'s data: {on_disk:?}"
         );
     });
+}
+
+/// A rename over an existing file after the tracker answered: the pass must not
+/// delete the old name on disk and keep the target's old version, which would leave
+/// the renamed data on no disk name until the next pass.
+#[test]
+fn a_rename_over_a_file_after_the_answer_keeps_the_data_on_disk() {
+    after_the_answer(
+        &[("d/g", "G: the data that moves"), ("d/f", "F: old")],
+        |src| fs::rename(src.join("d/g"), src.join("d/f")).unwrap(),
+        &["d/g", "d/f"],
+        "G:",
+    );
 }
 
 /// A directory moved over another after the tracker answered: its files are not the
@@ -153,30 +170,13 @@ fn a_rename_over_a_file_after_the_answer_keeps_the_data_on_disk() {
 /// removes the moved directory's old path on disk.
 #[test]
 fn a_directory_moved_over_another_after_the_answer_keeps_its_data_on_disk() {
-    with_trees(|src, dst| {
-        fs::create_dir_all(src.join("d")).unwrap();
-        fs::create_dir_all(src.join("m")).unwrap();
-        fs::write(src.join("d/f"), "old d").unwrap();
-        fs::write(src.join("m/f"), "M: the data that moves").unwrap();
-        let mut tracker = start(src);
-        tick();
-        let base = pass(src, dst, &Baseline::none(), None).baseline;
-        tick();
-        fs::write(src.join("d/other"), "x").unwrap();
-        tick();
-        tracker.drain();
-        tick();
-        pass_then(src, dst, &base, Some(&mut tracker), || {
+    after_the_answer(
+        &[("d/f", "old d"), ("m/f", "M: the data that moves")],
+        |src| {
             fs::rename(src.join("d"), src.join("d2")).unwrap();
             fs::rename(src.join("m"), src.join("d")).unwrap();
-        });
-        let on_disk: Vec<_> = ["m/f", "d/f", "d2/f"]
-            .iter()
-            .filter_map(|p| fs::read_to_string(dst.join(p)).ok())
-            .collect();
-        assert!(
-            on_disk.iter().any(|s| s.starts_with("M:")),
-            "after the pass, no disk name holds M's data: {on_disk:?}"
-        );
-    });
+        },
+        &["m/f", "d/f", "d2/f"],
+        "M:",
+    );
 }

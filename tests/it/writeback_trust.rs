@@ -17,20 +17,7 @@ use crate::common_copy::*;
 use tmpfsctl::copy::{sync_tree, Baseline, Merge, SyncStats, Synced};
 
 fn pass(src: &Path, dst: &Path, base: &Baseline) -> Synced {
-    sync_tree(
-        src,
-        dst,
-        Merge {
-            base,
-            journal: None,
-            deletions: None,
-            dirty: None,
-            barriers: None,
-            copied: None,
-        },
-        None,
-    )
-    .expect("write-back")
+    plain_pass(src, dst, base).expect("write-back")
 }
 
 fn file(rng: &mut Rng) -> PathBuf {

@@ -676,3 +676,21 @@ pub fn with_trees(test: impl FnOnce(&Path, &Path) + Send) {
         test(ram.path(), disk.path());
     });
 }
+
+/// One write-back pass against `base`, without a journal, a tracker or a deletion
+/// watch.
+pub fn plain_pass(
+    src: &Path,
+    dst: &Path,
+    base: &tmpfsctl::copy::Baseline,
+) -> Result<tmpfsctl::copy::Synced, tmpfsctl::copy::CopyError> {
+    let merge = tmpfsctl::copy::Merge {
+        base,
+        journal: None,
+        deletions: None,
+        dirty: None,
+        barriers: None,
+        copied: None,
+    };
+    tmpfsctl::copy::sync_tree(src, dst, merge, None)
+}
