@@ -118,6 +118,59 @@ fn reread(root: BorrowedFd<'_>, path: &[u8], expected: usize, base: &Baseline, s
 /// filesystem at any component: the application may rename or swap what is there.
 /// Listing it must not change its atime, which the write-back copied from the RAM
 /// (`O_NOATIME`; without the right to it, as for a caller not root, nothing is read).
+/// `marks` after a pass that linked or unlinked names of the multiply-linked disk
+/// inodes `touched`: that moved their ctime under every other name, whose records
+/// (taken before, or carried from an earlier pass) would show it to the next pass as
+/// a change of the disk's. Each record of such an inode whose name still holds it,
+/// with the mode, size and mtime recorded, gets its ctime now.
+pub(super) fn relinked(base: &mut Baseline, root: BorrowedFd<'_>, touched: &HashSet<u64>) {
+    if touched.is_empty() {
+        return;
+    }
+    let stale: Vec<(Box<[u8]>, Mark)> = base
+        .marks
+        .iter()
+        .filter(|(_, m)| matches!(m, Mark::Entry(s) | Mark::DiskWon(s) if !s.is_dir() && touched.contains(&s.ino)))
+        .map(|(p, m)| (p.into(), m))
+        .collect();
+    for (path, mark) in stale {
+        let (Mark::Entry(was) | Mark::DiskWon(was)) = mark else {
+            continue;
+        };
+        let Some(now) = file_beneath(root, &path) else {
+            continue;
+        };
+        if now.ino == was.ino && now.same_version(&was) && now.ctime != was.ctime {
+            let sig = Sig {
+                ctime: now.ctime,
+                ..was
+            };
+            let mark = match mark {
+                Mark::DiskWon(_) => Mark::DiskWon(sig),
+                _ => Mark::Entry(sig),
+            };
+            base.marks.insert(&path, mark);
+        }
+    }
+}
+
+/// The non-directory at `rel` below `root`, without following a symlink anywhere.
+fn file_beneath(root: BorrowedFd<'_>, rel: &[u8]) -> Option<Sig> {
+    let fd = openat2(
+        root.as_fd(),
+        Path::new(OsStr::from_bytes(rel)),
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            ),
+    )
+    .ok()?;
+    Some(Sig::of(&stat::fstat(&fd).ok()?))
+}
+
 fn beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
     openat2(
         root.as_fd(),

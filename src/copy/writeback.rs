@@ -391,6 +391,7 @@ fn sync_pass(
             ..Baseline::none()
         };
         settle::settle(&mut baseline, dst_root.as_fd(), taken);
+        settle::relinked(&mut baseline, dst_root.as_fd(), &touched);
         if linked_changed {
             // The pass did not look at every name such a file has: the next pass
             // must take every change since the old baseline as a change.

@@ -138,6 +138,17 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 
 #[test]
 fn tracked_passes_end_where_full_passes_do() {
+    match std::env::var("TRK_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => random_rounds(seed),
+        // 11: a hard-linked file's name in a skipped directory kept the ctime it had
+        // before the pass linked another name to its inode, and a RAM directory
+        // moved over it later lost to that "change of the disk's".
+        None => [0x2545_F491_4F6C_DD1D, 11].into_iter().for_each(random_rounds),
+    }
+}
+
+/// 200 rounds of random changes from `seed`, written back tracked and in full.
+fn random_rounds(seed: u64) {
     let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
     let (tracked, full) = (
         tempfile::tempdir_in("/tmp").expect("tempdir"),
@@ -167,10 +178,7 @@ fn tracked_passes_end_where_full_passes_do() {
         let (a, b) = (tracked.path(), full.path());
         let mut base_a = pass(src, a, &Baseline::none(), None).baseline;
         let mut base_b = pass(src, b, &Baseline::none(), None).baseline;
-        let mut rng = Rng(std::env::var("TRK_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0x2545_F491_4F6C_DD1D));
+        let mut rng = Rng(seed);
         let (mut skipped, mut tracked_passes, mut kept) = (0, 0, 0);
         for round in 0..200 {
             // Quiet rounds and rounds with few changes leave most directories
@@ -209,7 +217,10 @@ fn tracked_passes_end_where_full_passes_do() {
                 .filter(|k| ca.get(*k) != cb.get(*k))
                 .map(|k| (k, ca.get(k), cb.get(k)))
                 .collect();
-            assert!(differ.is_empty(), "round {round}: tracked vs full: {differ:?}");
+            assert!(
+                differ.is_empty(),
+                "seed {seed}, round {round}: tracked vs full: {differ:?}"
+            );
             // Of the names the RAM links, which share an inode on disk. (A link the
             // disk's side made to a name nobody changed may be broken by a full pass
             // that reads that name, and kept by a tracked pass that does not: the
