@@ -218,10 +218,11 @@ impl ChangeTracker {
     /// Whether the name `name` in the directory `dir` is the file `object` now (as it
     /// was when changed through that name); `None` when that cannot be told.
     fn still_named(&self, object: &Handle, dir: &Handle, name: &[u8]) -> Option<bool> {
-        use std::os::unix::ffi::OsStrExt;
-        let Ok(dir) = open_handle(self.root.as_fd(), dir) else {
+        let dir = match open_handle(self.root.as_fd(), dir) {
+            Ok(fd) => fd,
             // A directory gone: so is every name in it.
-            return Some(false);
+            Err(Errno::ESTALE | Errno::ENOENT) => return Some(false),
+            Err(_) => return None,
         };
         let at = match nix::sys::stat::fstatat(
             dir.as_fd(),
