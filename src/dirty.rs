@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -215,10 +215,11 @@ impl ChangeTracker {
         }
     }
 
-    /// Whether the name `name` in the directory `dir` is the file `object` now (as it
-    /// was when changed through that name); `None` when that cannot be told.
-    fn still_named(&self, object: &Handle, dir: &Handle, name: &[u8]) -> Option<bool> {
-        let dir = match open_handle(self.root.as_fd(), dir) {
+    /// Whether the name `name` in the directory `dir` (opened from its handle: each
+    /// directory once per answer) is the file `object` now (as it was when changed
+    /// through that name); `None` when that cannot be told.
+    fn still_named(&self, object: &Handle, dir: &Result<OwnedFd, Errno>, name: &[u8]) -> Option<bool> {
+        let dir = match dir {
             Ok(fd) => fd,
             // A directory gone: so is every name in it.
             Err(Errno::ESTALE | Errno::ENOENT) => return Some(false),
@@ -313,8 +314,16 @@ impl ChangeTracker {
         // of a file through a name it no longer has (where the file is now).
         let mut unnamed = std::collections::HashSet::new();
         let mut moved_off = Vec::new();
-        for (object, (dir, name, _)) in &self.written {
-            match self.still_named(object, dir, name) {
+        // By directory, each opened once, one at a time.
+        let mut written: Vec<_> = self.written.iter().collect();
+        written.sort_by(|a, b| a.1 .0.cmp(&b.1 .0));
+        let mut open: Option<(&Handle, Result<OwnedFd, Errno>)> = None;
+        for (object, (dir, name, _)) in written {
+            if open.as_ref().is_none_or(|(at, _)| *at != dir) {
+                open = Some((dir, open_handle(self.root.as_fd(), dir)));
+            }
+            let (_, fd) = open.as_ref().expect("opened just above");
+            match self.still_named(object, fd, name) {
                 Some(true) => {}
                 Some(false) => moved_off.push(object.clone()),
                 None => return Answer::Untracked("a changed file could not be found".into()),

@@ -90,13 +90,13 @@ pub(super) struct SrcEntry {
 }
 
 impl SrcEntry {
-    /// A name not looked at.
-    pub(super) fn untouched(name: CString) -> SrcEntry {
+    /// A name not looked at (yet): `untouched`, see the field.
+    pub(super) fn unread(name: CString, untouched: bool) -> SrcEntry {
         SrcEntry {
             name,
             skipped: false,
             st: None,
-            untouched: true,
+            untouched,
             xattrs: Xattrs::Unread,
             target: None,
         }
@@ -272,7 +272,7 @@ impl Scan<'_> {
             .and_then(|f| f.touched(self.rel.as_bytes(), &st, in_new));
         for Name { name, dtype } in names {
             if dtype == Some(Type::File) && touched.is_some_and(|t| !t.contains(name.to_bytes())) {
-                entries.push(SrcEntry::untouched(name));
+                entries.push(SrcEntry::unread(name, true));
                 continue;
             }
             let mut entry = self.scan_entry(fd.as_fd(), name)?;
@@ -307,8 +307,7 @@ impl Scan<'_> {
 
     /// One `fstatat`, the attribute list and a symlink's target.
     fn scan_entry(&mut self, dir: BorrowedFd<'_>, name: CString) -> Result<SrcEntry, Failed> {
-        let mut entry = SrcEntry::untouched(name);
-        entry.untouched = false;
+        let mut entry = SrcEntry::unread(name, false);
         let name = entry.name.as_c_str();
         let st = match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,

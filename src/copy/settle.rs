@@ -85,7 +85,12 @@ pub(super) fn settle(base: &mut Baseline, root: BorrowedFd<'_>, taken: Time) {
 /// remembers as deleted (back on the disk, the next pass must see them to merge the
 /// RAM's side against that record). It may hold more: names the disk has on its own.
 fn reread(root: BorrowedFd<'_>, path: &[u8], expected: usize, base: &Baseline, settled: Time) -> Option<Sig> {
-    let fd = beneath(root, Path::new(OsStr::from_bytes(path))).ok()?;
+    let fd = beneath(
+        root,
+        Path::new(OsStr::from_bytes(path)),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOATIME,
+    )
+    .ok()?;
     let before = Sig::of(&stat::fstat(&fd).ok()?);
     if before.ctime >= settled {
         return None;
@@ -127,19 +132,21 @@ pub(super) fn relinked(base: &mut Baseline, root: BorrowedFd<'_>, touched: &Hash
     if touched.is_empty() {
         return;
     }
-    let stale: Vec<(Box<[u8]>, Mark)> = base
+    let stale: Vec<(Box<[u8]>, Mark, Sig)> = base
         .marks
         .iter()
-        .filter(|(_, m)| matches!(m, Mark::Entry(s) | Mark::DiskWon(s) if !s.is_dir() && touched.contains(&s.ino)))
-        .map(|(p, m)| (p.into(), m))
+        .filter_map(|(p, m)| match m {
+            Mark::Entry(s) | Mark::DiskWon(s) if !s.is_dir() && touched.contains(&s.ino) => {
+                Some((p.into(), m, s))
+            }
+            _ => None,
+        })
         .collect();
-    for (path, mark) in stale {
-        let (Mark::Entry(was) | Mark::DiskWon(was)) = mark else {
-            continue;
-        };
-        let Some(now) = file_beneath(root, &path) else {
-            continue;
-        };
+    for (path, mark, was) in stale {
+        let now = beneath(root, Path::new(OsStr::from_bytes(&path)), OFlag::O_PATH)
+            .and_then(|fd| stat::fstat(&fd))
+            .map(|st| Sig::of(&st));
+        let Ok(now) = now else { continue };
         if now.ino == was.ino && now.same_version(&was) && now.ctime != was.ctime {
             let sig = Sig {
                 ctime: now.ctime,
@@ -154,35 +161,14 @@ pub(super) fn relinked(base: &mut Baseline, root: BorrowedFd<'_>, touched: &Hash
     }
 }
 
-/// The non-directory at `rel` below `root`, without following a symlink anywhere.
-fn file_beneath(root: BorrowedFd<'_>, rel: &[u8]) -> Option<Sig> {
-    let fd = openat2(
-        root.as_fd(),
-        Path::new(OsStr::from_bytes(rel)),
-        OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(
-                ResolveFlag::RESOLVE_BENEATH
-                    | ResolveFlag::RESOLVE_NO_SYMLINKS
-                    | ResolveFlag::RESOLVE_NO_XDEV,
-            ),
-    )
-    .ok()?;
-    Some(Sig::of(&stat::fstat(&fd).ok()?))
-}
-
-fn beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
+/// Opens `rel` below `root` with `flags`, without following a symlink anywhere or
+/// leaving the filesystem.
+fn beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
     openat2(
         root.as_fd(),
         rel,
         OpenHow::new()
-            .flags(
-                OFlag::O_RDONLY
-                    | OFlag::O_DIRECTORY
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC
-                    | OFlag::O_NOATIME,
-            )
+            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
             .resolve(
                 ResolveFlag::RESOLVE_BENEATH
                     | ResolveFlag::RESOLVE_NO_SYMLINKS

@@ -36,7 +36,11 @@ impl Syncer<'_, '_> {
         let s = match entry.st {
             Some(s) => s,
             None if entry.untouched => {
-                if parent.trusted && parent.ram_kept && self.carry_untouched(&path) {
+                // What its ctime would tell `carry_unchanged`, the tracker told. A
+                // hard-linked one is carried too: a change of its group through another
+                // name comes with an event there, and the full pass that follows a
+                // tracked pass meeting a changed hard-linked file.
+                if parent.trusted && parent.ram_kept && self.carry_file_record(&path) {
                     return Ok(Stepped::default());
                 }
                 match stat::fstatat(src_dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {

@@ -236,18 +236,9 @@ impl Syncer<'_, '_> {
         self.carry_file_record(path)
     }
 
-    /// [`Self::carry_unchanged`] for a RAM regular file the tracker saw no change of
-    /// since the baseline ([`crate::copy::scan::SrcEntry::untouched`]): what its ctime
-    /// would tell, the tracker told. A hard-linked one is carried too: a change of its
-    /// group through another name comes with an event there, and the full pass that
-    /// follows a tracked pass meeting a changed hard-linked file.
-    pub(super) fn carry_untouched(&mut self, path: &[u8]) -> bool {
-        self.carry_file_record(path)
-    }
-
     /// Keeps the record of a non-directory both sides agreed on, or whose disk
     /// version won; false for any other record.
-    fn carry_file_record(&mut self, path: &[u8]) -> bool {
+    pub(super) fn carry_file_record(&mut self, path: &[u8]) -> bool {
         let mark = match self.base.get(path) {
             Some(m @ Mark::Entry(sig)) if !sig.is_dir() => m,
             Some(m @ Mark::DiskWon(sig)) if !sig.is_dir() => m,
