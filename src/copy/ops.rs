@@ -207,6 +207,55 @@ pub(super) fn mtime(st: &FileStat) -> TimeSpec {
     TimeSpec::new(st.st_mtime, st.st_mtime_nsec)
 }
 
+/// Alignment of memory, offsets and lengths for `O_DIRECT`: the largest logical block
+/// size in use.
+const DIRECT_ALIGN: usize = 4096;
+/// One `O_DIRECT` read: the disk gets many of these at once from the seed's workers,
+/// so each can be smaller than [`COPY_BUF`], and so is the memory they hold.
+const DIRECT_CHUNK: usize = 128 * 1024;
+
+/// Pages of `[0, len)` of `file` in the page cache; `None` when the kernel cannot tell
+/// (`cachestat` is Linux 6.5).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn cached_pages(file: &File, len: u64) -> Option<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    // Not in the libc crate yet; the same number on both architectures.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len };
+    let mut out = Cachestat::default();
+    // SAFETY: cachestat(2) reads `range` and writes one `struct cachestat` to `out`,
+    // both live and laid out as the kernel's (five and two u64s); the descriptor is
+    // borrowed for the call.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut out as *mut Cachestat,
+            0u32,
+        )
+    };
+    (r == 0).then_some(out.nr_cache)
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn cached_pages(_: &File, _: u64) -> Option<u64> {
+    None
+}
+
 pub(super) fn allocated_bytes(st: &FileStat) -> u64 {
     u64::try_from(st.st_blocks).unwrap_or(0) * 512
 }
@@ -338,6 +387,10 @@ pub(super) struct Transfer {
     pub(super) no_copy_file_range: bool,
     buf: Vec<u8>,
     pub(super) xattr_bufs: XattrBufs,
+    /// Read a file none of whose pages are cached with `O_DIRECT` (the seed).
+    pub(super) direct_when_cold: bool,
+    /// The source's filesystem refused `O_DIRECT`; not asked again.
+    no_direct: bool,
 }
 
 impl Transfer {
@@ -354,6 +407,9 @@ impl Transfer {
         // Fully allocated files have no holes; skipping the SEEK_DATA probe saves two
         // syscalls per file in the common case.
         if allocated_bytes(st) >= size {
+            if self.direct_when_cold && !self.no_direct && size > 0 && cached_pages(src, size) == Some(0) {
+                return self.copy_direct(src, dst, size, copied);
+            }
             return self.copy_range(src, dst, 0, size, copied);
         }
         let mut pos = 0;
@@ -376,6 +432,54 @@ impl Transfer {
         }
         let len = i64::try_from(size).expect("the size came from an off_t");
         unistd::ftruncate(dst, len).map_err(dst_err("set size of"))
+    }
+
+    /// Copies `[0, size)` reading with `O_DIRECT`: a cold file's data goes from the disk
+    /// straight into the buffer, with no page-cache pages to allocate and fill and no
+    /// copy out of them, and the disk's cache is not filled with what the tmpfs now
+    /// holds. A filesystem or device that refuses it gets the buffered copy.
+    fn copy_direct(
+        &mut self,
+        src: &File,
+        dst: &File,
+        size: u64,
+        copied: &mut dyn FnMut(u64),
+    ) -> Result<(), Failed> {
+        let flags = fcntl::fcntl(src, fcntl::F_GETFL).map_err(src_err("read flags of"))?;
+        let flags = OFlag::from_bits_retain(flags);
+        if fcntl::fcntl(src, fcntl::F_SETFL(flags | OFlag::O_DIRECT)).is_err() {
+            self.no_direct = true;
+            return self.copy_range(src, dst, 0, size, copied);
+        }
+        if self.buf.len() < DIRECT_CHUNK + DIRECT_ALIGN {
+            self.buf = vec![0; DIRECT_CHUNK + DIRECT_ALIGN];
+        }
+        let skip = self.buf.as_ptr().align_offset(DIRECT_ALIGN);
+        let mut pos = 0;
+        while pos < size {
+            let want = usize::try_from(size - pos)
+                .unwrap_or(usize::MAX)
+                .min(DIRECT_CHUNK);
+            let buf = &mut self.buf[skip..skip + want.next_multiple_of(DIRECT_ALIGN)];
+            let n = match src.read_at(buf, pos) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && pos == 0 => {
+                    self.no_direct = true;
+                    fcntl::fcntl(src, fcntl::F_SETFL(flags)).map_err(src_err("set flags of"))?;
+                    return self.copy_range(src, dst, 0, size, copied);
+                }
+                Err(e) => return Err(src_err("read")(e)),
+            };
+            let n = n.min(want);
+            if n == 0 {
+                break;
+            }
+            dst.write_all_at(&buf[..n], pos).map_err(dst_err("write"))?;
+            pos += n as u64;
+            copied(n as u64);
+        }
+        Ok(())
     }
 
     /// Copies `[start, end)` to the same offsets. A source that shrank since it was

@@ -76,6 +76,80 @@ fn copy_into_a_fresh_tmpfs_matches_the_source() {
     });
 }
 
+/// A source none of whose pages are cached (a seed at boot) is read with `O_DIRECT`:
+/// the copy is exact at every size around the alignment and the chunk, and the disk's
+/// page cache is left as it was, holding none of what the tmpfs now does. A file
+/// with cached pages is read through the cache, as before.
+#[test]
+fn a_cold_source_is_copied_exactly_without_filling_the_page_cache() {
+    let at = tempfile::tempdir_in("/tmp").expect("tempdir");
+    in_private_mount_ns(|| {
+        // noatime: the copy's reads must not move the times it compares.
+        let disk = common::LoopFs::new(&at.path().join("disk"), 64, "noatime");
+        let src = disk.mount_point.join("cache");
+        fs::create_dir(&src).unwrap();
+        let sizes = [
+            1,
+            511,
+            4095,
+            4096,
+            4097,
+            131_071,
+            131_072,
+            131_073,
+            300_001,
+            (1 << 20) + 5,
+        ];
+        for (i, len) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..*len).map(|b: usize| (b * 31 + i) as u8).collect();
+            let mut f = File::create(src.join(format!("f{len}"))).unwrap();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+        }
+        fs::write(src.join("warm"), vec![7u8; 70_000]).unwrap();
+        for len in sizes {
+            let f = File::open(src.join(format!("f{len}"))).unwrap();
+            nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+                .expect("drop the file's pages");
+            assert_eq!(resident(&src.join(format!("f{len}"))), 0, "f{len} still cached");
+        }
+        let dst = at.path().join("ram");
+        fs::create_dir(&dst).unwrap();
+        let _tmpfs = mount_tmpfs(&dst, "size=64m,mode=0700");
+        let stats = copy_tree(&src, &dst, None).expect("seed");
+        assert_eq!(stats.files, sizes.len() as u64 + 1, "{stats:?}");
+        for len in sizes {
+            assert_eq!(
+                resident(&src.join(format!("f{len}"))),
+                0,
+                "f{len} was read through the page cache"
+            );
+        }
+        assert!(resident(&src.join("warm")) > 0);
+        // Reads every byte of both sides, so after the residency checks.
+        assert_in_sync(&src, &dst);
+        drop(_tmpfs);
+        drop(disk);
+    });
+}
+
+/// Bytes of `path` in the page cache, as util-linux's `fincore` counts them.
+fn resident(path: &Path) -> u64 {
+    let out = common::run_tool(
+        "fincore",
+        &[
+            "--bytes".as_ref(),
+            "--noheadings".as_ref(),
+            "--output".as_ref(),
+            "RES".as_ref(),
+            path.as_os_str(),
+        ],
+    );
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("fincore {}: {out:?}", path.display()))
+}
+
 #[test]
 fn measure_counts_the_fixture() {
     let (src, expected) = fixture();
