@@ -272,6 +272,13 @@ fn copy_file_range(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<
     fcntl::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len)
 }
 
+/// `sendfile` writes at the destination's file offset, so that is set first.
+fn sendfile(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> {
+    let mut off_in = i64::try_from(pos).map_err(|_| Errno::EOVERFLOW)?;
+    unistd::lseek(dst, off_in, Whence::SeekSet)?;
+    nix::sys::sendfile::sendfile64(dst, src, Some(&mut off_in), len)
+}
+
 /// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
 pub(super) fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().rposition(|&b| b == b'/') {
@@ -391,6 +398,8 @@ pub(super) struct Transfer {
     pub(super) direct_when_cold: bool,
     /// The source's filesystem refused `O_DIRECT`; not asked again.
     no_direct: bool,
+    /// `sendfile` refused the pair of files, as `copy_file_range` did.
+    no_sendfile: bool,
 }
 
 impl Transfer {
@@ -494,6 +503,7 @@ impl Transfer {
     ) -> Result<(), Failed> {
         let mut pos = start;
         let mut use_copy_file_range = !self.no_copy_file_range;
+        let mut use_sendfile = !self.no_sendfile;
         while pos < end {
             let remaining = usize::try_from(end - pos).unwrap_or(usize::MAX);
             let n = if use_copy_file_range {
@@ -508,6 +518,23 @@ impl Transfer {
                     Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
                         self.no_copy_file_range = true;
                         use_copy_file_range = false;
+                        continue;
+                    }
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(dst_err("copy data into")(e)),
+                }
+            } else if use_sendfile {
+                // Between filesystems (ext4 and tmpfs) copy_file_range is refused, but
+                // sendfile still moves the pages in the kernel: one copy, not two.
+                match sendfile(src, dst, pos, remaining.min(COPY_CHUNK)) {
+                    Ok(0) => {
+                        use_sendfile = false;
+                        continue;
+                    }
+                    Ok(n) => n,
+                    Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+                        self.no_sendfile = true;
+                        use_sendfile = false;
                         continue;
                     }
                     Err(Errno::EINTR) => continue,
