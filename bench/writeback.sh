@@ -3,9 +3,11 @@
 #
 # A tree of FILES files (90% 1-8 KiB, 10% 64 KiB-1 MiB log-uniform: about 3.7 GiB
 # for 100,000) on a tmpfs, synced to an ext4 (or whatever /tmp is) directory:
-#   - full first sync into an empty directory: FULL_RUNS runs each of
-#     copybench sync, cp -a, rsync -aHAX, and cp -a followed by `sync -f` (cp and
-#     rsync do not fsync; the write-back fsyncs every file and directory it writes);
+#   - full first sync into an empty directory: FULL_RUNS rounds, in each of which
+#     copybench sync, cp -a, rsync -aHAX, and cp -a followed by `sync -f` take turns
+#     (cp and rsync do not fsync; the write-back fsyncs every file and directory it
+#     writes); every run's copy stays until the end (needs FULL_RUNS x 4 x the tree
+#     free on disk);
 #   - incremental: RUNS rounds, each rewriting PERMILLE/1000 of the files in the
 #     tmpfs, then timing copybench sync (reading the whole tree), copybench sync
 #     asking a change tracker (as `tmpfsctl sync` does with the agent running) and
@@ -55,33 +57,44 @@ median() {
     sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : int((v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
 
-fresh() {
-    rm -rf "$WORK/dst"
-    mkdir "$WORK/dst"
-}
-
+# Every full run writes into a directory of its own, and they are all removed only
+# when the script ends: on an ext4 without a journal (this host's), the inode
+# allocator skips every inode freed in the last 60-360 s, reading its inode-table
+# block each time (ext4's find_inode_bit/recently_deleted), so a run that followed
+# the deletion of the previous run's 20,000 files paid up to several times the
+# system time for its own creates, whichever tool it was.
 cp_and_flush() {
-    cp -a "$SRC/." "$WORK/dst/"
-    sync -f "$WORK/dst"
+    cp -a "$SRC/." "$1/"
+    sync -f "$1"
 }
 
 declare -A full
-tools="sync cp rsync cp_sync"
-((FULL_RUNS > 0)) || tools=""
-for tool in $tools; do
-    times=()
-    for ((r = 0; r < FULL_RUNS; r++)); do
-        fresh
+full_tools=(sync cp rsync cp_sync)
+if ((FULL_RUNS > 0)); then
+    need=$(( $(du -sk "$SRC" | cut -f1) * ${#full_tools[@]} * FULL_RUNS ))
+    have=$(df -k --output=avail "$WORK" | tail -1)
+    ((need < have)) || { echo "the full runs need $need KiB free under $WORK, there are $have" >&2; exit 1; }
+fi
+declare -A full_runs
+for ((r = 0; r < FULL_RUNS; r++)); do
+    # The tools take turns, the first rotating with the round.
+    for ((k = 0; k < ${#full_tools[@]}; k++)); do
+        tool=${full_tools[$(( (r + k) % ${#full_tools[@]} ))]}
+        dst=$WORK/full.$r.$tool
+        mkdir "$dst"
         case $tool in
-        sync) times+=("$(time_us "$BENCH" sync "$SRC" "$WORK/dst")") ;;
-        cp) times+=("$(time_us cp -a "$SRC/." "$WORK/dst/")") ;;
-        rsync) times+=("$(time_us rsync -aHAX "$SRC/" "$WORK/dst/")") ;;
-        cp_sync) times+=("$(time_us cp_and_flush)") ;;
+        sync) full_runs[$tool]+="$(time_us "$BENCH" sync "$SRC" "$dst") " ;;
+        cp) full_runs[$tool]+="$(time_us cp -a "$SRC/." "$dst/") " ;;
+        rsync) full_runs[$tool]+="$(time_us rsync -aHAX "$SRC/" "$dst/") " ;;
+        cp_sync) full_runs[$tool]+="$(time_us cp_and_flush "$dst") " ;;
         esac
     done
-    full[$tool]=$(printf '%s\n' "${times[@]}" | median)
 done
-rm -rf "$WORK/dst"
+if ((FULL_RUNS > 0)); then
+    for tool in "${full_tools[@]}"; do
+        full[$tool]=$(printf '%s\n' ${full_runs[$tool]} | median)
+    done
+fi
 
 # Two copies for the incremental rounds, each made by the tool that maintains it.
 # The baseline and journal live where tmpfsctl keeps them by default: in its state
@@ -157,6 +170,7 @@ if ((FULL_RUNS > 0)); then
     echo "  cp -a                               $(ms "${full[cp]}")   sync/cp:        $(ratio "${full[sync]}" "${full[cp]}")"
     echo "  rsync -aHAX                         $(ms "${full[rsync]}")   sync/rsync:     $(ratio "${full[sync]}" "${full[rsync]}")"
     echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
+    for tool in "${full_tools[@]}"; do echo "  raw (us) $tool: ${full_runs[$tool]}"; done
     echo
 fi
 echo "no change (median of $RUNS):"

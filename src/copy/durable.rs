@@ -6,14 +6,18 @@
 //!
 //! Order per file: a worker creates a temporary beside the final name, copies data and
 //! metadata into it from the RAM file the walk opened, `fsync`s it and only then
-//! renames it over its final name. A directory's metadata is applied (by the walk)
+//! renames it over its final name. A worker takes the files queued in batches and
+//! writes a whole batch (starting each file's writeback) before the first `fsync`:
+//! one journal commit then covers most of the batch, instead of one per file or per
+//! few files (20,000 files on a journaling ext4: 9.9 s in one by one, 4.3-5 s in
+//! batches). A directory's metadata is applied (by the walk)
 //! after the last rename into it finished, and its `fsync` is queued after that.
 //! Hard-linked files stay with the walk: their later names are linked to the first
 //! copy's inode, which must be in place by then.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,8 +37,13 @@ use super::temp::{create_temp_file, TempNames};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
-/// Jobs queued at most, bounding open descriptors (one temporary each).
-const QUEUE: usize = 128;
+/// Jobs queued at most, each holding the RAM file open.
+const QUEUE: usize = 256;
+/// Jobs a worker takes at once when that many are queued: written all, then made
+/// durable one by one. Each holds one descriptor in a batch (the RAM file, then the
+/// temporary), so with [`QUEUE`] the workers hold at most 512: under the usual limit
+/// of 1,024 with room for the walk's.
+const BATCH: usize = 32;
 
 /// A destination directory shared with the workers renaming into it.
 pub(super) struct DstDir {
@@ -122,8 +131,9 @@ pub(super) enum Job {
 pub(super) struct Rename {
     pub(super) dir: Arc<DstDir>,
     /// The singly-linked regular file, open for reading, and its stat then: the
-    /// metadata given to the copy.
-    pub(super) src: File,
+    /// metadata given to the copy. Closed once the copy is written, so that a batch
+    /// waiting for its `fsync`s holds one descriptor per file.
+    pub(super) src: Option<File>,
     pub(super) stat: FileStat,
     pub(super) name: CString,
     /// Only if `name` is still free, or still the entry the walk compared; if not, the
@@ -267,59 +277,98 @@ fn work(
     // its own), and the copy buffers are not shared.
     let mut temps = TempNames::new();
     let mut transfer = Transfer::default();
+    let mut batch = Vec::with_capacity(BATCH);
     loop {
-        let job = queue.lock().expect("no worker panics holding it").recv();
-        let Ok(job) = job else { return };
+        {
+            let queue = queue.lock().expect("no worker panics holding it");
+            let Ok(job) = queue.recv() else { return };
+            batch.push(job);
+            while batch.len() < BATCH {
+                let Ok(job) = queue.try_recv() else { break };
+                batch.push(job);
+            }
+        }
+        // All the batch's files are written before the first is made durable: their
+        // writeback (and, on a journaling filesystem, their block allocations) is
+        // under way by then, so the first fsync commits them all together and the
+        // others find their part already done.
+        let written: Vec<_> = batch
+            .iter_mut()
+            .map(|job| match job {
+                Job::Rename(r) => Some(write_temp(r, &mut temps, &mut transfer, shared)),
+                _ => None,
+            })
+            .collect();
         // A job queued before another failed is still done: the walk may have removed
         // a disk name whose data the RAM moved to this one (a file renamed across
         // directories) before it learnt of the failure.
-        let failure = match job {
-            Job::Rename(r) => {
-                let mut written = None;
-                let result = write_temp(&r, &mut temps, &mut transfer, shared).and_then(|w| {
-                    let w = written.insert(w);
-                    fsync_and_place(&r, w, journal, deletions)
-                });
-                let result = match (result, &written) {
-                    (Ok(placed @ (Placed::Taken | Placed::Deleted)), Some(_)) => {
-                        keep_theirs(&r, placed, shared, journal)
-                    }
-                    (other, _) => other,
-                };
-                let result = match (result, &written) {
-                    (Ok(Placed::Yes), Some(w)) => note_placed(&r, &w.file, shared, journal),
-                    (Ok(_), _) => Ok(false),
-                    (Err(f), _) => Err(f),
-                };
-                let Rename { dir, rel, .. } = *r;
-                if let Some(Written { file, temp }) = written {
-                    if !matches!(result, Ok(true)) {
-                        // Best effort: the next sync removes what is left.
-                        let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
-                    }
-                    drop(file);
-                }
-                let mut renames = dir.renames.lock().expect("no worker panics holding it");
-                renames.pending -= 1;
-                if renames.pending == 0 && renames.left {
-                    // The walk may already be gone after an error; nobody to tell then.
-                    let _ = done.send(dir.key());
-                }
-                result.err().map(|f| f.at(rel))
+        for (job, written) in batch.drain(..).zip(written) {
+            let failure = match job {
+                Job::Rename(r) => place(
+                    *r,
+                    written.expect("written above"),
+                    done,
+                    shared,
+                    journal,
+                    deletions,
+                ),
+                Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
+                    .map_err(dst_err("fsync directory"))
+                    .err()
+                    .map(|f| f.at(rel)),
+                Job::FsyncFile { file, rel } => unistd::fsync(&file)
+                    .map_err(dst_err("fsync"))
+                    .err()
+                    .map(|f| f.at(rel)),
+            };
+            if let Some(failure) = failure {
+                shared.fail(failure);
             }
-            Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
-                .map_err(dst_err("fsync directory"))
-                .err()
-                .map(|f| f.at(rel)),
-            Job::FsyncFile { file, rel } => unistd::fsync(&file)
-                .map_err(dst_err("fsync"))
-                .err()
-                .map(|f| f.at(rel)),
-        };
-        if let Some(failure) = failure {
-            shared.fail(failure);
         }
     }
+}
+
+/// Makes a written temporary durable and puts it in place, or removes it; tells the
+/// walk when the directory's last pending rename is done.
+fn place(
+    r: Rename,
+    written: Result<Written, Failed>,
+    done: &Sender<usize>,
+    shared: &Shared,
+    journal: Option<&Journal>,
+    deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
+) -> Option<CopyError> {
+    let (written, result) = match written {
+        Ok(w) => {
+            let result = fsync_and_place(&r, &w, journal, deletions);
+            (Some(w), result)
+        }
+        Err(f) => (None, Err(f)),
+    };
+    let result = match (result, &written) {
+        (Ok(placed @ (Placed::Taken | Placed::Deleted)), Some(_)) => keep_theirs(&r, placed, shared, journal),
+        (other, _) => other,
+    };
+    let result = match (result, &written) {
+        (Ok(Placed::Yes), Some(w)) => note_placed(&r, &w.file, shared, journal),
+        (Ok(_), _) => Ok(false),
+        (Err(f), _) => Err(f),
+    };
+    let Rename { dir, rel, .. } = r;
+    if let Some(Written { file, temp }) = written {
+        if !matches!(result, Ok(true)) {
+            // Best effort: the next sync removes what is left.
+            let _ = unistd::unlinkat(dir.fd.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        drop(file);
+    }
+    let mut renames = dir.renames.lock().expect("no worker panics holding it");
+    renames.pending -= 1;
+    if renames.pending == 0 && renames.left {
+        // The walk may already be gone after an error; nobody to tell then.
+        let _ = done.send(dir.key());
+    }
+    result.err().map(|f| f.at(rel))
 }
 
 /// A temporary with a file's data and metadata, not yet durable.
@@ -330,22 +379,34 @@ struct Written {
 
 /// Copies the RAM file into a new temporary beside its final name.
 fn write_temp(
-    r: &Rename,
+    r: &mut Rename,
     temps: &mut TempNames,
     transfer: &mut Transfer,
     shared: &Shared,
 ) -> Result<Written, Failed> {
+    let src = r.src.take().expect("each job is written once");
     let (mut temp, file) = create_temp_file(temps, r.dir.fd.as_fd())?;
-    transfer.copy_data(&r.src, &file, &r.stat, &mut |n| {
+    transfer.copy_data(&src, &file, &r.stat, &mut |n| {
         shared.bytes_written.fetch_add(n, Ordering::Relaxed);
     })?;
-    transfer.set_metadata(r.src.as_fd(), file.as_fd(), &r.stat, true)?;
+    transfer.set_metadata(src.as_fd(), file.as_fd(), &r.stat, true)?;
+    start_writeback(&file);
     // The caller removes it from here on, unless it is put in place.
     temp.live = false;
     Ok(Written {
         file,
         temp: std::mem::take(&mut temp.name),
     })
+}
+
+/// Starts writing the file's data to the disk without waiting, so that its `fsync`,
+/// later, finds it done or under way. Only a hint: a failure is left to the `fsync`.
+fn start_writeback(file: &File) {
+    // SAFETY: sync_file_range(2) takes a descriptor, borrowed for the call, and plain
+    // integers; it touches no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
 }
 
 /// `fsync`s the temporary and puts it in place as the walk asked.

@@ -269,7 +269,7 @@ impl Syncer<'_, '_> {
                     // comparing meanwhile.
                     self.durable.submit(Job::Rename(Box::new(Rename {
                         dir: Arc::clone(dst),
-                        src,
+                        src: Some(src),
                         stat: s,
                         name: name.to_owned(),
                         place: d.map_or(Place::Free, |d| Place::Over(Seen::of(d))),
