@@ -9,8 +9,8 @@
 //! renames it over its final name. A worker takes the files queued in batches and
 //! writes a whole batch (starting each file's writeback) before the first `fsync`:
 //! one journal commit then covers most of the batch, instead of one per file or per
-//! few files (20,000 files on a journaling ext4: 9.9 s in one by one, 4.3-5 s in
-//! batches). A directory's metadata is applied (by the walk)
+//! few files (docs/benchmarks.md: 20,000 files on a journaling ext4, 7.5 and 9.9 s
+//! one by one, 4.5 and 5.7 s in batches). A directory's metadata is applied (by the walk)
 //! after the last rename into it finished, and its `fsync` is queued after that.
 //! Hard-linked files stay with the walk: their later names are linked to the first
 //! copy's inode, which must be in place by then.
@@ -26,24 +26,31 @@ use std::sync::{Arc, Mutex};
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
+use nix::sys::statvfs::fstatvfs;
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
 use super::error::{dst_err, CopyError, Failed};
 use super::journal::Journal;
-use super::ops::Transfer;
+use super::ops::{descriptors_roomy, Transfer};
 use super::place::{put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
 use super::temp::{create_temp_file, TempNames};
 
 /// Workers: enough `fsync`s in flight to keep the disk busy; they mostly sleep.
 pub(super) const WORKERS: usize = 8;
-/// Jobs queued at most, each holding the RAM file open.
-const QUEUE: usize = 256;
-/// Jobs a worker takes at once when that many are queued: written all, then made
-/// durable one by one. Each holds one descriptor in a batch (the RAM file, then the
-/// temporary), so with [`QUEUE`] the workers hold at most 512: under the usual limit
-/// of 1,024 with room for the walk's.
-const BATCH: usize = 32;
+/// Jobs queued at most, each holding the RAM file open, and jobs a worker takes at
+/// once when that many are queued: written all, then made durable one by one. Each
+/// job holds one descriptor (the RAM file, then the temporary) and keeps its
+/// directory's two open in the walk, so batches are for where the descriptor limit
+/// leaves room ([`descriptors_roomy`]: about 1,100 at most); under the usual 1,024,
+/// one file at a time (about 450).
+fn sizes() -> (usize, usize) {
+    if descriptors_roomy() {
+        (256, 32)
+    } else {
+        (128, 1)
+    }
+}
 
 /// A destination directory shared with the workers renaming into it.
 pub(super) struct DstDir {
@@ -188,13 +195,14 @@ impl Durable {
         journal: Option<&'e Journal>,
         deletions: Option<&'e Mutex<dyn DiskDeletions + Send>>,
     ) -> Self {
-        let (jobs, queue) = mpsc::sync_channel(QUEUE);
+        let (queue_len, batch) = sizes();
+        let (jobs, queue) = mpsc::sync_channel(queue_len);
         let (done_tx, done) = mpsc::channel();
         let queue = Arc::new(Mutex::new(queue));
         let shared = Arc::new(Shared::default());
         for _ in 0..WORKERS {
             let (queue, done_tx, shared) = (Arc::clone(&queue), done_tx.clone(), Arc::clone(&shared));
-            scope.spawn(move || work(&queue, &done_tx, &shared, journal, deletions));
+            scope.spawn(move || work(&queue, batch, &done_tx, &shared, journal, deletions));
         }
         Durable {
             jobs: Some(jobs),
@@ -268,6 +276,7 @@ pub(super) struct Finished {
 
 fn work(
     queue: &Mutex<Receiver<Job>>,
+    batch_max: usize,
     done: &Sender<usize>,
     shared: &Shared,
     journal: Option<&Journal>,
@@ -277,52 +286,69 @@ fn work(
     // its own), and the copy buffers are not shared.
     let mut temps = TempNames::new();
     let mut transfer = Transfer::default();
-    let mut batch = Vec::with_capacity(BATCH);
+    let mut batch = Vec::with_capacity(batch_max);
     loop {
         {
             let queue = queue.lock().expect("no worker panics holding it");
             let Ok(job) = queue.recv() else { return };
             batch.push(job);
-            while batch.len() < BATCH {
+            while batch.len() < batch_max {
                 let Ok(job) = queue.try_recv() else { break };
                 batch.push(job);
             }
         }
-        // All the batch's files are written before the first is made durable: their
-        // writeback (and, on a journaling filesystem, their block allocations) is
-        // under way by then, so the first fsync commits them all together and the
-        // others find their part already done.
-        let written: Vec<_> = batch
-            .iter_mut()
-            .map(|job| match job {
-                Job::Rename(r) => Some(write_temp(r, &mut temps, &mut transfer, shared)),
-                _ => None,
-            })
-            .collect();
-        // A job queued before another failed is still done: the walk may have removed
-        // a disk name whose data the RAM moved to this one (a file renamed across
-        // directories) before it learnt of the failure.
-        for (job, written) in batch.drain(..).zip(written) {
-            let failure = match job {
-                Job::Rename(r) => place(
-                    *r,
-                    written.expect("written above"),
-                    done,
-                    shared,
-                    journal,
-                    deletions,
-                ),
-                Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
-                    .map_err(dst_err("fsync directory"))
-                    .err()
-                    .map(|f| f.at(rel)),
-                Job::FsyncFile { file, rel } => unistd::fsync(&file)
-                    .map_err(dst_err("fsync"))
-                    .err()
-                    .map(|f| f.at(rel)),
-            };
-            if let Some(failure) = failure {
-                shared.fail(failure);
+        while !batch.is_empty() {
+            // All the batch's files are written before the first is made durable:
+            // their writeback (and, on a journaling filesystem, their block
+            // allocations) is under way by then, so the first fsync commits them all
+            // together and the others find their part already done. A copy that
+            // replaces a file holds the disk space of both until it is put in place,
+            // so a run holds at most its share of the room left (half of it, split
+            // among the workers): on a nearly full disk the files go one at a time,
+            // as a pass that rewrites them needs.
+            let share = room_left(&batch) / (2 * WORKERS as u64);
+            let mut held = 0u64;
+            let mut written = Vec::with_capacity(batch.len());
+            for job in &mut batch {
+                let w = match job {
+                    Job::Rename(r) => {
+                        let size = u64::try_from(r.stat.st_size).unwrap_or(u64::MAX);
+                        if held > 0 && held.saturating_add(size) > share {
+                            break;
+                        }
+                        held = held.saturating_add(size);
+                        Some(write_temp(r, &mut temps, &mut transfer, shared))
+                    }
+                    _ => None,
+                };
+                written.push(w);
+            }
+            // A job queued before another failed is still done: the walk may have
+            // removed a disk name whose data the RAM moved to this one (a file
+            // renamed across directories) before it learnt of the failure.
+            let n = written.len();
+            for (job, written) in batch.drain(..n).zip(written) {
+                let failure = match job {
+                    Job::Rename(r) => place(
+                        *r,
+                        written.expect("written above"),
+                        done,
+                        shared,
+                        journal,
+                        deletions,
+                    ),
+                    Job::FsyncDir { dir, rel } => unistd::fsync(dir.fd.as_fd())
+                        .map_err(dst_err("fsync directory"))
+                        .err()
+                        .map(|f| f.at(rel)),
+                    Job::FsyncFile { file, rel } => unistd::fsync(&file)
+                        .map_err(dst_err("fsync"))
+                        .err()
+                        .map(|f| f.at(rel)),
+                };
+                if let Some(failure) = failure {
+                    shared.fail(failure);
+                }
             }
         }
     }
@@ -371,6 +397,15 @@ fn place(
     result.err().map(|f| f.at(rel))
 }
 
+/// Bytes free on the disk the batch's first copy goes to; none if it cannot tell (the
+/// files then go one at a time).
+fn room_left(batch: &[Job]) -> u64 {
+    let Some(Job::Rename(r)) = batch.first() else {
+        return 0;
+    };
+    fstatvfs(r.dir.fd.as_fd()).map_or(0, |v| v.blocks_available().saturating_mul(v.fragment_size()))
+}
+
 /// A temporary with a file's data and metadata, not yet durable.
 struct Written {
     file: File,
@@ -384,12 +419,13 @@ fn write_temp(
     transfer: &mut Transfer,
     shared: &Shared,
 ) -> Result<Written, Failed> {
-    let src = r.src.take().expect("each job is written once");
+    let src = r.src.as_ref().expect("a job is written until it succeeds once");
     let (mut temp, file) = create_temp_file(temps, r.dir.fd.as_fd())?;
-    transfer.copy_data(&src, &file, &r.stat, &mut |n| {
+    transfer.copy_data(src, &file, &r.stat, &mut |n| {
         shared.bytes_written.fetch_add(n, Ordering::Relaxed);
     })?;
     transfer.set_metadata(src.as_fd(), file.as_fd(), &r.stat, true)?;
+    r.src = None;
     start_writeback(&file);
     // The caller removes it from here on, unless it is put in place.
     temp.live = false;

@@ -207,6 +207,44 @@ pub(super) fn mtime(st: &FileStat) -> TimeSpec {
     TimeSpec::new(st.st_mtime, st.st_mtime_nsec)
 }
 
+/// The soft limit on open descriptors, first raised to the hard limit (at most
+/// 65,536): the copiers keep hundreds of files and directories open at once and size
+/// their queues by it ([`descriptors_roomy`]).
+pub(super) fn descriptor_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+            return 1024;
+        };
+        let want = hard.min(65_536);
+        if soft < want && setrlimit(Resource::RLIMIT_NOFILE, want, hard).is_ok() {
+            want
+        } else {
+            soft
+        }
+    })
+}
+
+/// Room for the copiers' larger queues (about 1,100 descriptors at worst in the
+/// write-back); below it they keep to about 450, as under the usual 1,024.
+pub(super) fn descriptors_roomy() -> bool {
+    descriptor_limit() >= 4096
+}
+
+/// Whether the seed may read cold files of `dir`'s filesystem with `O_DIRECT`: only
+/// where reading past the page cache is known to give what a buffered read would.
+/// Not on a stacking filesystem (overlayfs, ecryptfs), whose own page cache is
+/// always empty while the lower one may hold the data, or on network and FUSE
+/// filesystems.
+pub(super) fn direct_reads_suit(dir: BorrowedFd<'_>) -> bool {
+    use nix::sys::statfs::{fstatfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
+    fstatfs(dir).is_ok_and(|fs| {
+        let t = fs.filesystem_type();
+        t == EXT4_SUPER_MAGIC || t == XFS_SUPER_MAGIC || t == BTRFS_SUPER_MAGIC
+    })
+}
+
 /// Alignment of memory, offsets and lengths for `O_DIRECT`: the largest logical block
 /// size in use.
 const DIRECT_ALIGN: usize = 4096;
@@ -538,10 +576,16 @@ impl Transfer {
                         continue;
                     }
                     Err(Errno::EINTR) => continue,
-                    Err(e) => return Err(dst_err("copy data into")(e)),
+                    // Either side's failure: read and write tell which, and whether it
+                    // lasts.
+                    Err(_) => {
+                        use_sendfile = false;
+                        continue;
+                    }
                 }
             } else {
-                if self.buf.is_empty() {
+                // At least COPY_BUF: a direct read may have left a smaller one.
+                if self.buf.len() < COPY_BUF {
                     self.buf = vec![0; COPY_BUF];
                 }
                 let buf = &mut self.buf[..remaining.min(COPY_BUF)];
@@ -649,5 +693,42 @@ mod tests {
         assert_eq!(shared_components(b"x", b"a"), 0);
         assert_eq!(split_parent(b"a/b/leaf"), (&b"a/b"[..], &b"leaf"[..]));
         assert_eq!(split_parent(b"leaf"), (&b""[..], &b"leaf"[..]));
+    }
+
+    /// A worker's buffer serves both its direct reads and the buffered copy of a
+    /// file that shrank after it was stated (`sendfile` then stops early and
+    /// `read` tells where the file ends): the second must not assume the first's size.
+    #[test]
+    fn a_file_that_shrank_is_copied_after_a_direct_read() {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir on disk");
+        let write = |name: &str, len: usize| {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(dir.path().join(name), &data).unwrap();
+            File::options()
+                .read(true)
+                .write(true)
+                .open(dir.path().join(name))
+                .unwrap()
+        };
+        let new = |name: &str| File::create(dir.path().join(name)).unwrap();
+        let mut transfer = Transfer::default();
+        let cold = write("cold", 200_000);
+        let cold_dst = new("cold.copy");
+        transfer
+            .copy_direct(&cold, &cold_dst, 200_000, &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("cold.copy")).unwrap(),
+            std::fs::read(dir.path().join("cold")).unwrap()
+        );
+        let big = write("big", 1 << 20);
+        let st = stat::fstat(&big).unwrap();
+        big.set_len(4096).unwrap();
+        let big_dst = new("big.copy");
+        transfer.copy_data(&big, &big_dst, &st, &mut |_| {}).unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("big.copy")).unwrap(),
+            std::fs::read(dir.path().join("big")).unwrap()
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! overflow the thread's stack). It keeps two descriptors open per level being walked
 //! and nothing per finished directory but while its files are out. The data of
 //! singly-linked regular files is copied by a pool of [`WORKERS`] threads, at most
-//! [`IN_FLIGHT`] files at a time, so reads from a cold disk overlap. Two rules keep the
+//! [`Sizes::in_flight`] files at a time, so reads from a cold disk overlap. Two rules keep the
 //! walk's guarantees: a directory's metadata is applied only once its own files are
 //! done (creating them would bump its mtime, and a read-only mode would get in the
 //! way), and a multiply-linked file is copied by the walk itself, so its later names
@@ -30,8 +30,8 @@ use nix::unistd;
 use super::baseline::{self, Baseline, Mark, Sig};
 use super::error::{dst_err, src_err, CopyError, Failed};
 use super::ops::{
-    file_type, link_to_first_copy, open_dst_dir, open_root_dir, src_listing, stat_entry, Listing, RelPath,
-    Reporter, Transfer,
+    descriptors_roomy, direct_reads_suit, file_type, link_to_first_copy, open_dst_dir, open_root_dir,
+    src_listing, stat_entry, Listing, RelPath, Reporter, Transfer,
 };
 
 /// Running totals of a copy. A hard link is counted in `hardlinks` only, not as a
@@ -78,7 +78,9 @@ pub fn seed_tree(
 ) -> Result<(CopyStats, Baseline), CopyError> {
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, _) = open_root_dir(dst, false)?;
+    let direct = direct_reads_suit(src_fd.as_fd());
     let mut copier = Copier::new(src_st.st_dev, progress);
+    copier.direct = direct;
     copier.run(src_fd, dst_fd)?;
     copier.reporter.report();
     let baseline = Baseline {
@@ -151,6 +153,9 @@ struct Copier<'p> {
     files_out: HashMap<DirId, usize>,
     /// Left by the walk, waiting for [`Self::files_out`] to reach zero.
     finishing: HashMap<DirId, Finishing>,
+    sizes: Sizes,
+    /// The workers read cold files with `O_DIRECT` ([`direct_reads_suit`]).
+    direct: bool,
 }
 
 impl<'p> Copier<'p> {
@@ -166,17 +171,20 @@ impl<'p> Copier<'p> {
             last_dir: 0,
             files_out: HashMap::new(),
             finishing: HashMap::new(),
+            sizes: Sizes::for_limit(),
+            direct: false,
         }
     }
 
     fn run(&mut self, src: OwnedFd, dst: OwnedFd) -> Result<(), CopyError> {
-        let (jobs, job_rx) = mpsc::sync_channel::<FileJob>(IN_FLIGHT);
+        let (jobs, job_rx) = mpsc::sync_channel::<FileJob>(self.sizes.in_flight);
+        let direct = self.direct;
         let (done_tx, done) = mpsc::channel::<FileDone>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         std::thread::scope(|scope| {
             for _ in 0..WORKERS {
                 let (job_rx, done_tx) = (Arc::clone(&job_rx), done_tx.clone());
-                scope.spawn(move || worker(&job_rx, &done_tx));
+                scope.spawn(move || worker(&job_rx, &done_tx, direct));
             }
             drop(done_tx);
             let mut pool = Pool {
@@ -210,7 +218,7 @@ impl<'p> Copier<'p> {
                     // Its files first: only then can its metadata stay as copied.
                     let path = self.rel.path(None);
                     self.finishing.insert(done.id, Finishing { frame: done, path });
-                    while self.finishing.len() > MAX_FINISHING {
+                    while self.finishing.len() > self.sizes.finishing {
                         self.take_in_one(pool);
                     }
                 } else if let Some(st) = &done.meta {
@@ -407,9 +415,9 @@ impl<'p> Copier<'p> {
 
 impl Copier<'_> {
     /// Queues a file for the pool, first taking in a finished one when
-    /// [`IN_FLIGHT`] are out already.
+    /// [`Sizes::in_flight`] are out already.
     fn hand_out(&mut self, pool: &mut Pool, job: FileJob) {
-        if pool.in_flight >= IN_FLIGHT {
+        if pool.in_flight >= self.sizes.in_flight {
             self.take_in_one(pool);
         }
         let jobs = pool
@@ -518,11 +526,32 @@ fn by_inode(listing: &mut Listing) -> Result<std::vec::IntoIter<(CString, Option
 /// which is what an IOPS-limited disk needs (docs/benchmarks.md: 16 threads read
 /// 20,000 files in about 21,500 requests, 64 in 11,000–14,000).
 const WORKERS: usize = 64;
-/// Files handed out and not yet taken in: bounds the descriptors held open.
-const IN_FLIGHT: usize = 256;
-/// Directories left by the walk with files still out, each holding two descriptors:
-/// with [`IN_FLIGHT`], keeps the seed well under the usual limit of 1,024.
-const MAX_FINISHING: usize = 128;
+
+/// What bounds the descriptors the seed holds: files handed out and not yet taken in
+/// (one each, and the worker copying it a second), and directories left by the walk
+/// with files still out (two each); the walk's own two per level come on top.
+struct Sizes {
+    in_flight: usize,
+    finishing: usize,
+}
+
+impl Sizes {
+    /// About 640 at most with room to spare ([`descriptors_roomy`]), else about 260, so
+    /// a tree some hundreds deep still fits under the usual 1,024.
+    fn for_limit() -> Sizes {
+        if descriptors_roomy() {
+            Sizes {
+                in_flight: 256,
+                finishing: 128,
+            }
+        } else {
+            Sizes {
+                in_flight: 128,
+                finishing: 32,
+            }
+        }
+    }
+}
 
 struct Pool {
     /// `None` once the walk is over: the workers then stop.
@@ -553,9 +582,9 @@ struct FileDone {
     result: Result<u64, Failed>,
 }
 
-fn worker(jobs: &Mutex<Receiver<FileJob>>, done: &Sender<FileDone>) {
+fn worker(jobs: &Mutex<Receiver<FileJob>>, done: &Sender<FileDone>, direct: bool) {
     let mut transfer = Transfer::default();
-    transfer.direct_when_cold = true;
+    transfer.direct_when_cold = direct;
     loop {
         let job = match jobs
             .lock()
