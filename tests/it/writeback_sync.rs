@@ -608,13 +608,7 @@ fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
         let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
             .expect("first pass")
             .baseline;
-        let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
-        let avail = free.blocks_available() * free.fragment_size();
-        fs::write(
-            disk.mount_point.join("filler"),
-            vec![7u8; (avail - (2 << 20)) as usize],
-        )
-        .unwrap();
+        fill_leaving(&disk.mount_point, 2 << 20);
         tick();
         // Many copies for the workers, one that cannot fit, and the move, whose new
         // name the walk reaches before the old one.
@@ -643,6 +637,13 @@ fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
     });
 }
 
+/// Fills the filesystem at `mount` with a file, leaving `room` bytes free.
+fn fill_leaving(mount: &Path, room: u64) {
+    let free = nix::sys::statvfs::statvfs(mount).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    fs::write(mount.join("filler"), vec![7u8; (avail - room) as usize]).unwrap();
+}
+
 /// A disk with room for a few new copies beside the old ones, not for all: a pass
 /// that rewrites every file still succeeds, as it did one file at a time. The workers
 /// write several copies before putting any in place, each holding the room of the
@@ -664,13 +665,7 @@ fn rewriting_every_file_on_a_nearly_full_disk_succeeds() {
         let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
             .expect("first pass")
             .baseline;
-        let free = nix::sys::statvfs::statvfs(&disk.mount_point).unwrap();
-        let avail = free.blocks_available() * free.fragment_size();
-        fs::write(
-            disk.mount_point.join("filler"),
-            vec![7u8; (avail - (16 << 20)) as usize],
-        )
-        .unwrap();
+        fill_leaving(&disk.mount_point, 16 << 20);
         tick();
         for i in 0..64 {
             fs::write(src.join(format!("f{i:02}")), noise(1 << 20, 100 + i)).unwrap();
