@@ -419,13 +419,12 @@ fn write_temp(
     transfer: &mut Transfer,
     shared: &Shared,
 ) -> Result<Written, Failed> {
-    let src = r.src.as_ref().expect("a job is written until it succeeds once");
+    let src = r.src.take().expect("each job is written once");
     let (mut temp, file) = create_temp_file(temps, r.dir.fd.as_fd())?;
-    transfer.copy_data(src, &file, &r.stat, &mut |n| {
+    transfer.copy_data(&src, &file, &r.stat, &mut |n| {
         shared.bytes_written.fetch_add(n, Ordering::Relaxed);
     })?;
     transfer.set_metadata(src.as_fd(), file.as_fd(), &r.stat, true)?;
-    r.src = None;
     start_writeback(&file);
     // The caller removes it from here on, unless it is put in place.
     temp.live = false;

@@ -79,8 +79,7 @@ pub fn seed_tree(
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let (dst_fd, _) = open_root_dir(dst, false)?;
     let direct = direct_reads_suit(src_fd.as_fd());
-    let mut copier = Copier::new(src_st.st_dev, progress);
-    copier.direct = direct;
+    let mut copier = Copier::new(src_st.st_dev, direct, progress);
     copier.run(src_fd, dst_fd)?;
     copier.reporter.report();
     let baseline = Baseline {
@@ -159,7 +158,7 @@ struct Copier<'p> {
 }
 
 impl<'p> Copier<'p> {
-    fn new(root_dev: u64, progress: Option<&'p mut dyn FnMut(&CopyStats)>) -> Self {
+    fn new(root_dev: u64, direct: bool, progress: Option<&'p mut dyn FnMut(&CopyStats)>) -> Self {
         Copier {
             reporter: Reporter::new(progress),
             root_dev,
@@ -172,7 +171,7 @@ impl<'p> Copier<'p> {
             files_out: HashMap::new(),
             finishing: HashMap::new(),
             sizes: Sizes::for_limit(),
-            direct: false,
+            direct,
         }
     }
 

@@ -197,7 +197,7 @@ fn hard_links_resolve_from_any_directory() {
     let src_fd = open_root(s).expect("open src");
     let dst_fd = open_root(dst.path()).expect("open dst");
     let root_dev = stat::fstat(&src_fd).expect("stat").st_dev;
-    let mut copier = Copier::new(root_dev, None);
+    let mut copier = Copier::new(root_dev, false, None);
     copier.run(src_fd, dst_fd).expect("copy");
 
     let d = dst.path();
