@@ -221,6 +221,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             }
             // The few deletions since the first look, as close to the switch as can be.
             late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
+            crate::failpoint::hit("before-switch", &m.name);
             switched_at = b.taken;
         }
         match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
@@ -295,8 +296,8 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
 
 /// Drops from the stage what the application deleted on disk after the seed copied it;
 /// returns the paths dropped, whose records in the seed's baseline no longer hold.
-/// A failure leaves those names in RAM until the next write-back, which lets the
-/// disk's deletion stand: a warning, and no more looks.
+/// A failure leaves those names in RAM until the merge after the switch takes them
+/// out by the seed's records: a warning, and no more looks.
 fn drop_deleted_during_seed(
     watch: &mut Option<SeedDeletions>,
     stage: &Path,

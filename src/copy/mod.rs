@@ -44,7 +44,9 @@ pub use measure::{measure, TreeSize};
 pub use place::DiskDeletions;
 pub use seed::{copy_tree, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
-pub use writeback::{remove_entry, remove_unchanged, sync_tree, Barriers, Dirty, Merge, SyncStats, Synced};
+pub use writeback::{
+    remove_entry, remove_older, remove_unchanged, sync_tree, Barriers, Dirty, Merge, SyncStats, Synced,
+};
 pub use xattrs::{get_attr, set_attr};
 
 /// The directory part of a relative path (`""` at the top).

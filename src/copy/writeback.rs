@@ -41,6 +41,18 @@ pub fn remove_entry(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::CStr) -> 
     remove::plain_remove(dir, name, None, dev).map_err(|f| f.err)
 }
 
+/// Removes from the directory `name` in `dir`, where an application works, what was
+/// last changed before `before`, and the directories that end up empty (see
+/// `remove::remove_older`); returns how many entries went.
+pub fn remove_older(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    before: baseline::Time,
+) -> std::io::Result<u64> {
+    let dev = stat::fstat(dir)?.st_dev;
+    remove::remove_older(dir, name, before, dev).map_err(|f| f.err)
+}
+
 /// Removes the non-directory `name` from `dir`, where an application works, if it is
 /// still the entry `seen` (renamed away, checked, then unlinked or put back); returns
 /// whether it went.

@@ -7,7 +7,9 @@
 //! The disk's filesystem is watched for deletions from the seed's start
 //! ([`Deletions`]), and just before the tmpfs goes in place, while nothing but the seed
 //! has touched it, every copied name the disk no longer has is dropped from it
-//! ([`drop_deleted`]).
+//! ([`drop_deleted`]); what is deleted between that last look and the switch, right
+//! after it ([`SeedDeletions::drop_after_switch`]). What the watch misses, the merge
+//! below takes out by the seed's records: an unchanged copy whose disk entry is gone.
 //!
 //! What it writes into a directory the seed has copied already misses the copy: hidden
 //! under the tmpfs, the application does not see it, and the write-back keeps the
@@ -184,7 +186,7 @@ impl SeedDeletions {
             }),
             Err(e) => {
                 tracing::info!(
-                    "cannot watch {} for deletions during the seed ({e}); names deleted there meanwhile stay in RAM until the next write-back",
+                    "cannot watch {} for deletions during the seed ({e}); names deleted there meanwhile stay in RAM until the merge after the switch takes them out",
                     disk.display()
                 );
                 None
@@ -223,7 +225,7 @@ impl SeedDeletions {
             if last {
                 if self.watch.overflowed() {
                     tracing::warn!(
-                        "the watch for deletions during the seed overflowed; names deleted on disk meanwhile may stay in RAM until the next write-back"
+                        "the watch for deletions during the seed overflowed; names deleted on disk meanwhile may stay in RAM until the merge after the switch takes them out"
                     );
                 }
                 return Ok(dropped);
@@ -232,10 +234,12 @@ impl SeedDeletions {
     }
 
     /// After the switch: drops from the tmpfs, now at `path` where the application
-    /// works, the files deleted on disk between the last [`Self::drop_deleted`] and
-    /// the switch, each only while it is still the seed's copy (changed before
-    /// `taken`, a time before the application could see the tmpfs). A directory stays
-    /// until the next write-back.
+    /// works, what was deleted on disk between the last [`Self::drop_deleted`] and
+    /// the switch, each file only while it is still the seed's copy (changed before
+    /// `taken`, a time before the application could see the tmpfs); of a directory,
+    /// its copies, and the directory if that empties it. What this misses (a
+    /// directory deleted and made again, a deletion still running at the switch) is
+    /// taken out by the merge that follows ([`catch_up`]), by the seed's records.
     pub fn drop_after_switch(&mut self, path: &Path, taken: Time) -> anyhow::Result<u64> {
         let gone = self.watch.drain();
         if gone.is_empty() {
@@ -261,17 +265,26 @@ impl SeedDeletions {
             let Ok(st) = stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            let ctime = (st.st_ctime, st.st_ctime_nsec);
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR || ctime >= taken {
-                continue;
-            }
-            if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(|| {
+            let what = || {
                 format!(
                     "removing {}",
                     path.join(OsStr::from_bytes(&join(&rel, name.as_bytes())))
                         .display()
                 )
-            })? {
+            };
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                // Its copies go; what the application made in it since keeps it.
+                let went = copy::remove_older(dir.as_fd(), &name, taken).with_context(what)?;
+                if went > 0 {
+                    dropped += went;
+                    self.dropped.push(join(&rel, name.as_bytes()));
+                }
+                continue;
+            }
+            if (st.st_ctime, st.st_ctime_nsec) >= taken {
+                continue;
+            }
+            if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(what)? {
                 dropped += 1;
                 self.dropped.push(join(&rel, name.as_bytes()));
             }

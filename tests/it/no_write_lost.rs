@@ -485,3 +485,114 @@ fn deletions_during_one_write_back(n: usize) {
     }
     sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
 }
+
+/// Every file (its contents) and directory (a trailing slash) below `dir`, by
+/// relative path, but the write-back's own.
+fn contents(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_name().to_string_lossy().starts_with(".tmpfsctl") {
+                continue;
+            }
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if e.file_type().unwrap().is_dir() {
+                out.insert(format!("{rel}/"), String::new());
+                walk(root, &p, out);
+            } else {
+                out.insert(rel, fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// What the application does on disk after the seed's last look for deletions and
+/// before the tmpfs goes in place (`apply` stopped right there): the tmpfs shows the
+/// disk as it was at the switch, and so does the disk after `down`. A whole directory
+/// deleted (as htcacheclean empties and removes one), or deleted and made again, or
+/// renamed away, stayed in RAM with the seed's copies of its files: the application
+/// saw, and deleted again, files it had deleted. What went from the disk goes from
+/// the tmpfs as soon as it is in place (stopped again there, before the merge of
+/// what the disk got during the seed), but a directory made again, whose old copies
+/// that merge takes out.
+#[test]
+fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    for d in 0..8 {
+        for f in 0..4 {
+            let dir = cache.join(format!("d{d}"));
+            fs::create_dir_all(dir.join("sub")).unwrap();
+            fs::write(dir.join(format!("f{f}")), format!("d{d}/f{f}")).unwrap();
+            fs::write(dir.join("sub").join(format!("g{f}")), format!("d{d}/sub/g{f}")).unwrap();
+        }
+    }
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let mut c = sb.cmd();
+    c.env(
+        "TMPFSCTL_FAILPOINT",
+        "stop=before-switch,after-move-into-place:cache",
+    )
+    .args(["apply".as_ref(), spec.as_os_str()])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut apply = c.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(apply.id() as i32);
+    let mut wait_stopped = |at: &str| {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        match waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap() {
+            WaitStatus::Stopped(..) => {}
+            other => {
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut apply.stderr.take().unwrap(), &mut err).unwrap();
+                panic!("apply did not stop at {at}: {other:?}\n{err}");
+            }
+        }
+    };
+    let resume = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    wait_stopped("the switch");
+    // Still the disk directory: the tmpfs is not in place yet.
+    fs::remove_dir_all(cache.join("d0")).unwrap();
+    fs::remove_dir_all(cache.join("d1")).unwrap();
+    fs::create_dir(cache.join("d1")).unwrap();
+    fs::write(cache.join("d1/new"), "d1/new").unwrap();
+    fs::remove_file(cache.join("d2/f0")).unwrap();
+    fs::remove_dir_all(cache.join("d2/sub")).unwrap();
+    fs::rename(cache.join("d3/f1"), cache.join("d4/moved")).unwrap();
+    fs::rename(cache.join("d5"), cache.join("d5-renamed")).unwrap();
+    fs::remove_file(cache.join("d6/f0")).unwrap();
+    fs::write(cache.join("d6/f0"), "d6/f0, made again").unwrap();
+    let at_switch = contents(&cache);
+    resume();
+    wait_stopped("the tmpfs in place");
+    assert_eq!(sb.top(&cache).map(|m| m.fstype), Some("tmpfs".to_string()));
+    let early: Vec<_> = contents(&cache)
+        .into_keys()
+        .filter(|k| !at_switch.contains_key(k) && !k.starts_with("d1/"))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "deleted on disk before the switch, seen in the tmpfs once in place: {early:?}"
+    );
+    resume();
+    let out = apply.wait_with_output().unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert_eq!(
+        sb.top(&cache).map(|m| m.fstype),
+        Some("tmpfs".to_string()),
+        "{log}"
+    );
+    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+}

@@ -178,7 +178,8 @@ impl Syncer<'_, '_> {
     /// it, and then it stays).
     pub(super) fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Stepped, Failed> {
         let path = self.rel.joined(name);
-        if self.base.get(&path).is_none() {
+        let copied = self.copied.is_some_and(|c| c.get(&path).is_some());
+        if self.base.get(&path).is_none() && !copied {
             // In no baseline: the disk's own.
             return Ok(Stepped::default());
         }
@@ -188,10 +189,8 @@ impl Syncer<'_, '_> {
             Err(Errno::ENOENT) => return Ok(Stepped::default()),
             Err(e) => return Err(dst_err("stat")(e)),
         };
-        if self
-            .base_mark(&path, Disk::Present(self.disk_sig(&path, &d)))
-            .is_none()
-        {
+        let disk = Disk::Present(self.disk_sig(&path, &d));
+        if self.base_mark(&path, disk).is_none() && !self.copy_deleted(&path, disk) {
             return Ok(Stepped::default());
         }
         match self.decide(&path, None, Some(&d), parent) {

@@ -98,17 +98,23 @@ impl Syncer<'_, '_> {
                 Err(e) => return Err(dst_err("stat")(e)),
             };
             let disk = Disk::Present(self.disk_sig(&child, &d));
-            let verdict = baseline::decide(
-                self.base_mark(&child, disk).as_ref(),
-                self.base.taken,
-                Ram::Absent,
-                false,
-                disk,
-                ram_deleted_at,
-                ram_deleted_at,
-            );
+            let mark = self.base_mark(&child, disk);
+            let verdict = if mark.is_none() && self.copy_deleted(&child, disk) {
+                Verdict::Ram
+            } else {
+                baseline::decide(
+                    mark.as_ref(),
+                    self.base.taken,
+                    Ram::Absent,
+                    false,
+                    disk,
+                    ram_deleted_at,
+                    ram_deleted_at,
+                )
+                .verdict
+            };
             let is_dir = file_type(&d) == libc::S_IFDIR;
-            if verdict.verdict != Verdict::Ram || (is_dir && d.st_dev != self.dst_dev) {
+            if verdict != Verdict::Ram || (is_dir && d.st_dev != self.dst_dev) {
                 level.kept += 1;
                 continue;
             }
@@ -201,6 +207,90 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Fai
         }
         let next = open(level.dir.as_fd(), &entry.name)?;
         stack.push(next);
+    }
+    Ok(removed)
+}
+
+/// Removes from the directory `name` below `parent`, where an application works,
+/// every non-directory last changed before `before` (each only while it is still the
+/// entry looked at), then every directory left empty, `name` too; what changed since
+/// stays, and with it the directories that hold it. Nothing is followed and no other
+/// filesystem entered. Returns how many entries went.
+pub(super) fn remove_older(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    before: Time,
+    dev: u64,
+) -> Result<u64, Failed> {
+    struct OlderDir {
+        dir: OwnedFd,
+        names: std::vec::IntoIter<Name>,
+        name: CString,
+        kept: bool,
+    }
+    let open = |parent: BorrowedFd<'_>, name: &CStr| -> Result<Option<OlderDir>, Failed> {
+        let fd = match open_dst_dir(parent, name) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
+            Err(e) => return Err(dst_err("open directory")(e)),
+        };
+        if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != dev {
+            return Ok(None);
+        }
+        let names = read_names(&fd).map_err(dst_err("read directory"))?;
+        Ok(Some(OlderDir {
+            dir: fd,
+            names: names.into_iter(),
+            name: name.to_owned(),
+            kept: false,
+        }))
+    };
+    let mut removed = 0;
+    let Some(top) = open(parent, name)? else {
+        return Ok(0);
+    };
+    let mut temps = crate::copy::temp::TempNames::new();
+    let mut stack = vec![top];
+    while let Some(level) = stack.last_mut() {
+        let Some(entry) = level.names.next() else {
+            let done = stack.pop().expect("the loop runs only while a level is stacked");
+            let above = stack.last().map_or(parent, |l| l.dir.as_fd());
+            let kept = done.kept
+                || match unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir) {
+                    Ok(()) => {
+                        removed += 1;
+                        false
+                    }
+                    Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOENT) => true,
+                    Err(e) => return Err(dst_err("remove directory")(e)),
+                };
+            if let Some(up) = stack.last_mut() {
+                up.kept |= kept;
+            }
+            continue;
+        };
+        let dir = level.dir.as_fd();
+        let d = match stat::fstatat(dir, entry.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(dst_err("stat")(e)),
+        };
+        if file_type(&d) == libc::S_IFDIR {
+            match open(dir, &entry.name)? {
+                Some(next) => stack.push(next),
+                None => level.kept = true,
+            }
+            continue;
+        }
+        let older = (d.st_ctime, d.st_ctime_nsec) < before;
+        if older
+            && remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temps.next())
+                .map_err(dst_err("remove"))?
+        {
+            removed += 1;
+        } else {
+            level.kept = true;
+        }
     }
     Ok(removed)
 }

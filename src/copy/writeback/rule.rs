@@ -45,7 +45,11 @@ impl Syncer<'_, '_> {
                 }
             };
         }
-        let outdated = mark.is_none() && self.copy_outdated(path, src, disk);
+        let outdated = mark.is_none()
+            && match src {
+                Some(_) => self.copy_outdated(path, src, disk),
+                None => self.copy_deleted(path, disk),
+            };
         let d = if outdated {
             Decision {
                 verdict: Verdict::Ram,
@@ -85,21 +89,49 @@ impl Syncer<'_, '_> {
     /// copy was made, which can fall in the clock tick of the source's later change,
     /// or after it where the two filesystems' timestamps differ in grain.
     ///
-    /// The seed's copy, unchanged: changed before the copy's time, when only the seed
-    /// wrote there (or since only by this pass, unlinking another name of its inode),
-    /// and with the size, type and mtime of what the seed recorded copying there; a
-    /// copy the application moved to this path in RAM since has another record's.
+    /// A copy the application moved to this path in RAM since has another record's.
     /// Directories are left to their times: a verdict only decides their metadata.
     fn copy_outdated(&self, path: &[u8], src: Option<&FileStat>, disk: Disk) -> bool {
-        let (Some(copied), Some(src), Disk::Present(d)) = (self.copied, src, disk) else {
+        let (Some(src), Disk::Present(d)) = (src, disk) else {
             return false;
         };
+        self.copied_as(path, &d)
+            .is_some_and(|was| !was.is_dir() && Sig::of(src) != was)
+    }
+
+    /// In a merge into a seed's fresh copy: whether the destination entry (`disk`) at
+    /// `path`, which the source lacks, is the seed's copy, unchanged since (as in
+    /// [`Self::copy_outdated`]), of a source entry deleted (or renamed away) after it
+    /// was copied: that deletion is the later change. A directory the seed copied
+    /// there counts whatever its times, which every name added or removed changes:
+    /// it is emptied by the same rule, name by name, and what the application put in
+    /// it since keeps it. The seed's watch for deletions misses what is deleted
+    /// between its last look and the switch, and drops no directory once the
+    /// application can see the tmpfs.
+    pub(super) fn copy_deleted(&self, path: &[u8], disk: Disk) -> bool {
+        let Disk::Present(d) = disk else {
+            return false;
+        };
+        if d.is_dir() {
+            return self
+                .copied
+                .and_then(|copied| copied.get(path))
+                .is_some_and(|m| matches!(m, Mark::Entry(was) if was.is_dir()));
+        }
+        self.copied_as(path, &d).is_some_and(|was| !was.is_dir())
+    }
+
+    /// What the seed recorded copying to `path`, if the destination entry there (`d`)
+    /// is that copy, unchanged: changed before the copy's time, when only the seed
+    /// wrote there (or since only by this pass, unlinking another name of its inode),
+    /// and with the size, type and mtime of what the seed recorded.
+    fn copied_as(&self, path: &[u8], d: &Sig) -> Option<Sig> {
+        let copied = self.copied?;
         let Some(Mark::Entry(was)) = copied.get(path) else {
-            return false;
+            return None;
         };
-        let unchanged_copy = (copied.taken.is_some_and(|t| d.ctime < t) || self.touched.contains(&d.ino))
-            && (d.mode, d.size, d.mtime) == (was.mode, was.size, was.mtime);
-        !was.is_dir() && unchanged_copy && Sig::of(src) != was
+        let unchanged = copied.taken.is_some_and(|t| d.ctime < t) || self.touched.contains(&d.ino);
+        (unchanged && was.same_version(d)).then_some(was)
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
