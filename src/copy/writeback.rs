@@ -204,7 +204,7 @@ pub struct Synced {
 /// read ahead on the scan's thread (`scan`: listings, stats, attribute lists, symlink
 /// targets, in the walk's order), the destination by the walk, which decides and
 /// writes. `fsync` waits for the disk, so finished temporaries go to a few workers
-/// (`durable`) that `fsync` each and rename it into place; concurrent `fsync`s share
+/// (`durable`) that make each durable and rename it into place; concurrent `fsync`s share
 /// the device's cache flushes and overlap with the walk. A directory's metadata is
 /// applied once the last rename into it landed, then the directory is `fsync`ed.
 /// Hard-linked files and replaced directories are put in place by the walk itself, as
@@ -215,7 +215,8 @@ pub struct Synced {
 /// Data is never written into an existing destination inode. A file, symlink or node
 /// is created under a temporary name ([`TEMP_PREFIX`](super::TEMP_PREFIX) and random hex) in its final
 /// directory with `O_CREAT|O_EXCL|O_NOFOLLOW`, filled, given owner, attributes, mode
-/// and times, `fsync`ed, and only then `renameat`ed over the final name, which
+/// and times, made durable (its `fsync`, or a `syncfs` for a worker's batch, see
+/// `durable`), and only then `renameat`ed over the final name, which
 /// atomically replaces the old entry. Whatever kills the process (or the machine), a
 /// name refers either to the complete old or to the complete new inode. (Symlinks and
 /// nodes cannot be opened to be `fsync`ed; a journaling filesystem commits their

@@ -33,9 +33,34 @@ impl MemInfo {
     }
 }
 
+/// Bytes waiting to be written to some disk, `Dirty` plus `Writeback` of
+/// /proc/meminfo's `text`; `None` if either is missing.
+pub fn unwritten(text: &str) -> Option<u64> {
+    let field = |key: &str| -> Option<u64> {
+        text.lines().find_map(|l| {
+            let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+            rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+        })
+    };
+    Some((field("Dirty")? + field("Writeback")?) * 1024)
+}
+
+/// [`unwritten`] of this host's /proc/meminfo.
+pub fn unwritten_now() -> Option<u64> {
+    unwritten(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unwritten_is_dirty_plus_writeback() {
+        let text = "Dirty:              1204 kB\nWriteback:            12 kB\nWritebackTmp:        7 kB\n";
+        assert_eq!(unwritten(text), Some(1216 * 1024));
+        assert_eq!(unwritten("Dirty: 5 kB\n"), None);
+        assert_eq!(unwritten("WritebackTmp: 5 kB\nDirty: 5 kB\n"), None);
+    }
 
     #[test]
     fn parses_kib_fields() {
