@@ -309,6 +309,7 @@ fn work(
             // among the workers): on a nearly full disk the files go one at a time,
             // as a pass that rewrites them needs.
             let share = room_left(&batch) / (2 * WORKERS as u64);
+            let errors_from_now = error_watch(&batch);
             let mut held = 0u64;
             let mut written = Vec::with_capacity(batch.len());
             for job in &mut batch {
@@ -327,13 +328,7 @@ fn work(
             }
             let n = written.len();
             let files = written.iter().filter(|w| matches!(w, Some(Ok(_)))).count();
-            let synced = batch[..n]
-                .iter()
-                .find_map(|j| match j {
-                    Job::Rename(r) => Some(r.dir.fd.as_fd()),
-                    _ => None,
-                })
-                .is_some_and(|fs| sync_together(fs, files, held));
+            let synced = errors_from_now.is_some_and(|fs| sync_together(fs.as_fd(), files, held));
             // A job queued before another failed is still done: the walk may have
             // removed a disk name whose data the RAM moved to this one (a file
             // renamed across directories) before it learnt of the failure.
@@ -416,7 +411,7 @@ fn place(
 const SYNCFS_OTHERS_MAX: u64 = 64 << 20;
 
 /// Makes a run of `files` written temporaries (`bytes` of data) on the filesystem of
-/// `fs` durable together, by one `syncfs(2)` (their data, their inodes, the device's
+/// `fs` (see [`error_watch`]) durable together, by one `syncfs(2)` (their data, their inodes, the device's
 /// cache), where that costs less than an `fsync` each: a run of two or more, little
 /// else waiting to be written ([`SYNCFS_OTHERS_MAX`], beyond every worker's run of
 /// this size), and a kernel whose `syncfs` reports the filesystem's writeback errors
@@ -455,6 +450,25 @@ fn kernel_release(release: &str) -> Option<(u32, u32)> {
         part[..digits].parse().ok()
     };
     Some((number(parts.next()?)?, number(parts.next()?)?))
+}
+
+/// A descriptor of its own for the filesystem the batch's first copy goes to, opened
+/// before the batch is written: a `syncfs` through it reports every writeback error
+/// on that filesystem since, and only to this worker (an error reported through a
+/// descriptor is not reported through it again, and the walk's descriptors are
+/// shared among the workers).
+fn error_watch(batch: &[Job]) -> Option<OwnedFd> {
+    let dir = batch.iter().find_map(|j| match j {
+        Job::Rename(r) => Some(r.dir.fd.as_fd()),
+        _ => None,
+    })?;
+    nix::fcntl::openat(
+        dir,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        stat::Mode::empty(),
+    )
+    .ok()
 }
 
 /// Bytes free on the disk the batch's first copy goes to; none if it cannot tell (the
