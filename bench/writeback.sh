@@ -5,9 +5,10 @@
 # for 100,000) on a tmpfs, synced to an ext4 (or whatever /tmp is) directory:
 #   - full first sync into an empty directory: FULL_RUNS rounds, in each of which
 #     copybench sync, cp -a, rsync -aHAX, and cp -a followed by `sync -f` take turns
-#     (cp and rsync do not fsync; the write-back fsyncs every file and directory it
-#     writes); every run's copy stays until the end (needs FULL_RUNS x 4 x the tree
-#     free on disk);
+#     (cp and rsync do not fsync; the write-back makes every file and directory it
+#     writes durable); every run's copy stays until the end (needs FULL_RUNS x 4 x
+#     the tree free on disk); then the floor of any durable copy: the tree's bytes
+#     written by dd with direct I/O at the disk's sequential rate;
 #   - incremental: RUNS rounds, each rewriting PERMILLE/1000 of the files in the
 #     tmpfs, then timing copybench sync (reading the whole tree), copybench sync
 #     asking a change tracker (as `tmpfsctl sync` does with the agent running) and
@@ -94,6 +95,16 @@ if ((FULL_RUNS > 0)); then
     for tool in "${full_tools[@]}"; do
         full[$tool]=$(printf '%s\n' ${full_runs[$tool]} | median)
     done
+    # The floor of any durable copy: the tree's bytes written in one stream with
+    # direct I/O and flushed, at the disk's sequential rate (one file, so its
+    # deletion does not skew what follows).
+    tree_mib=$(( $(du -sm "$SRC" | cut -f1) ))
+    sync -f "$WORK"
+    floor_s=$EPOCHREALTIME
+    dd if=/dev/zero of="$WORK/floor" bs=4M count=$(( (tree_mib + 3) / 4 )) oflag=direct conv=fsync status=none
+    floor_e=$EPOCHREALTIME
+    rm -f "$WORK/floor"
+    floor=$(( ${floor_e/./} - ${floor_s/./} ))
 fi
 
 # Two copies for the incremental rounds, each made by the tool that maintains it.
@@ -166,10 +177,12 @@ echo "incremental rounds: ${changed%; }"
 echo
 if ((FULL_RUNS > 0)); then
     echo "full first sync (median of $FULL_RUNS):"
-    echo "  copybench sync (fsyncs everything)  $(ms "${full[sync]}")"
+    echo "  copybench sync (all made durable)  $(ms "${full[sync]}")"
     echo "  cp -a                               $(ms "${full[cp]}")   sync/cp:        $(ratio "${full[sync]}" "${full[cp]}")"
     echo "  rsync -aHAX                         $(ms "${full[rsync]}")   sync/rsync:     $(ratio "${full[sync]}" "${full[rsync]}")"
     echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
+    echo "  the tree's bytes at the disk's sequential write rate (dd oflag=direct, $tree_mib MiB):"
+    echo "                                      $(ms "$floor")   floor/cp:       $(ratio "$floor" "${full[cp]}")"
     for tool in "${full_tools[@]}"; do echo "  raw (us) $tool: ${full_runs[$tool]}"; done
     echo
 fi

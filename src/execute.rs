@@ -237,6 +237,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 }
                 done.push(step.describe());
                 if let Step::MoveIntoPlace { .. } = step {
+                    crate::failpoint::hit("seed-switched", &m.name);
                     // What was deleted on disk between the last look and the switch.
                     if let (Some(mut w), Some(taken)) = (seed_deletions.take(), switched_at) {
                         if let Err(e) = w.drop_after_switch(&m.path, taken) {

@@ -7,7 +7,8 @@
 //!
 //! Points: `after-<action>` after each step of `apply` (see [`crate::execute`]) and
 //! `before-switch` right before a seeded tmpfs goes in place (its last look for what
-//! the disk deleted meanwhile done); `after-hold`, `after-switch` in the switch to
+//! the disk deleted meanwhile done), `seed-switched` right after, before what the
+//! disk deleted since that look is dropped; `after-hold`, `after-switch` in the switch to
 //! disk; `after-merge`, `after-baseline` in a write-back; `after-release` once a held
 //! copy is unmounted.
 

@@ -135,6 +135,11 @@ impl ZramOptions {
             // No blocks kept for root: the cache may use all of `size`.
             "-m".into(),
             "0".into(),
+            // Nanosecond timestamps (an older mke2fs gives a small filesystem 128-byte
+            // inodes, whose times keep whole seconds): what changed after a moment
+            // must have a later ctime than it.
+            "-I".into(),
+            "256".into(),
             // Initialised now, not by a kernel thread writing in the background.
             "-E".into(),
             format!("root_owner={}:{},lazy_itable_init=0", r.uid, r.gid),
@@ -561,7 +566,7 @@ mod tests {
         let args = opts().mkfs_args(Path::new("/dev/zram3")).join(" ");
         assert_eq!(
             args,
-            "-q -F -O ^has_journal -m 0 -E root_owner=33:34,lazy_itable_init=0 -L tmpfsctl -N 5000 /dev/zram3"
+            "-q -F -O ^has_journal -m 0 -I 256 -E root_owner=33:34,lazy_itable_init=0 -L tmpfsctl -N 5000 /dev/zram3"
         );
     }
 

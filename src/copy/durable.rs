@@ -11,7 +11,8 @@
 //! one journal commit then covers most of the batch, instead of one per file or per
 //! few files (docs/benchmarks.md: 20,000 files on a journaling ext4, 7.5 and 9.9 s
 //! one by one, 4.5 and 5.7 s in batches). Where little else waits to be written, one
-//! `syncfs` makes the whole batch durable ([`sync_together`]), else each file is
+//! `syncfs` makes the whole batch durable on ext4, xfs and btrfs ([`sync_together`]),
+//! else each file is
 //! `fsync`ed. A directory's metadata is applied (by the walk)
 //! after the last rename into it finished, and its `fsync` is queued after that.
 //! Hard-linked files stay with the walk: their later names are linked to the first
@@ -289,6 +290,8 @@ fn work(
     let mut temps = TempNames::new();
     let mut transfer = Transfer::default();
     let mut batch = Vec::with_capacity(batch_max);
+    // The destination's filesystem, and whether a syncfs suits it: one per pass.
+    let mut suits: Option<(u64, bool)> = None;
     loop {
         {
             let queue = queue.lock().expect("no worker panics holding it");
@@ -328,7 +331,14 @@ fn work(
             }
             let n = written.len();
             let files = written.iter().filter(|w| matches!(w, Some(Ok(_)))).count();
-            let synced = errors_from_now.is_some_and(|fs| sync_together(fs.as_fd(), files, held));
+            let synced = errors_from_now.is_some_and(|fs| {
+                let dev = stat::fstat(&fs).map_or(0, |st| st.st_dev);
+                let suits = match suits {
+                    Some((d, yes)) if d == dev => yes,
+                    _ => suits.insert((dev, syncfs_suits(fs.as_fd()))).1,
+                };
+                suits && sync_together(fs.as_fd(), files, held)
+            });
             // A job queued before another failed is still done: the walk may have
             // removed a disk name whose data the RAM moved to this one (a file
             // renamed across directories) before it learnt of the failure.
@@ -411,13 +421,14 @@ fn place(
 const SYNCFS_OTHERS_MAX: u64 = 64 << 20;
 
 /// Makes a run of `files` written temporaries (`bytes` of data) on the filesystem of
-/// `fs` (see [`error_watch`]) durable together, by one `syncfs(2)` (their data, their inodes, the device's
-/// cache), where that costs less than an `fsync` each: a run of two or more, little
-/// else waiting to be written ([`SYNCFS_OTHERS_MAX`], beyond every worker's run of
-/// this size), and a kernel whose `syncfs` reports the filesystem's writeback errors
-/// (5.8 and later; before, it could succeed with a temporary's data lost). False if
-/// it did not: each is then `fsync`ed, which also tells which of them an error (the
-/// `syncfs`'s, which may be another file's) is of.
+/// `fs` (see [`error_watch`]; one [`syncfs_suits`]) durable together, by one
+/// `syncfs(2)` (their data, their inodes, the device's cache), where that costs less
+/// than an `fsync` each: a run of two or more, little else waiting to be written
+/// ([`SYNCFS_OTHERS_MAX`], beyond every worker's run of this size), and a kernel whose
+/// `syncfs` reports every error of the filesystem's writeback and of its own commit
+/// (5.17 and later; from 5.8 it reported the writeback's only). False if it did not:
+/// each is then `fsync`ed, which also tells which of them an error (the `syncfs`'s,
+/// which may be another file's) is of.
 ///
 /// Each `fsync` writes the file's inode and flushes the device's cache on its own;
 /// one `syncfs` does both once for the run. Measured with 20,000 files written into
@@ -430,15 +441,31 @@ fn sync_together(fs: BorrowedFd<'_>, files: usize, bytes: u64) -> bool {
         && unistd::syncfs(fs).is_ok()
 }
 
-/// Linux 5.8 or later: `syncfs(2)` returns the writeback errors of the filesystem
-/// since the descriptor was opened.
+/// Whether a `syncfs` of the filesystem of `fs` does what an `fsync` of each of its
+/// files would (writes them, flushes the device's cache, reports what failed): on
+/// ext4, xfs and btrfs, as their own drivers mount them. Not on overlayfs, whose
+/// `syncfs` reports its own errors only, not those of the upper layer's files; nor on
+/// FUSE, which may not pass it on, or on ext2, vfat and exfat, which flush no cache.
+fn syncfs_suits(fs: BorrowedFd<'_>) -> bool {
+    let Some(id) = crate::host::procs::mount_id(fs) else {
+        return false;
+    };
+    crate::host::mountinfo::MountTable::read(std::path::Path::new("/proc/thread-self/mountinfo"))
+        .ok()
+        .and_then(|t| t.entries.into_iter().find(|e| e.id == id))
+        .is_some_and(|e| matches!(e.fstype.as_str(), "ext4" | "xfs" | "btrfs"))
+}
+
+/// Linux 5.17 or later: `syncfs(2)` returns the writeback errors of the filesystem
+/// since the descriptor was opened (5.8) and those of the filesystem's own sync,
+/// such as a failed journal commit (5.17).
 fn syncfs_reports_errors() -> bool {
     static AT_LEAST: OnceLock<bool> = OnceLock::new();
     *AT_LEAST.get_or_init(|| {
         nix::sys::utsname::uname()
             .ok()
             .and_then(|u| kernel_release(&u.release().to_string_lossy()))
-            .is_some_and(|v| v >= (5, 8))
+            .is_some_and(|v| v >= (5, 17))
     })
 }
 

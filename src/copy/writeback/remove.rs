@@ -214,8 +214,11 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Fai
 /// Removes from the directory `name` below `parent`, where an application works,
 /// every non-directory last changed before `before` (each only while it is still the
 /// entry looked at), then every directory left empty, `name` too; what changed since
-/// stays, and with it the directories that hold it. Nothing is followed and no other
-/// filesystem entered. Returns how many entries went.
+/// stays, and with it the directories that hold it. A directory changed since (names
+/// made or removed in it, or itself moved there) is the application's: neither
+/// entered nor removed, as a directory moved in keeps the older ctimes of what it
+/// holds. Nothing is followed and no other filesystem entered. Returns how many
+/// entries went.
 pub(super) fn remove_older(
     parent: BorrowedFd<'_>,
     name: &CStr,
@@ -234,7 +237,8 @@ pub(super) fn remove_older(
             Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
             Err(e) => return Err(dst_err("open directory")(e)),
         };
-        if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != dev {
+        let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
+        if st.st_dev != dev || (st.st_ctime, st.st_ctime_nsec) >= before {
             return Ok(None);
         }
         let names = read_names(&fd).map_err(dst_err("read directory"))?;
@@ -255,7 +259,13 @@ pub(super) fn remove_older(
         let Some(entry) = level.names.next() else {
             let done = stack.pop().expect("the loop runs only while a level is stacked");
             let above = stack.last().map_or(parent, |l| l.dir.as_fd());
+            // Still the directory emptied: not one the application put at its name.
+            let same = |d: &FileStat| {
+                stat::fstat(&done.dir).is_ok_and(|o| (o.st_dev, o.st_ino) == (d.st_dev, d.st_ino))
+            };
             let kept = done.kept
+                || !stat::fstatat(above, done.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|d| same(&d))
                 || match unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) => {
                         removed += 1;

@@ -103,20 +103,21 @@ impl Syncer<'_, '_> {
     /// `path`, which the source lacks, is the seed's copy, unchanged since (as in
     /// [`Self::copy_outdated`]), of a source entry deleted (or renamed away) after it
     /// was copied: that deletion is the later change. A directory the seed copied
-    /// there counts whatever its times, which every name added or removed changes:
-    /// it is emptied by the same rule, name by name, and what the application put in
-    /// it since keeps it. The seed's watch for deletions misses what is deleted
-    /// between its last look and the switch, and drops no directory once the
-    /// application can see the tmpfs.
+    /// there counts while unchanged since (no name made or removed in it, not moved
+    /// there): it is emptied by the same rule, name by name. One changed since is the
+    /// application's, with all it holds: a directory moved in keeps the older ctimes
+    /// of its files. The seed's watch for deletions misses what is deleted
+    /// between its last look and the switch.
     pub(super) fn copy_deleted(&self, path: &[u8], disk: Disk) -> bool {
         let Disk::Present(d) = disk else {
             return false;
         };
         if d.is_dir() {
-            return self
-                .copied
-                .and_then(|copied| copied.get(path))
-                .is_some_and(|m| matches!(m, Mark::Entry(was) if was.is_dir()));
+            let Some(copied) = self.copied else {
+                return false;
+            };
+            return copied.taken.is_some_and(|t| d.ctime < t)
+                && matches!(copied.get(path), Some(Mark::Entry(was)) if was.is_dir());
         }
         self.copied_as(path, &d).is_some_and(|was| !was.is_dir())
     }
