@@ -532,64 +532,40 @@ fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
         }
     }
     let spec = spec(&sb, &[("cache", &cache)]);
-    let mut c = sb.cmd();
-    c.env(
-        "TMPFSCTL_FAILPOINT",
-        "stop=before-switch,after-move-into-place:cache",
-    )
-    .args(["apply".as_ref(), spec.as_os_str()])
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let mut apply = c.spawn().unwrap();
-    let pid = nix::unistd::Pid::from_raw(apply.id() as i32);
-    let mut wait_stopped = |at: &str| {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        match waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap() {
-            WaitStatus::Stopped(..) => {}
-            other => {
-                let mut err = String::new();
-                std::io::Read::read_to_string(&mut apply.stderr.take().unwrap(), &mut err).unwrap();
-                panic!("apply did not stop at {at}: {other:?}\n{err}");
-            }
+    let (mut at_switch, mut once_in_place, mut fs_then) = Default::default();
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "after-move-into-place"], |i| {
+        if i == 1 {
+            fs_then = sb.top(&cache).map(|m| m.fstype);
+            once_in_place = contents(&cache);
+            return;
         }
-    };
-    let resume = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    wait_stopped("the switch");
-    // Still the disk directory: the tmpfs is not in place yet.
-    fs::remove_dir_all(cache.join("d0")).unwrap();
-    fs::remove_dir_all(cache.join("d1")).unwrap();
-    fs::create_dir(cache.join("d1")).unwrap();
-    fs::write(cache.join("d1/new"), "d1/new").unwrap();
-    fs::remove_file(cache.join("d2/f0")).unwrap();
-    fs::remove_dir_all(cache.join("d2/sub")).unwrap();
-    fs::rename(cache.join("d3/f1"), cache.join("d4/moved")).unwrap();
-    fs::rename(cache.join("d5"), cache.join("d5-renamed")).unwrap();
-    fs::remove_file(cache.join("d6/f0")).unwrap();
-    fs::write(cache.join("d6/f0"), "d6/f0, made again").unwrap();
-    let at_switch = contents(&cache);
-    resume();
-    wait_stopped("the tmpfs in place");
-    assert_eq!(sb.top(&cache).map(|m| m.fstype), Some("tmpfs".to_string()));
-    let early: Vec<_> = contents(&cache)
-        .into_keys()
-        .filter(|k| !at_switch.contains_key(k) && !k.starts_with("d1/"))
-        .collect();
-    assert!(
-        early.is_empty(),
-        "deleted on disk before the switch, seen in the tmpfs once in place: {early:?}"
-    );
-    resume();
-    let out = apply.wait_with_output().unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "{log}");
+        // Still the disk directory: the tmpfs is not in place yet.
+        fs::remove_dir_all(cache.join("d0")).unwrap();
+        fs::remove_dir_all(cache.join("d1")).unwrap();
+        fs::create_dir(cache.join("d1")).unwrap();
+        fs::write(cache.join("d1/new"), "d1/new").unwrap();
+        fs::remove_file(cache.join("d2/f0")).unwrap();
+        fs::remove_dir_all(cache.join("d2/sub")).unwrap();
+        fs::rename(cache.join("d3/f1"), cache.join("d4/moved")).unwrap();
+        fs::rename(cache.join("d5"), cache.join("d5-renamed")).unwrap();
+        fs::remove_file(cache.join("d6/f0")).unwrap();
+        fs::write(cache.join("d6/f0"), "d6/f0, made again").unwrap();
+        at_switch = contents(&cache);
+    });
+    assert_eq!(code, 0, "{log}");
     assert_eq!(
         sb.top(&cache).map(|m| m.fstype),
         Some("tmpfs".to_string()),
         "{log}"
+    );
+    assert_eq!(fs_then.as_deref(), Some("tmpfs"), "in place at the second stop");
+    let early: Vec<&String> = once_in_place
+        .keys()
+        .filter(|k| !at_switch.contains_key(*k) && !k.starts_with("d1/"))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "deleted on disk before the switch, seen in the tmpfs once in place: {early:?}"
     );
     assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
     let down = sb.run(["down".as_ref(), spec.as_os_str()]);
@@ -617,7 +593,12 @@ fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], mut act: impl Fn
                 panic!("apply did not stop at {at}: {other:?}\n{err}");
             }
         }
-        act(i);
+        // A failed check must not leave it stopped for good.
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(i))) {
+            let _ = apply.kill();
+            let _ = apply.wait();
+            std::panic::resume_unwind(panic);
+        }
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     }
     let out = apply.wait_with_output().unwrap();
