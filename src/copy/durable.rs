@@ -12,9 +12,8 @@
 //! few files (docs/benchmarks.md: 20,000 files on a journaling ext4, 7.5 and 9.9 s
 //! one by one, 4.5 and 5.7 s in batches). Where little else waits to be written, one
 //! `syncfs` makes the whole batch durable on ext4, xfs and btrfs ([`sync_together`]),
-//! else each file is
-//! `fsync`ed. A directory's metadata is applied (by the walk)
-//! after the last rename into it finished, and its `fsync` is queued after that.
+//! else each file is `fsync`ed. A directory's metadata is applied (by the walk) after
+//! the last rename into it finished, and its `fsync` is queued after that.
 //! Hard-linked files stay with the walk: their later names are linked to the first
 //! copy's inode, which must be in place by then.
 
