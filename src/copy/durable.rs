@@ -382,7 +382,7 @@ fn place(
 ) -> Option<CopyError> {
     let (written, result) = match written {
         Ok(w) => {
-            let result = fsync_and_place(&r, &w, synced, journal, deletions);
+            let result = durable_and_place(&r, &w, synced, journal, deletions);
             (Some(w), result)
         }
         Err(f) => (None, Err(f)),
@@ -546,7 +546,7 @@ fn start_writeback(file: &File) {
 
 /// `fsync`s the temporary, unless its run was `synced` together, and puts it in place
 /// as the walk asked.
-fn fsync_and_place(
+fn durable_and_place(
     r: &Rename,
     w: &Written,
     synced: bool,
