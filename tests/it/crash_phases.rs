@@ -276,24 +276,27 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
     d.run("down").code(1).stdout_has("PENDING");
     let first = keepers(state);
     assert_eq!(first.len(), 1, "the failed attempt's keeper: {first:?}");
-    // The keeper of an attempt killed right after starting it: its starter never
-    // reads its "ready", nor stops the first keeper.
+    // The keeper of an attempt killed right after its keeper was ready (its watch
+    // in place, its pid file written): the attempt never stopped the first keeper.
+    // A keeper's process shows before it is ready, and one not ready yet is not
+    // found by the next attempt, so the test waits for its "ready" (under load, the
+    // next attempt ran before it and never stopped it).
     let mut c = sb.cmd();
     c.arg("--state-dir")
         .arg(state)
         .args(["keep-deletions", "c", "0"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut orphan = c.spawn().unwrap();
-    let start = std::time::Instant::now();
-    while keepers(state).len() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the second keeper never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(orphan.stdout.take().expect("piped")),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "ready\n", "the second keeper never got ready");
+    assert_eq!(keepers(state).len(), 2, "the second keeper runs beside the first");
     d.run("down").code(1).stdout_has("PENDING");
     let _ = orphan.wait();
     let left = keepers(state);
@@ -354,4 +357,97 @@ fn a_directory_removed_between_attempts_keeps_what_the_ram_wrote_in_it() {
         "the file the application deleted came back"
     );
     assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
+}
+
+/// A disk that fails writes: the cache's ext4 is on a loop device whose image lies on
+/// a small tmpfs, filled up once the cache is seeded, so the data the write-back
+/// sends to the device is refused (the loop device reports an I/O error), while
+/// ext4's metadata, written by `mkfs`, still lands. Each written file is made
+/// durable by a batch's `syncfs` or its own `fsync` before it is renamed into place,
+/// so the error is seen there: `sync` fails, `down` keeps the RAM copy; once the
+/// image has room again the next `down` writes everything, and the device, read
+/// afresh, holds all the application wrote. A file put in place without its data
+/// on the device would be read back as zeros.
+#[test]
+fn a_disk_that_fails_its_writes_keeps_the_ram_copy_and_loses_nothing() {
+    let sb = Sandbox::new();
+    let backing = sb.path("backing");
+    fs::create_dir(&backing).unwrap();
+    nix::mount::mount(
+        Some("tmpfsctl-test-backing"),
+        &backing,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=80m"),
+    )
+    .unwrap();
+    let disk = LoopFs::on_image(&backing.join("disk.img"), 64, &sb.path("disk"));
+    let cache = disk.mount_point.join("cache");
+    fs::create_dir(&cache).unwrap();
+    // The directory's blocks are allocated while the image has room: a failed write
+    // of metadata would break the filesystem, which is not what is tested here.
+    for i in 0..4000 {
+        fs::write(cache.join(format!("room-{i:04}-{}", "x".repeat(40))), "").unwrap();
+    }
+    for i in 0..4000 {
+        fs::remove_file(cache.join(format!("room-{i:04}-{}", "x".repeat(40)))).unwrap();
+    }
+    let seeded = seed(&cache, 200);
+    nix::unistd::syncfs(fs::File::open(&cache).unwrap()).unwrap();
+    disk.trim();
+    let spec = spec(&sb, &cache);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let filler = backing.join("filler");
+    let err = std::io::copy(
+        &mut std::io::Read::take(std::io::repeat(7), 1 << 30),
+        &mut fs::File::create(&filler).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "filling the image's tmpfs"
+    );
+
+    let app = App::start(cache.clone(), seeded, 11);
+    // Large files, and enough small ones that the workers take them in batches,
+    // each made durable by one `syncfs`.
+    let big: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("big-{i}"), vec![b'a' + i as u8; 1 << 20]))
+        .chain((0..1000).map(|i| {
+            (
+                format!("small-{i}"),
+                format!("small {i}\n").repeat(900).into_bytes(),
+            )
+        }))
+        .collect();
+    for (name, data) in &big {
+        fs::write(cache.join(name), data).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // What other programs left dirty is written out first: with little waiting,
+    // the workers make their batches durable by one `syncfs` each (a build that
+    // just wrote the test binary leaves hundreds of MiB for 30 s).
+    nix::unistd::sync();
+    app.event("sync started");
+    let sync = sb.run(["sync".as_ref(), spec.as_os_str()]);
+    app.event("sync done");
+    sync.code(1)
+        .stdout_has("sync FAILED")
+        .stdout_has("No space left on device");
+    std::thread::sleep(Duration::from_millis(200));
+    // The application stops before the switch: its own writes to this disk would
+    // fail as well.
+    let mut exp = app.stop();
+    sb.run(["down".as_ref(), spec.as_os_str()])
+        .code(1)
+        .stdout_has("PENDING");
+    assert!(sb.mounts_at(&cache).is_empty(), "down switched to the disk");
+    fs::remove_file(&filler).unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    disk.remount();
+    for (name, data) in big {
+        exp.names.insert(name, Some(data));
+    }
+    exp.assert_nothing_lost(&cache, "writes failed, then the disk had room again");
 }

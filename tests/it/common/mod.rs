@@ -291,17 +291,97 @@ impl LoopFs {
         let image = dir.path().join("disk.img");
         fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
         run_tool("mkfs.ext4", &["-q".as_ref(), "-F".as_ref(), image.as_os_str()]);
+        let mut fs = LoopFs::attach(&image, mount_point);
+        fs._dir = dir;
+        fs.mount(options);
+        fs
+    }
+
+    /// A fresh ext4 of `mib` MiB without a journal in the image file `image`, whose
+    /// every block is written (zeros) first, mounted at `mount_point` without the
+    /// kernel's zeroing of inode tables: its metadata and files keep their blocks of
+    /// the image, and [`LoopFs::trim`] and every later deletion (mounted with
+    /// `discard`) punch the free blocks out of it. An image on a tmpfs that is then
+    /// filled fails every write of new data, as a failing disk would, and the
+    /// filesystem goes on (with a journal, ext4 aborts it on a failed write and
+    /// turns read-only). The loop device takes a write that the image file took
+    /// only in part for a whole one (a device that lies), so its writes are one
+    /// page at most (`max_sectors_kb`), and blocks are pages: a write then lands
+    /// whole or fails.
+    pub fn on_image(image: &Path, mib: u64, mount_point: &Path) -> LoopFs {
+        fs::write(image, vec![0u8; (mib << 20) as usize]).unwrap();
+        run_tool(
+            "mkfs.ext4",
+            &[
+                "-q".as_ref(),
+                "-F".as_ref(),
+                "-b".as_ref(),
+                "4096".as_ref(),
+                "-O".as_ref(),
+                "^has_journal".as_ref(),
+                "-E".as_ref(),
+                "nodiscard,lazy_itable_init=1".as_ref(),
+                image.as_os_str(),
+            ],
+        );
+        let fs = LoopFs::attach(image, mount_point);
+        let device = Path::new(&fs.device).file_name().expect("/dev/loopN");
+        let limit = Path::new("/sys/block").join(device).join("queue/max_sectors_kb");
+        fs::write(&limit, "4").unwrap_or_else(|e| panic!("writing {}: {e}", limit.display()));
+        fs.mount("discard,noinit_itable");
+        fs
+    }
+
+    /// Discards the filesystem's free blocks: the loop device punches them out of
+    /// its image, whose other blocks (metadata, files) stay written.
+    pub fn trim(&self) {
+        run_tool("fstrim", &[self.mount_point.as_os_str()]);
+    }
+
+    /// Unmounts the filesystem, checks it (`e2fsck -fn`: a failed write of its own
+    /// metadata would show there, not as the write-back's loss) and mounts it again:
+    /// its files are then read from the device, not from the page cache (which
+    /// keeps data whose write failed).
+    pub fn remount(&self) {
+        let options = fs::read_to_string("/proc/thread-self/mountinfo")
+            .unwrap()
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| Path::new(f[4]) == self.mount_point)
+            .map(|f| f[5].to_string())
+            .expect("mounted");
+        umount2(&self.mount_point, MntFlags::empty())
+            .unwrap_or_else(|e| panic!("unmounting {}: {e}", self.mount_point.display()));
+        let check = Command::new("e2fsck")
+            .args(["-fn", &self.device])
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "the test's filesystem on {} is damaged:\n{}",
+            self.device,
+            String::from_utf8_lossy(&check.stdout)
+        );
+        self.mount(&options);
+    }
+
+    /// `image` on a new loop device, to be mounted at `mount_point`; the device is
+    /// detached when the returned guard drops.
+    fn attach(image: &Path, mount_point: &Path) -> LoopFs {
         let device = run_tool(
             "losetup",
             &["--find".as_ref(), "--show".as_ref(), image.as_os_str()],
         );
-        let fs = LoopFs {
-            mount_point: mount_point.to_path_buf(),
-            image,
-            device,
-            _dir: dir,
-        };
         fs::create_dir_all(mount_point).unwrap();
+        LoopFs {
+            mount_point: mount_point.to_path_buf(),
+            image: image.to_path_buf(),
+            device,
+            _dir: disk_tempdir("tmpfsctl-loop-"),
+        }
+    }
+
+    fn mount(&self, options: &str) {
         run_tool(
             "mount",
             &[
@@ -309,36 +389,17 @@ impl LoopFs {
                 "ext4".as_ref(),
                 "-o".as_ref(),
                 options.as_ref(),
-                fs.device.as_ref(),
-                mount_point.as_os_str(),
+                self.device.as_ref(),
+                self.mount_point.as_os_str(),
             ],
         );
-        fs
     }
 
     /// Mounts a copy of an image (its journal replays, as after a power cut) at
     /// `mount_point`; unmounted and detached when the returned guard drops.
     pub fn mount_copy(image: &Path, mount_point: &Path) -> LoopFs {
-        let device = run_tool(
-            "losetup",
-            &["--find".as_ref(), "--show".as_ref(), image.as_os_str()],
-        );
-        fs::create_dir_all(mount_point).unwrap();
-        let fs = LoopFs {
-            mount_point: mount_point.to_path_buf(),
-            image: image.to_path_buf(),
-            device,
-            _dir: disk_tempdir("tmpfsctl-loop-"),
-        };
-        run_tool(
-            "mount",
-            &[
-                "-t".as_ref(),
-                "ext4".as_ref(),
-                fs.device.as_ref(),
-                mount_point.as_os_str(),
-            ],
-        );
+        let fs = LoopFs::attach(image, mount_point);
+        fs.mount("defaults");
         fs
     }
 }
