@@ -425,10 +425,14 @@ fn a_disk_that_fails_its_writes_keeps_the_ram_copy_and_loses_nothing() {
         fs::write(cache.join(name), data).unwrap();
     }
     std::thread::sleep(Duration::from_millis(300));
-    // What other programs left dirty is written out first: with little waiting,
-    // the workers make their batches durable by one `syncfs` each (a build that
-    // just wrote the test binary leaves hundreds of MiB for 30 s).
-    nix::unistd::sync();
+    // What the build and other tests left dirty is written out first: with little
+    // waiting, the workers make their batches durable by one `syncfs` each (a build
+    // that just wrote the test binary leaves hundreds of MiB for 30 s). Not a
+    // `sync` of every filesystem: it would hold up the unmounting of other tests'
+    // filesystems while it runs (a zram device then stayed open after its fallback).
+    for dir in [Path::new(env!("CARGO_TARGET_TMPDIR")), &sb.root] {
+        nix::unistd::syncfs(fs::File::open(dir).unwrap()).unwrap();
+    }
     app.event("sync started");
     let sync = sb.run(["sync".as_ref(), spec.as_os_str()]);
     app.event("sync done");

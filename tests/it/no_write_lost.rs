@@ -696,19 +696,20 @@ fn the_merge_after_the_switch_leaves_what_the_application_did_in_ram() {
 /// What the application does in the tmpfs right after the switch, before what the
 /// disk deleted in the last moments before it is dropped (`apply` stopped there),
 /// stays: a directory moved into a deleted directory's copy, a deleted one made again,
-/// a directory made in another (they are the application's now, with what they hold).
+/// a directory made in another (they are the application's now, with what they hold),
+/// a file rewritten in place in another (and the directory that holds it).
 #[test]
 fn dropping_what_the_disk_deleted_before_the_switch_leaves_the_applications_changes() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    for d in ["a0", "a1", "a2", "b0", "k"] {
+    for d in ["a0", "a1", "a2", "a3", "b0", "k"] {
         fs::create_dir(cache.join(d)).unwrap();
         fs::write(cache.join(d).join("f"), format!("{d}/f")).unwrap();
     }
     let spec = spec(&sb, &[("cache", &cache)]);
     let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |i| {
         if i == 0 {
-            for d in ["a0", "a1", "a2"] {
+            for d in ["a0", "a1", "a2", "a3"] {
                 fs::remove_dir_all(cache.join(d)).unwrap();
             }
             return;
@@ -717,15 +718,18 @@ fn dropping_what_the_disk_deleted_before_the_switch_leaves_the_applications_chan
         fs::remove_dir_all(cache.join("a1")).unwrap();
         fs::create_dir(cache.join("a1")).unwrap();
         fs::create_dir(cache.join("a2/newsub")).unwrap();
+        // Rewritten in place: its directory's names, and so its ctime, stay.
+        fs::write(cache.join("a3/f"), "a3/f rewritten").unwrap();
     });
     assert_eq!(code, 0, "{log}");
     let in_ram = contents(&cache);
-    for want in ["a0/b0/", "a0/b0/f", "a1/", "a2/newsub/", "k/f"] {
+    for want in ["a0/b0/", "a0/b0/f", "a1/", "a2/newsub/", "a3/f", "k/f"] {
         assert!(
             in_ram.contains_key(want),
             "{want} missing in RAM: {in_ram:?}\n{log}"
         );
     }
     assert_eq!(in_ram["a0/b0/f"], "b0/f");
+    assert_eq!(in_ram["a3/f"], "a3/f rewritten");
     assert!(!in_ram.contains_key("b0/"), "{in_ram:?}");
 }

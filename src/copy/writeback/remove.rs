@@ -1,5 +1,8 @@
 //! Removing what the RAM deleted, name by name as the rule says, and the write-back's
-//! own leftovers.
+//! own leftovers. Every removal of a directory is one walk ([`remove_walk`]): each
+//! level opened relative to its parent without following symlinks, listed whole
+//! before any of its entries goes, and removed once empty unless something in it
+//! stayed; a [`Rule`] says, entry by entry, what goes.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -15,7 +18,7 @@ use crate::copy::error::{dst_err, Failed};
 use crate::copy::ops::{file_type, open_dst_dir};
 use crate::copy::place::{remove_seen, Seen};
 use crate::copy::scan::{read_names, Name};
-use crate::copy::temp::is_temp;
+use crate::copy::temp::{is_temp, TempNames};
 
 use super::Syncer;
 
@@ -46,94 +49,202 @@ impl Syncer<'_, '_> {
         path: &[u8],
         ram_deleted_at: Time,
     ) -> Result<(u64, u64), Failed> {
-        struct RemovalDir {
-            dir: OwnedFd,
-            names: std::vec::IntoIter<Name>,
-            name: CString,
-            path: Vec<u8>,
-            kept: u64,
-        }
-        let open = |parent: BorrowedFd<'_>, name: &CStr, path: Vec<u8>| -> Result<RemovalDir, Failed> {
-            let fd = open_dst_dir(parent, name).map_err(dst_err("open directory to remove"))?;
-            let names = read_names(&fd).map_err(dst_err("read directory"))?;
-            Ok(RemovalDir {
-                dir: fd,
-                names: names.into_iter(),
-                name: name.to_owned(),
-                path,
-                kept: 0,
-            })
+        remove_walk(
+            parent,
+            name,
+            path,
+            &mut Merged {
+                syncer: self,
+                ram_deleted_at,
+            },
+        )
+    }
+}
+
+/// What a removal walk does with an entry of a directory it entered.
+enum Step {
+    /// It stays, and so does every directory above it.
+    Keep,
+    /// A directory to enter ([`Rule::enter`]): its entries are decided in turn.
+    Enter,
+    /// Unlinked, whatever it is now: the write-back's own, or decided already. A
+    /// directory found there instead is entered ([`Rule::enter`]).
+    Unlink,
+    /// Unlinked only while it is still the entry looked at, through the temporary
+    /// name given (see [`remove_seen`]).
+    RemoveSeen(FileStat, CString),
+    /// The rule removed this many entries there itself (none if it was gone).
+    Gone(u64),
+}
+
+/// How a removal walk decides.
+trait Rule {
+    /// Opens the directory `name` in `parent` for the walk, or `None` to keep it (and
+    /// what it holds) as it is.
+    fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed>;
+    /// What becomes of the entry `entry` (at `path`) of the entered directory `dir`.
+    fn step(&mut self, dir: BorrowedFd<'_>, entry: &Name, path: &[u8]) -> Result<Step, Failed>;
+    /// Removes the directory `name` in `above`, which the walk emptied through `dir`:
+    /// whether it went.
+    fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, dir: &OwnedFd) -> Result<bool, Failed>;
+}
+
+/// One directory of a removal walk, listed whole when entered.
+struct Level {
+    dir: OwnedFd,
+    names: std::vec::IntoIter<Name>,
+    name: CString,
+    path: Vec<u8>,
+    kept: u64,
+}
+
+impl Level {
+    fn new(dir: OwnedFd, name: &CStr, path: Vec<u8>) -> Result<Level, Failed> {
+        let names = read_names(&dir).map_err(dst_err("read directory"))?;
+        Ok(Level {
+            dir,
+            names: names.into_iter(),
+            name: name.to_owned(),
+            path,
+            kept: 0,
+        })
+    }
+}
+
+/// Removes the directory `name` below `parent` (at `path`) as `rule` says, depth
+/// first; returns how many entries went and how many stayed in it (1 for the
+/// directory itself if the rule kept it).
+fn remove_walk(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    path: &[u8],
+    rule: &mut impl Rule,
+) -> Result<(u64, u64), Failed> {
+    let Some(top) = rule.enter(parent, name)? else {
+        return Ok((0, 1));
+    };
+    let mut removed = 0;
+    let mut stack = vec![Level::new(top, name, path.to_vec())?];
+    while let Some(level) = stack.last_mut() {
+        let Some(entry) = level.names.next() else {
+            let done = stack.pop().expect("the loop runs only while a level is stacked");
+            let above = stack.last().map_or(parent, |l| l.dir.as_fd());
+            let mut kept = done.kept;
+            if kept == 0 {
+                if rule.remove_dir(above, &done.name, &done.dir)? {
+                    removed += 1;
+                } else {
+                    kept = 1;
+                }
+            }
+            match stack.last_mut() {
+                Some(up) => up.kept += kept,
+                None => return Ok((removed, kept)),
+            }
+            continue;
         };
-        let mut removed = 0;
-        let mut stack = vec![open(parent, name, path.to_vec())?];
-        while let Some(level) = stack.last_mut() {
-            let Some(entry) = level.names.next() else {
-                let done = stack.pop().expect("the loop runs only while a level is stacked");
-                let mut kept = done.kept;
-                if kept == 0 {
-                    let above = stack.last().map_or(parent, |l| l.dir.as_fd());
-                    match unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir) {
-                        Ok(()) => removed += 1,
-                        Err(Errno::ENOTEMPTY | Errno::EEXIST) => kept = 1,
-                        Err(e) => return Err(dst_err("remove directory")(e)),
-                    }
-                }
-                match stack.last_mut() {
-                    Some(up) => up.kept += kept,
-                    None => return Ok((removed, kept)),
-                }
-                continue;
-            };
-            let dir = level.dir.as_fd();
-            if is_temp(&entry.name) {
-                removed += plain_remove(dir, &entry.name, entry.dtype, self.dst_dev)?;
+        let dir = level.dir.as_fd();
+        let mut child = level.path.clone();
+        child.push(b'/');
+        child.extend_from_slice(entry.name.to_bytes());
+        let opened = match rule.step(dir, &entry, &child)? {
+            Step::Keep => {
+                level.kept += 1;
                 continue;
             }
-            let mut child = level.path.clone();
-            child.push(b'/');
-            child.extend_from_slice(entry.name.to_bytes());
-            let d = match stat::fstatat(dir, entry.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(d) => d,
+            Step::Gone(n) => {
+                removed += n;
+                continue;
+            }
+            Step::RemoveSeen(d, temp) => {
+                if remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temp).map_err(dst_err("remove"))? {
+                    removed += 1;
+                } else {
+                    level.kept += 1;
+                }
+                continue;
+            }
+            Step::Unlink => match unistd::unlinkat(dir, entry.name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => {
+                    removed += 1;
+                    continue;
+                }
                 Err(Errno::ENOENT) => continue,
-                Err(e) => return Err(dst_err("stat")(e)),
-            };
-            let disk = Disk::Present(self.disk_sig(&child, &d));
-            let mark = self.base_mark(&child, disk);
-            let verdict = if mark.is_none() && self.copy_deleted(&child, disk) {
-                Verdict::Ram
-            } else {
-                baseline::decide(
-                    mark.as_ref(),
-                    self.base.taken,
-                    Ram::Absent,
-                    false,
-                    disk,
-                    ram_deleted_at,
-                    ram_deleted_at,
-                )
-                .verdict
-            };
-            let is_dir = file_type(&d) == libc::S_IFDIR;
-            if verdict != Verdict::Ram || (is_dir && d.st_dev != self.dst_dev) {
-                level.kept += 1;
-                continue;
-            }
-            if is_dir {
-                let next = open(dir, &entry.name, child)?;
+                Err(Errno::EISDIR) => rule.enter(dir, &entry.name)?,
+                Err(e) => return Err(dst_err("remove")(e)),
+            },
+            Step::Enter => rule.enter(dir, &entry.name)?,
+        };
+        match opened {
+            Some(fd) => {
+                let next = Level::new(fd, &entry.name, child)?;
                 stack.push(next);
-                continue;
             }
-            if d.st_nlink > 1 {
-                self.touched.insert(d.st_ino);
-            }
-            let temp = self.temps.next();
-            if remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temp).map_err(dst_err("remove"))? {
-                removed += 1;
-            } else {
-                level.kept += 1;
-            }
+            None => level.kept += 1,
         }
-        unreachable!("the last level returns")
+    }
+    unreachable!("the last level returns")
+}
+
+/// The rule's removal of a directory the RAM deleted: each entry as
+/// [`baseline::decide`] says of a name the RAM deleted then.
+struct Merged<'s, 'a, 'b> {
+    syncer: &'s mut Syncer<'a, 'b>,
+    ram_deleted_at: Time,
+}
+
+impl Rule for Merged<'_, '_, '_> {
+    fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed> {
+        open_dst_dir(parent, name)
+            .map(Some)
+            .map_err(dst_err("open directory to remove"))
+    }
+
+    fn step(&mut self, dir: BorrowedFd<'_>, entry: &Name, path: &[u8]) -> Result<Step, Failed> {
+        let s = &mut *self.syncer;
+        if is_temp(&entry.name) {
+            return plain_remove(dir, &entry.name, entry.dtype, s.dst_dev).map(Step::Gone);
+        }
+        let d = match stat::fstatat(dir, entry.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => return Ok(Step::Gone(0)),
+            Err(e) => return Err(dst_err("stat")(e)),
+        };
+        let disk = Disk::Present(s.disk_sig(path, &d));
+        let mark = s.base_mark(path, disk);
+        let verdict = if mark.is_none() && s.copy_deleted(path, disk) {
+            Verdict::Ram
+        } else {
+            baseline::decide(
+                mark.as_ref(),
+                s.base.taken,
+                Ram::Absent,
+                false,
+                disk,
+                self.ram_deleted_at,
+                self.ram_deleted_at,
+            )
+            .verdict
+        };
+        let is_dir = file_type(&d) == libc::S_IFDIR;
+        if verdict != Verdict::Ram || (is_dir && d.st_dev != s.dst_dev) {
+            return Ok(Step::Keep);
+        }
+        if is_dir {
+            return Ok(Step::Enter);
+        }
+        if d.st_nlink > 1 {
+            s.touched.insert(d.st_ino);
+        }
+        Ok(Step::RemoveSeen(d, s.temps.next()))
+    }
+
+    fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, _: &OwnedFd) -> Result<bool, Failed> {
+        match unistd::unlinkat(above, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) => Ok(false),
+            Err(e) => Err(dst_err("remove directory")(e)),
+        }
     }
 }
 
@@ -158,57 +269,38 @@ pub(super) fn plain_remove(
     remove_tree(dir, name, dev)
 }
 
-/// Removes the directory `name` below `parent` and everything in it. Each level is
-/// opened with O_NOFOLLOW|O_DIRECTORY relative to its parent and listed completely
-/// before its entries are unlinked; a level on another filesystem fails the removal.
+/// Removes the directory `name` below `parent` and everything in it; a directory on
+/// another filesystem fails the removal.
 fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, dev: u64) -> Result<u64, Failed> {
-    struct TreeDir {
-        dir: OwnedFd,
-        names: std::vec::IntoIter<Name>,
-        name: CString,
-    }
-    let open = |parent: BorrowedFd<'_>, name: &CStr| -> Result<TreeDir, Failed> {
+    remove_walk(parent, name, b"", &mut Tree { dev }).map(|(removed, _)| removed)
+}
+
+/// The removal of everything, as [`remove_tree`] does.
+struct Tree {
+    dev: u64,
+}
+
+impl Rule for Tree {
+    fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed> {
         let fd = open_dst_dir(parent, name).map_err(dst_err("open directory to remove"))?;
-        if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != dev {
+        if stat::fstat(&fd).map_err(dst_err("stat"))?.st_dev != self.dev {
             return Err(dst_err("remove a mount point")(Errno::EBUSY));
         }
-        let names = read_names(&fd).map_err(dst_err("read directory"))?;
-        Ok(TreeDir {
-            dir: fd,
-            names: names.into_iter(),
-            name: name.to_owned(),
-        })
-    };
-    let mut removed = 0;
-    let mut stack = vec![open(parent, name)?];
-    while let Some(level) = stack.last_mut() {
-        let Some(entry) = level.names.next() else {
-            let done = stack.pop().expect("the loop runs only while a level is stacked");
-            let above = stack.last().map_or(parent, |l| l.dir.as_fd());
-            unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir)
-                .map_err(dst_err("remove directory"))?;
-            removed += 1;
-            continue;
-        };
-        if entry.dtype != Some(Type::Directory) {
-            match unistd::unlinkat(
-                level.dir.as_fd(),
-                entry.name.as_c_str(),
-                UnlinkatFlags::NoRemoveDir,
-            ) {
-                Ok(()) => {
-                    removed += 1;
-                    continue;
-                }
-                Err(Errno::ENOENT) => continue,
-                Err(Errno::EISDIR) => {}
-                Err(e) => return Err(dst_err("remove")(e)),
-            }
-        }
-        let next = open(level.dir.as_fd(), &entry.name)?;
-        stack.push(next);
+        Ok(Some(fd))
     }
-    Ok(removed)
+
+    fn step(&mut self, _: BorrowedFd<'_>, entry: &Name, _: &[u8]) -> Result<Step, Failed> {
+        Ok(if entry.dtype == Some(Type::Directory) {
+            Step::Enter
+        } else {
+            Step::Unlink
+        })
+    }
+
+    fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, _: &OwnedFd) -> Result<bool, Failed> {
+        unistd::unlinkat(above, name, UnlinkatFlags::RemoveDir).map_err(dst_err("remove directory"))?;
+        Ok(true)
+    }
 }
 
 /// Removes from the directory `name` below `parent`, where an application works,
@@ -225,82 +317,62 @@ pub(super) fn remove_older(
     before: Time,
     dev: u64,
 ) -> Result<u64, Failed> {
-    struct OlderDir {
-        dir: OwnedFd,
-        names: std::vec::IntoIter<Name>,
-        name: CString,
-        kept: bool,
-    }
-    let open = |parent: BorrowedFd<'_>, name: &CStr| -> Result<Option<OlderDir>, Failed> {
+    let mut rule = Older {
+        before,
+        dev,
+        temps: TempNames::new(),
+    };
+    remove_walk(parent, name, b"", &mut rule).map(|(removed, _)| removed)
+}
+
+/// The removal of what is older than `before`, as [`remove_older`] does.
+struct Older {
+    before: Time,
+    dev: u64,
+    temps: TempNames,
+}
+
+impl Rule for Older {
+    fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed> {
         let fd = match open_dst_dir(parent, name) {
             Ok(fd) => fd,
             Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
             Err(e) => return Err(dst_err("open directory")(e)),
         };
         let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
-        if st.st_dev != dev || (st.st_ctime, st.st_ctime_nsec) >= before {
+        if st.st_dev != self.dev || (st.st_ctime, st.st_ctime_nsec) >= self.before {
             return Ok(None);
         }
-        let names = read_names(&fd).map_err(dst_err("read directory"))?;
-        Ok(Some(OlderDir {
-            dir: fd,
-            names: names.into_iter(),
-            name: name.to_owned(),
-            kept: false,
-        }))
-    };
-    let mut removed = 0;
-    let Some(top) = open(parent, name)? else {
-        return Ok(0);
-    };
-    let mut temps = crate::copy::temp::TempNames::new();
-    let mut stack = vec![top];
-    while let Some(level) = stack.last_mut() {
-        let Some(entry) = level.names.next() else {
-            let done = stack.pop().expect("the loop runs only while a level is stacked");
-            let above = stack.last().map_or(parent, |l| l.dir.as_fd());
-            // Still the directory emptied: not one the application put at its name.
-            let same = |d: &FileStat| {
-                stat::fstat(&done.dir).is_ok_and(|o| (o.st_dev, o.st_ino) == (d.st_dev, d.st_ino))
-            };
-            let kept = done.kept
-                || !stat::fstatat(above, done.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .is_ok_and(|d| same(&d))
-                || match unistd::unlinkat(above, done.name.as_c_str(), UnlinkatFlags::RemoveDir) {
-                    Ok(()) => {
-                        removed += 1;
-                        false
-                    }
-                    Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOENT) => true,
-                    Err(e) => return Err(dst_err("remove directory")(e)),
-                };
-            if let Some(up) = stack.last_mut() {
-                up.kept |= kept;
-            }
-            continue;
-        };
-        let dir = level.dir.as_fd();
+        Ok(Some(fd))
+    }
+
+    fn step(&mut self, dir: BorrowedFd<'_>, entry: &Name, _: &[u8]) -> Result<Step, Failed> {
         let d = match stat::fstatat(dir, entry.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(d) => d,
-            Err(Errno::ENOENT) => continue,
+            Err(Errno::ENOENT) => return Ok(Step::Gone(0)),
             Err(e) => return Err(dst_err("stat")(e)),
         };
         if file_type(&d) == libc::S_IFDIR {
-            match open(dir, &entry.name)? {
-                Some(next) => stack.push(next),
-                None => level.kept = true,
-            }
-            continue;
+            return Ok(Step::Enter);
         }
-        let older = (d.st_ctime, d.st_ctime_nsec) < before;
-        if older
-            && remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temps.next())
-                .map_err(dst_err("remove"))?
-        {
-            removed += 1;
+        if (d.st_ctime, d.st_ctime_nsec) < self.before {
+            Ok(Step::RemoveSeen(d, self.temps.next()))
         } else {
-            level.kept = true;
+            Ok(Step::Keep)
         }
     }
-    Ok(removed)
+
+    fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, dir: &OwnedFd) -> Result<bool, Failed> {
+        // Still the directory emptied: not one the application put at its name.
+        let same =
+            |d: &FileStat| stat::fstat(dir).is_ok_and(|o| (o.st_dev, o.st_ino) == (d.st_dev, d.st_ino));
+        if !stat::fstatat(above, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|d| same(&d)) {
+            return Ok(false);
+        }
+        match unistd::unlinkat(above, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOENT) => Ok(false),
+            Err(e) => Err(dst_err("remove directory")(e)),
+        }
+    }
 }
