@@ -1,8 +1,8 @@
 //! Removing what the RAM deleted, name by name as the rule says, and the write-back's
-//! own leftovers. Every removal of a directory is one walk ([`remove_walk`]): each
-//! level opened relative to its parent without following symlinks, listed whole
-//! before any of its entries goes, and removed once empty unless something in it
-//! stayed; a [`Rule`] says, entry by entry, what goes.
+//! own leftovers. Every removal of a directory here is one walk ([`remove_walk`]):
+//! each level opened relative to its parent without following symlinks and listed
+//! whole before any of its entries goes; a [`Rule`] says, entry by entry, what goes,
+//! and whether a level nothing stayed in goes too.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -84,8 +84,9 @@ trait Rule {
     fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed>;
     /// What becomes of the entry `entry` (at `path`) of the entered directory `dir`.
     fn step(&mut self, dir: BorrowedFd<'_>, entry: &Name, path: &[u8]) -> Result<Step, Failed>;
-    /// Removes the directory `name` in `above`, which the walk emptied through `dir`:
-    /// whether it went.
+    /// Removes the directory `name` in `above`, entered as `dir`, in which the walk
+    /// kept nothing (the application may have put something there since): whether it
+    /// went.
     fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, dir: &OwnedFd) -> Result<bool, Failed>;
 }
 
@@ -112,8 +113,9 @@ impl Level {
 }
 
 /// Removes the directory `name` below `parent` (at `path`) as `rule` says, depth
-/// first; returns how many entries went and how many stayed in it (1 for the
-/// directory itself if the rule kept it).
+/// first; returns how many entries went and how many it kept: each entry a rule
+/// kept, 1 for each level it kept nothing in that did not go, and 1 if the rule did
+/// not enter `name` at all.
 fn remove_walk(
     parent: BorrowedFd<'_>,
     name: &CStr,
@@ -187,7 +189,9 @@ fn remove_walk(
 }
 
 /// The rule's removal of a directory the RAM deleted: each entry as
-/// [`baseline::decide`] says of a name the RAM deleted then.
+/// [`baseline::decide`] says of a name the RAM deleted then (or as the seed's copy
+/// the disk deleted, [`Syncer::copy_deleted`]); the write-back's temporaries go
+/// whatever it says, and a directory on another filesystem stays.
 struct Merged<'s, 'a, 'b> {
     syncer: &'s mut Syncer<'a, 'b>,
     ram_deleted_at: Time,
