@@ -373,14 +373,8 @@ fn a_disk_that_fails_its_writes_keeps_the_ram_copy_and_loses_nothing() {
     let sb = Sandbox::new();
     let backing = sb.path("backing");
     fs::create_dir(&backing).unwrap();
-    nix::mount::mount(
-        Some("tmpfsctl-test-backing"),
-        &backing,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=80m"),
-    )
-    .unwrap();
+    // Unmounted after the loop device over its image is gone (dropped after `disk`).
+    let _backing = crate::common_copy::mount_tmpfs(&backing, "size=80m");
     let disk = LoopFs::on_image(&backing.join("disk.img"), 64, &sb.path("disk"));
     let cache = disk.mount_point.join("cache");
     fs::create_dir(&cache).unwrap();
