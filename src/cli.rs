@@ -338,7 +338,11 @@ fn parse_metrics(text: &str) -> Result<spec::MetricsTarget, String> {
 /// each command's work is in its own module.
 fn run(cli: Cli) -> Result<ExitCode> {
     let host = Host::from_env();
-    let state = State::new(&cli.state_dir);
+    // Absolute, as the units and the deletion keeper it starts (which leaves the
+    // working directory) must see it.
+    let state_dir = std::path::absolute(&cli.state_dir)
+        .with_context(|| format!("resolving the state directory {}", cli.state_dir.display()))?;
+    let state = State::new(state_dir);
     let wait = Duration::from_secs(cli.wait);
     match cli.command {
         Command::Validate { spec, root } => {

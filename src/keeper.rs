@@ -15,9 +15,9 @@
 //! - when the write-back fails, it adds what its own watch saw to the record.
 //!
 //! The record is `STATE/run/NAME.gone`: appended records of (directory handle,
-//! name), each with a checksum. Each keeper announces itself in
-//! `STATE/run/NAME.keeper.PID`. The keeper exits by itself once the held tmpfs or the
-//! record is gone. A keeper killed along with tmpfsctl leaves the gap this closes.
+//! name), each with a checksum. Keepers are found by their command line, not by a
+//! file of theirs. The keeper exits by itself once the held tmpfs or the record is
+//! gone. A keeper killed along with tmpfsctl leaves the gap this closes.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -44,13 +44,6 @@ pub const SUBCOMMAND: &str = "keep-deletions";
 
 fn record_path(state: &State, name: &str) -> PathBuf {
     state.run_dir().join(format!("{name}.gone"))
-}
-
-/// One file per keeper: a keeper whose starter was killed before it stopped the
-/// earlier keeper must not hide that one from the next attempt, which would then read
-/// the record while the earlier keeper may still hold deletions it has not written.
-fn pid_path(state: &State, name: &str, pid: u32) -> PathBuf {
-    state.run_dir().join(format!("{name}.keeper.{pid}"))
 }
 
 /// Set in a record's handle type when the deleted directory's own handle follows.
@@ -159,30 +152,25 @@ fn overflow_marker() -> Gone {
     }
 }
 
-/// The keepers running for `name`, each checked to be a keeper of `name` (not a
-/// reused pid); the pid files of those that ended go.
+/// The keepers running for `name` with this state directory, found by their command
+/// line: every process that has run the keeper's `exec`, ready or not. A file each
+/// keeper wrote once its watch was in place missed one that had not got that far (its
+/// starter killed meanwhile), and the next attempt read the record while that keeper
+/// could still hold deletions it had seen. Stopped that early, a keeper either had no
+/// watch yet (its SIGTERM ends it at once) or records what it saw and exits. One
+/// still in its `exec` shows an empty command line (the kernel lets the starter go on
+/// before the new program's arguments are in place) and is missed, but it has no
+/// watch yet: whatever it will see, the caller's watch, already in place, sees too.
 fn running(state: &State, name: &str) -> Vec<Pid> {
-    let prefix = format!("{name}.keeper.");
-    let Ok(dir) = std::fs::read_dir(state.run_dir()) else {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut keepers = Vec::new();
-    for entry in dir.flatten() {
-        let file = entry.file_name();
-        let Some(pid) = file
-            .to_str()
-            .and_then(|f| f.strip_prefix(&prefix))
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if keeps(pid, state, name) {
-            keepers.push(Pid::from_raw(pid as i32));
-        } else {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-    keepers
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id() && keeps(pid, state, name))
+        .map(|pid| Pid::from_raw(pid as i32))
+        .collect()
 }
 
 /// Whether process `pid` is a keeper of `name` with the state directory of `state`
@@ -192,8 +180,9 @@ fn keeps(pid: u32, state: &State, name: &str) -> bool {
         return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let dir = state.dir().as_os_str().as_bytes();
-    args.windows(2).any(|w| w[0] == b"--state-dir" && w[1] == dir)
+    // By components: `/run/tmpfsctl/` is the same directory.
+    let same_dir = |arg: &[u8]| Path::new(std::ffi::OsStr::from_bytes(arg)) == state.dir();
+    args.windows(2).any(|w| w[0] == b"--state-dir" && same_dir(w[1]))
         && args
             .windows(2)
             .any(|w| w[0] == SUBCOMMAND.as_bytes() && w[1] == name.as_bytes())
@@ -296,16 +285,6 @@ pub fn finish(state: &State, name: &str) {
     }
 }
 
-/// A keeper's pid file, removed when it exits (a keeper killed leaves it to
-/// [`running`]).
-struct PidFile(PathBuf);
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The keeper itself (`tmpfsctl keep-deletions NAME PID`): watches until SIGTERM, or
 /// until the held tmpfs or the record is gone; ignores the events of `parent`.
 pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
@@ -327,8 +306,6 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
     watch.ignore(parent);
     let record = record_path(state, name);
     let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;
-    let pid_file = PidFile(pid_path(state, name, std::process::id()));
-    crate::state::write_atomic(&pid_file.0, b"")?;
     // A starter killed meanwhile reads nothing: the keeper stays all the same, the
     // only watch left, for the next attempt to take over.
     let _ = crate::out::stdout().write_all(b"ready\n");
@@ -376,6 +353,35 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// A keeper is found from the moment it runs, before it has done anything of its
+    /// own: here a shell with a keeper's arguments, which never gets further.
+    #[test]
+    fn a_keeper_is_found_by_its_command_line_alone() {
+        let dir = std::env::temp_dir().join(format!("tmpfsctl-keepers-{}", std::process::id()));
+        let mut child = Command::new("sh")
+            .args(["-c", "read x", "sh", "--state-dir"])
+            .arg(format!("{}/", dir.display()))
+            .args([SUBCOMMAND, "web", "0"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("starting sh");
+        let pid = Pid::from_raw(child.id() as i32);
+        // Its arguments are in place a moment after the spawn returns (see `running`).
+        let start = Instant::now();
+        while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty()) {
+            assert!(start.elapsed() < Duration::from_secs(10), "sh never ran");
+            std::thread::yield_now();
+        }
+        let state = State::new(&dir);
+        assert_eq!(running(&state, "web"), vec![pid]);
+        assert_eq!(running(&state, "we"), vec![]);
+        assert_eq!(running(&State::new(dir.join("web")), "web"), vec![]);
+        assert!(!ended(pid));
+        drop(child.stdin.take());
+        child.wait().expect("waiting for sh");
+        assert_eq!(running(&state, "web"), vec![]);
+    }
 
     #[test]
     fn records_round_trip_and_a_torn_one_is_passed_over() {

@@ -276,29 +276,37 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
     d.run("down").code(1).stdout_has("PENDING");
     let first = keepers(state);
     assert_eq!(first.len(), 1, "the failed attempt's keeper: {first:?}");
-    // The keeper of an attempt killed right after its keeper was ready (its watch
-    // in place, its pid file written): the attempt never stopped the first keeper.
-    // A keeper's process shows before it is ready, and one not ready yet is not
-    // found by the next attempt, so the test waits for its "ready" (under load, the
-    // next attempt ran before it and never stopped it).
+    // The keeper of an attempt killed right after it started its keeper: the attempt
+    // never stopped the first one. The next attempt runs as soon as the orphan's
+    // process shows, ready or not: it must find and stop it either way (a file the
+    // keeper wrote once ready missed one started a moment before).
     let mut c = sb.cmd();
     c.arg("--state-dir")
         .arg(state)
         .args(["keep-deletions", "c", "0"])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut orphan = c.spawn().unwrap();
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(orphan.stdout.take().expect("piped")),
-        &mut ready,
-    )
-    .unwrap();
-    assert_eq!(ready, "ready\n", "the second keeper never got ready");
-    assert_eq!(keepers(state).len(), 2, "the second keeper runs beside the first");
+    // Its command line shows a moment after the spawn returns: the kernel lets the
+    // parent go on during the exec, before the new program's arguments are in place.
+    let start = std::time::Instant::now();
+    while keepers(state).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the second keeper never showed beside the first"
+        );
+        std::thread::yield_now();
+    }
     d.run("down").code(1).stdout_has("PENDING");
-    let _ = orphan.wait();
+    let start = std::time::Instant::now();
+    while orphan.try_wait().unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the orphan keeper was not stopped by the next attempt"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let left = keepers(state);
     assert_eq!(left.len(), 1, "keepers after the second attempt: {left:?}");
     assert!(
@@ -316,6 +324,41 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
+}
+
+/// A state directory given relative to the working directory is the absolute path it
+/// names (it was refused, its ancestors' owners checked from an empty path): the
+/// deletion keeper a failed `down` leaves, which leaves the working directory, goes
+/// on watching, and the next attempt finds and stops it.
+#[test]
+fn a_relative_state_directory_keeps_its_deletion_keeper() {
+    let d = SmallDisk::new();
+    seed(&d.cache, 5);
+    d.run("apply").code(0);
+    let filler = d.fill_but(1 << 20);
+    fs::write(d.cache.join("big"), vec![1u8; 4 << 20]).unwrap();
+    let relative = |cmd: &str| {
+        let mut c = d.sb.cmd();
+        c.env("TMPFSCTL_STATE_DIR", "state")
+            .current_dir(&d.disk.mount_point);
+        d.sb.run_with(c, [cmd.as_ref(), d.spec.as_os_str()])
+    };
+    relative("down").code(1).stdout_has("PENDING");
+    // Past the keeper's first look (it polls once a second).
+    std::thread::sleep(Duration::from_millis(1500));
+    let first = keepers(&d.state);
+    assert_eq!(first.len(), 1, "the failed attempt's keeper: {first:?}");
+    fs::remove_file(&filler).unwrap();
+    relative("down").code(0);
+    let start = std::time::Instant::now();
+    while !keepers(&d.state).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a keeper outlived the write-back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(fs::read(d.cache.join("big")).unwrap().len(), 4 << 20);
 }
 
 /// The application removes a directory on disk between two attempts of `down` (the
