@@ -176,6 +176,10 @@ fn running(state: &State, name: &str) -> Vec<Pid> {
 /// Whether process `pid` is a keeper of `name` with the state directory of `state`
 /// (as [`start`] runs it).
 fn keeps(pid: u32, state: &State, name: &str) -> bool {
+    // Anyone can give a process these arguments: a keeper runs as we do.
+    if !std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw()) {
+        return false;
+    }
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
@@ -354,32 +358,45 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
-    /// A keeper is found from the moment it runs, before it has done anything of its
-    /// own: here a shell with a keeper's arguments, which never gets further.
-    #[test]
-    fn a_keeper_is_found_by_its_command_line_alone() {
-        let dir = std::env::temp_dir().join(format!("tmpfsctl-keepers-{}", std::process::id()));
-        let mut child = Command::new("sh")
-            .args(["-c", "read x", "sh", "--state-dir"])
+    /// A shell with a keeper's arguments, as `uid`, which never gets further; its
+    /// arguments are in place (a moment after the spawn returns: see `running`).
+    fn fake_keeper(dir: &Path, uid: Option<u32>) -> std::process::Child {
+        let mut c = Command::new("sh");
+        c.args(["-c", "read x", "sh", "--state-dir"])
             .arg(format!("{}/", dir.display()))
             .args([SUBCOMMAND, "web", "0"])
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("starting sh");
-        let pid = Pid::from_raw(child.id() as i32);
-        // Its arguments are in place a moment after the spawn returns (see `running`).
+            .stdin(Stdio::piped());
+        if let Some(uid) = uid {
+            c.uid(uid);
+        }
+        let child = c.spawn().expect("starting sh");
         let start = Instant::now();
-        while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty()) {
+        while std::fs::read(format!("/proc/{}/cmdline", child.id())).is_ok_and(|c| c.is_empty()) {
             assert!(start.elapsed() < Duration::from_secs(10), "sh never ran");
             std::thread::yield_now();
         }
+        child
+    }
+
+    /// A keeper is found from the moment it runs, before it has done anything of its
+    /// own, and only one running as we do.
+    #[test]
+    fn a_keeper_is_found_by_its_command_line_alone() {
+        let dir = std::env::temp_dir().join(format!("tmpfsctl-keepers-{}", std::process::id()));
+        let mut child = fake_keeper(&dir, None);
+        let mut other = nix::unistd::geteuid()
+            .is_root()
+            .then(|| fake_keeper(&dir, Some(65534)));
+        let pid = Pid::from_raw(child.id() as i32);
         let state = State::new(&dir);
         assert_eq!(running(&state, "web"), vec![pid]);
         assert_eq!(running(&state, "we"), vec![]);
         assert_eq!(running(&State::new(dir.join("web")), "web"), vec![]);
         assert!(!ended(pid));
-        drop(child.stdin.take());
-        child.wait().expect("waiting for sh");
+        for c in [Some(&mut child), other.as_mut()].into_iter().flatten() {
+            drop(c.stdin.take());
+            c.wait().expect("waiting for sh");
+        }
         assert_eq!(running(&state, "web"), vec![]);
     }
 
