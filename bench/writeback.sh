@@ -11,9 +11,13 @@
 #     written by dd with direct I/O at the disk's sequential rate;
 #   - incremental: RUNS rounds, each rewriting PERMILLE/1000 of the files in the
 #     tmpfs, then timing copybench sync (reading the whole tree), copybench sync
-#     asking a change tracker (as `tmpfsctl sync` does with the agent running) and
-#     rsync -aHAX --delete, each on its own copy (the order rotates per round);
-#     plus RUNS no-op syncs of each.
+#     asking a change tracker (as `tmpfsctl sync` does with the agent running),
+#     rsync -aHAX --delete, and two tools told the rewritten files' names, with
+#     no walk and nothing made durable (what copying just the changes costs on
+#     this disk, with no tool's bookkeeping): rsync -aHAX --files-from (each file
+#     written beside and renamed over, as the write-back does) and tar -T | tar -x
+#     (each file unlinked and written again in place), each on its own copy (the
+#     order rotates per round); plus RUNS no-op syncs of each.
 # The dirty pages of the previous command are flushed (`sync -f`) before each timed
 # command, so no command pays for another's writeback; the page cache stays warm.
 # Runs in a private mount namespace: the tmpfs is invisible to the host and goes
@@ -110,7 +114,7 @@ fi
 # Two copies for the incremental rounds, each made by the tool that maintains it.
 # The baseline and journal live where tmpfsctl keeps them by default: in its state
 # directory under /run, a tmpfs.
-mkdir "$WORK/ours" "$WORK/tracked" "$WORK/theirs" "$WORK/state"
+mkdir "$WORK/ours" "$WORK/tracked" "$WORK/theirs" "$WORK/listed" "$WORK/tarred" "$WORK/state"
 mount -t tmpfs -o size=256m tmpfsctl-bench-state "$WORK/state"
 BASE=$WORK/state/ours.base
 TBASE=$WORK/state/tracked.base
@@ -123,6 +127,9 @@ sleep 0.5
 "$BENCH" sync "$SRC" "$WORK/ours" "$BASE" > /dev/null
 "$BENCH" sync "$SRC" "$WORK/tracked" "$TBASE" "$WORK/state/tracker" bench > /dev/null
 rsync -aHAX "$SRC/" "$WORK/theirs/"
+rsync -aHAX "$SRC/" "$WORK/listed/"
+rsync -aHAX "$SRC/" "$WORK/tarred/"
+: > "$WORK/changed"
 full_sync() { "$BENCH" sync "$SRC" "$WORK/ours" "$BASE"; }
 tracked_sync() {
     local out
@@ -131,19 +138,22 @@ tracked_sync() {
     grep -q '"tracked":true' <<< "$out" || { echo "tracked pass was not tracked: $out" >&2; exit 1; }
 }
 rsync_sync() { rsync -aHAX --delete "$SRC/" "$WORK/theirs/"; }
-# One round: the three tools, in an order that rotates with the round.
+listed_sync() { rsync -aHAX --from0 --files-from="$WORK/changed" "$SRC/" "$WORK/listed/"; }
+tarred_sync() {
+    tar -C "$SRC" --null -T "$WORK/changed" -cf - | tar -C "$WORK/tarred" --xattrs --acls -xpf -
+}
+# One round: the five tools, the first rotating with the round.
+tools=(full tracked rsync listed tarred)
 round() {
-    local r=$1 order
-    case $((r % 3)) in
-    0) order="full tracked rsync" ;;
-    1) order="tracked rsync full" ;;
-    *) order="rsync full tracked" ;;
-    esac
-    for t in $order; do
+    local r=$1 k t
+    for ((k = 0; k < ${#tools[@]}; k++)); do
+        t=${tools[$(( (r + k) % ${#tools[@]} ))]}
         case $t in
         full) t_full=$(time_us full_sync) ;;
         tracked) t_tracked=$(time_us tracked_sync) ;;
         rsync) t_rsync=$(time_us rsync_sync) ;;
+        listed) t_listed=$(time_us listed_sync) ;;
+        tarred) t_tarred=$(time_us tarred_sync) ;;
         esac
     done
 }
@@ -155,12 +165,12 @@ for ((r = 0; r <= RUNS; r++)); do
         noop_sync+=("$t_full") noop_tracked+=("$t_tracked") noop_rsync+=("$t_rsync")
     fi
 done
-incr_sync=() incr_tracked=() incr_rsync=()
+incr_sync=() incr_tracked=() incr_rsync=() incr_listed=() incr_tarred=()
 changed=""
 for ((r = 1; r <= RUNS; r++)); do
-    changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" 2>&1); "
+    changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" "$WORK/changed" 2>&1); "
     round "$r"
-    incr_sync+=("$t_full") incr_tracked+=("$t_tracked") incr_rsync+=("$t_rsync")
+    incr_sync+=("$t_full") incr_tracked+=("$t_tracked") incr_rsync+=("$t_rsync") incr_listed+=("$t_listed") incr_tarred+=("$t_tarred")
 done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%9.1f ms", u / 1000 }'; }
@@ -171,6 +181,8 @@ m_noop_rsync=$(printf '%s\n' "${noop_rsync[@]}" | median)
 m_incr_sync=$(printf '%s\n' "${incr_sync[@]}" | median)
 m_incr_tracked=$(printf '%s\n' "${incr_tracked[@]}" | median)
 m_incr_rsync=$(printf '%s\n' "${incr_rsync[@]}" | median)
+m_incr_listed=$(printf '%s\n' "${incr_listed[@]}" | median)
+m_incr_tarred=$(printf '%s\n' "${incr_tarred[@]}" | median)
 
 echo "tree: $(find "$SRC" -type f | wc -l) files, $(du -sh "$SRC" | cut -f1) on tmpfs -> $(findmnt -no FSTYPE -T "$WORK") under $WORK"
 echo "incremental rounds: ${changed%; }"
@@ -195,15 +207,21 @@ echo "incremental, $PERMILLE/1000 of the files rewritten (median of $RUNS):"
 echo "  copybench sync, whole tree          $(ms "$m_incr_sync")   ratio: $(ratio "$m_incr_sync" "$m_incr_rsync")"
 echo "  copybench sync, tracked             $(ms "$m_incr_tracked")   ratio: $(ratio "$m_incr_tracked" "$m_incr_rsync") (goal <= 0.1x)"
 echo "  rsync -aHAX --delete                $(ms "$m_incr_rsync")"
+echo "  told the rewritten files' names, nothing made durable:"
+echo "  rsync -aHAX --files-from            $(ms "$m_incr_listed")   ratio: $(ratio "$m_incr_listed" "$m_incr_rsync")"
+echo "  tar -T | tar -x                     $(ms "$m_incr_tarred")   ratio: $(ratio "$m_incr_tarred" "$m_incr_rsync")"
 echo
-echo "raw (us): incr whole ${incr_sync[*]}; incr tracked ${incr_tracked[*]}; incr rsync ${incr_rsync[*]}"
+echo "raw (us): incr whole ${incr_sync[*]}; incr tracked ${incr_tracked[*]}; incr rsync ${incr_rsync[*]}; incr listed ${incr_listed[*]}; incr tar ${incr_tarred[*]}"
 echo "raw (us): no-op whole ${noop_sync[*]}; no-op tracked ${noop_tracked[*]}; no-op rsync ${noop_rsync[*]}"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the host skews both sides)"
 failed=0
 # Every copy must equal the source afterwards. Checked after the figures are out: a
 # difference fails the script and puts them in doubt, but they are there to compare.
-for copy in ours tracked; do
-    diff=$(rsync -aHAXn --itemize-changes --delete "$SRC/" "$WORK/$copy/" | grep -v '^\.d\.\.t\.\.\.\.\.\. \./$' || true)
+for copy in ours tracked listed tarred; do
+    # tar, told only files, leaves their directories' times as its writes left them.
+    omit=()
+    [ "$copy" = tarred ] && omit=(--omit-dir-times)
+    diff=$(rsync -aHAXn "${omit[@]}" --itemize-changes --delete "$SRC/" "$WORK/$copy/" | grep -v '^\.d\.\.t\.\.\.\.\.\. \./$' || true)
     if [ -n "$diff" ]; then
         echo "the write-back copy $copy differs from the source:" >&2
         echo "$diff" | head >&2

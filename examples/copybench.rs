@@ -15,8 +15,10 @@
 //!                                    write a test tree: 90% 1–8 KiB files, 10% 64 KiB–1 MiB
 //!                                    (log-uniform), or all of SIZE bytes; 100 files a
 //!                                    directory, 10 directories a group; default 100000 files
-//! copybench mutate DIR PERMILLE SEED rewrite PERMILLE/1000 of the files below DIR with
-//!                                    new contents of another size
+//! copybench mutate DIR PERMILLE SEED [LIST]
+//!                                    rewrite PERMILLE/1000 of the files below DIR with
+//!                                    new contents of another size; with LIST, write
+//!                                    their paths relative to DIR there, NUL-terminated
 //! ```
 //!
 //! `seed` and `sync` print the elapsed seconds on the first line of stdout, then the
@@ -104,12 +106,12 @@ fn main() -> ExitCode {
         (Some("mutate"), Some(dir), Some(permille)) => {
             let permille = permille.parse().expect("PERMILLE is a number");
             let seed = arg(3).map_or(1, |n| n.parse().expect("SEED is a number"));
-            mutate(Path::new(dir), permille, seed);
+            mutate(Path::new(dir), permille, seed, arg(4).map(Path::new));
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: copybench seed|sync SRC DST [BASE [STATE NAME]] | track SRC STATE NAME | gen DIR [FILES] [SEED] [SIZE] | mutate DIR PERMILLE SEED"
+                "usage: copybench seed|sync SRC DST [BASE [STATE NAME]] | track SRC STATE NAME | gen DIR [FILES] [SEED] [SIZE] | mutate DIR PERMILLE SEED [LIST]"
             );
             return ExitCode::from(2);
         }
@@ -199,7 +201,7 @@ fn generate(dir: &Path, files: usize, seed: u64, size: Option<usize>) {
     );
 }
 
-fn mutate(dir: &Path, permille: u64, seed: u64) {
+fn mutate(dir: &Path, permille: u64, seed: u64, list: Option<&Path>) {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(d) = pending.pop() {
@@ -216,6 +218,7 @@ fn mutate(dir: &Path, permille: u64, seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let mut buf = Vec::new();
     let (mut changed, mut bytes) = (0, 0);
+    let mut names = Vec::new();
     for path in &files {
         if rng.below(1000) < permille {
             let old = fs::metadata(path).expect("stat").len() as usize;
@@ -225,9 +228,15 @@ fn mutate(dir: &Path, permille: u64, seed: u64) {
             }
             rng.fill(&mut buf, len);
             fs::write(path, &buf).expect("rewrite");
+            let name = path.strip_prefix(dir).expect("found below DIR");
+            names.extend_from_slice(name.as_os_str().as_encoded_bytes());
+            names.push(0);
             changed += 1;
             bytes += len;
         }
+    }
+    if let Some(list) = list {
+        fs::write(list, &names).expect("write LIST");
     }
     eprintln!(
         "rewrote {changed} of {} files, {:.1} MiB",
