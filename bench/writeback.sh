@@ -23,8 +23,11 @@
 # Runs in a private mount namespace: the tmpfs is invisible to the host and goes
 # away with the script. Prints medians and ratios.
 #
-# Usage: sudo bench/writeback.sh   (env: FILES RUNS FULL_RUNS PERMILLE; FULL_RUNS=0
-# skips the full copies)
+# The copies are written where DEST says (default /tmp): a directory on the
+# filesystem to measure, such as a fresh one on a loop device.
+#
+# Usage: sudo bench/writeback.sh   (env: FILES RUNS FULL_RUNS PERMILLE DEST;
+# FULL_RUNS=0 skips the full copies)
 set -euo pipefail
 if [ "${TMPFSCTL_BENCH_INNER:-}" != 1 ]; then
     cd "$(dirname "$0")/.."
@@ -36,7 +39,8 @@ RUNS=${RUNS:-5}
 FULL_RUNS=${FULL_RUNS:-3}
 PERMILLE=${PERMILLE:-10}
 BENCH=${BENCH:-$PWD/target/release/examples/copybench}
-WORK=$(mktemp -d /tmp/tmpfsctl-wb-bench-XXXXXX)
+DEST=${DEST:-/tmp}
+WORK=$(mktemp -d "$DEST/tmpfsctl-wb-bench-XXXXXX")
 cleanup() {
     umount -l "$WORK/src" 2>/dev/null || true
     umount -l "$WORK/state" 2>/dev/null || true
@@ -56,6 +60,19 @@ time_us() {
     "$@" > /dev/null
     local e=$EPOCHREALTIME
     echo $(( ${e/./} - ${s/./} ))
+}
+
+# "WALL CPU" of "$@" in microseconds, CPU being the user and system time of the
+# command and its children (bash's `time`: from the kernel's exact run time, not
+# sampled ticks). A copy that leaves its data to the kernel's flusher threads
+# (cp, rsync) does not count their work; the write-back starts its own writeback.
+time_cpu_us() {
+    sync -f "$WORK"
+    local s=$EPOCHREALTIME e cpu u sy TIMEFORMAT='%3U %3S'
+    cpu=$({ time "$@" > /dev/null 2> "$WORK/stderr"; } 2>&1) || { cat "$WORK/stderr" >&2; return 1; }
+    e=$EPOCHREALTIME
+    read -r u sy <<< "$cpu"
+    echo "$(( ${e/./} - ${s/./} )) $(( 10#${u/./} * 1000 + 10#${sy/./} * 1000 ))"
 }
 
 median() {
@@ -80,7 +97,7 @@ if ((FULL_RUNS > 0)); then
     have=$(df -k --output=avail "$WORK" | tail -1)
     ((need < have)) || { echo "the full runs need $need KiB free under $WORK, there are $have" >&2; exit 1; }
 fi
-declare -A full_runs
+declare -A full_runs full_cpu
 for ((r = 0; r < FULL_RUNS; r++)); do
     # The tools take turns, the first rotating with the round.
     for ((k = 0; k < ${#full_tools[@]}; k++)); do
@@ -88,16 +105,19 @@ for ((r = 0; r < FULL_RUNS; r++)); do
         dst=$WORK/full.$r.$tool
         mkdir "$dst"
         case $tool in
-        sync) full_runs[$tool]+="$(time_us "$BENCH" sync "$SRC" "$dst") " ;;
-        cp) full_runs[$tool]+="$(time_us cp -a "$SRC/." "$dst/") " ;;
-        rsync) full_runs[$tool]+="$(time_us rsync -aHAX "$SRC/" "$dst/") " ;;
-        cp_sync) full_runs[$tool]+="$(time_us cp_and_flush "$dst") " ;;
+        sync) t=$(time_cpu_us "$BENCH" sync "$SRC" "$dst") ;;
+        cp) t=$(time_cpu_us cp -a "$SRC/." "$dst/") ;;
+        rsync) t=$(time_cpu_us rsync -aHAX "$SRC/" "$dst/") ;;
+        cp_sync) t=$(time_cpu_us cp_and_flush "$dst") ;;
         esac
+        full_runs[$tool]+="${t% *} " full_cpu[$tool]+="${t#* } "
     done
 done
+declare -A full_cpu_median
 if ((FULL_RUNS > 0)); then
     for tool in "${full_tools[@]}"; do
         full[$tool]=$(printf '%s\n' ${full_runs[$tool]} | median)
+        full_cpu_median[$tool]=$(printf '%s\n' ${full_cpu[$tool]} | median)
     done
     # The floor of any durable copy: the tree's bytes written in one stream with
     # direct I/O and flushed, at the disk's sequential rate (one file, so its
@@ -195,7 +215,9 @@ if ((FULL_RUNS > 0)); then
     echo "  cp -a; sync -f                      $(ms "${full[cp_sync]}")   sync/(cp+sync): $(ratio "${full[sync]}" "${full[cp_sync]}")"
     echo "  the tree's bytes at the disk's sequential write rate (dd oflag=direct, $tree_mib MiB):"
     echo "                                      $(ms "$floor")   floor/cp:       $(ratio "$floor" "${full[cp]}")"
-    for tool in "${full_tools[@]}"; do echo "  raw (us) $tool: ${full_runs[$tool]}"; done
+    echo "  CPU (user + system; median):        sync $(ms "${full_cpu_median[sync]}"), cp -a $(ms "${full_cpu_median[cp]}")"
+    echo "  a copy at 0.5x cp -a on $(nproc) CPUs has at most $(ms $(( ${full[cp]} / 2 * $(nproc) ))) of CPU"
+    for tool in "${full_tools[@]}"; do echo "  raw (us) $tool: wall ${full_runs[$tool]}; CPU ${full_cpu[$tool]}"; done
     echo
 fi
 echo "no change (median of $RUNS):"
