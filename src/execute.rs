@@ -131,7 +131,12 @@ pub fn apply(spec: &Spec, plan: &Plan, state: &State, opts: &ApplyOptions) -> Re
     }
     // Devices of mounts rolled back above, or left half-built by a crash.
     match backend::release_unused(state) {
-        Ok(freed) => cleanup.extend(freed),
+        Ok(released) => {
+            for held in &released.held {
+                tracing::warn!("{held}");
+            }
+            cleanup.extend(released.freed);
+        }
         Err(e) => cleanup.push(format!("freeing unused devices FAILED: {e:#}")),
     }
     Ok(ApplyReport {

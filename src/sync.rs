@@ -379,7 +379,9 @@ pub fn clean_up(name: &str, table: &MountTable, state: &State) -> Result<()> {
         remove_side_dir(&side)?;
     }
     // The mount is gone (or detached while busy: then its device stays, for later).
-    crate::backend::release_unused(state)?;
+    for held in crate::backend::release_unused(state)?.held {
+        tracing::warn!("{held}");
+    }
     state.forget(name)
 }
 

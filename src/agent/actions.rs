@@ -308,6 +308,8 @@ impl Agent {
                 for s in &r.syncs {
                     self.record_sync(i, s);
                 }
+                // Its device may outlive the mount for a while.
+                self.release_at = Some(Instant::now() + RELEASE_RETRY);
                 return Some((r, (busy, lock)));
             }
             Err(e) => format!("{called} failed: {e:#}"),
@@ -457,6 +459,39 @@ impl Agent {
                 Err(e) => error!("{name}: periodic write-back failed: {e:#}"),
             }
             self.mounts[i].next_sync = Some(decide::deadline(Instant::now(), secs));
+        }
+    }
+
+    /// Frees the devices no mount uses any more, once the kernel lets them go. A
+    /// take-out (`down`'s) detaches a busy mount lazily: its filesystem, and the
+    /// device's RAM, live on until the last file open there is closed, or a
+    /// `sync` of the whole host that holds it ends; `down` then keeps the device
+    /// (and says so), and tried only once, its RAM stayed held until the next
+    /// `down` or `apply`, long after the fallback that was to give it back. Tried
+    /// every [`RELEASE_RETRY`] while one is left; each try is a few system calls
+    /// under the state lock, and waits for nothing.
+    pub(super) fn release_devices(&mut self) {
+        if self.release_at.is_none_or(|t| Instant::now() < t) {
+            return;
+        }
+        self.release_at = Some(Instant::now() + RELEASE_RETRY);
+        // Never beside an `apply` or `down`: a device they are building has no mount yet.
+        let Ok(_lock) = self.state.lock(Duration::ZERO) else {
+            return;
+        };
+        match crate::backend::release_unused(&self.state) {
+            Ok(r) => {
+                for freed in &r.freed {
+                    info!("{freed}");
+                }
+                for held in &r.held {
+                    debug!("{held}");
+                }
+                if r.held.is_empty() {
+                    self.release_at = None;
+                }
+            }
+            Err(e) => debug!("freeing unused devices: {e:#}"),
         }
     }
 

@@ -92,6 +92,10 @@ const METRICS_REFRESH: Duration = Duration::from_secs(5);
 /// The mount table is re-read at least this often (besides on change).
 const RESCAN_EVERY: Duration = Duration::from_secs(30);
 
+/// How often devices a take-out left open are tried again (see
+/// [`Agent::release_devices`]).
+const RELEASE_RETRY: Duration = Duration::from_secs(2);
+
 /// With fanotify, how often quiet mounts are measured anyway.
 const IDLE_MEASURE: Duration = Duration::from_secs(30);
 
@@ -297,6 +301,9 @@ struct Agent {
     psi_warned: bool,
     alive: Arc<Alive>,
     last_rescan: Instant,
+    /// When to try again to free the devices of mounts taken out (see
+    /// [`Agent::release_devices`]); none while none is left.
+    release_at: Option<Instant>,
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -396,6 +403,8 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         psi_warned: false,
         alive,
         last_rescan: Instant::now(),
+        // Devices an earlier agent's take-out left open may be free by now.
+        release_at: Some(Instant::now()),
     };
     agent.settings();
     info!(
@@ -619,12 +628,13 @@ impl Agent {
             }
             self.periodic_syncs();
             self.reoffloads();
+            self.release_devices();
             self.publish();
         }
     }
 
     /// When the loop must wake at the latest: the next check, write-back,
-    /// reload, re-offload, watchdog ping, metrics refresh, or the end of the
+    /// reload, re-offload, device release, watchdog ping, metrics refresh, or the end of the
     /// fanotify gap (`wake_gap_end`, while fanotify is closed).
     fn deadline(
         &self,
@@ -636,7 +646,11 @@ impl Agent {
     ) -> Instant {
         let mut deadline = next_check.min(now + METRICS_REFRESH);
         let syncs = self.mounts.iter().filter_map(|w| w.next_sync);
-        for t in syncs.chain(reload_at).chain(self.next_reoffload()) {
+        for t in syncs
+            .chain(reload_at)
+            .chain(self.next_reoffload())
+            .chain(self.release_at)
+        {
             deadline = deadline.min(t);
         }
         if let Some(p) = watchdog_period {

@@ -109,11 +109,21 @@ pub fn remount(target: &Path, o: &MountOptions) -> Result<(), Errno> {
     }
 }
 
+/// What [`release_unused`] did, one line per device.
+#[derive(Debug, Default)]
+pub struct Released {
+    pub freed: Vec<String>,
+    /// Devices kept for a later call, each with why: still open (a mount
+    /// detached while busy), or failing to reset.
+    pub held: Vec<String>,
+}
+
 /// Frees the devices recorded in `state` that no mount uses any more (a
 /// mount taken down, rolled back, or left half-built by a crash); tmpfs has
-/// none. What it freed is described, one line per device. A device still
-/// open (a mount detached while busy) is kept for a later call.
-pub fn release_unused(state: &State) -> anyhow::Result<Vec<String>> {
+/// none. A device still open (a mount detached while busy) is kept for a
+/// later call. Must run with the state lock held: a device being built has
+/// no mount yet.
+pub fn release_unused(state: &State) -> anyhow::Result<Released> {
     zram::release_unused(state)
 }
 

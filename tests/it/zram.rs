@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::common::{mode_of, owner_of, Sandbox};
 
@@ -653,6 +654,43 @@ fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
     assert!(
         text.contains("RAM ") && text.contains("(high 2MiB)"),
         "the reason names the RAM: {st:#}"
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
+/// A fallback while a process keeps a file open on the device: the mount is
+/// detached lazily and its filesystem lives on, so the device (its RAM) cannot go
+/// yet. Once the file is closed the agent frees it, with no `down` or `apply`.
+#[test]
+fn zram_agent_frees_the_device_a_fallback_left_open_once_it_is_closed() {
+    let zb = ZramBox::new();
+    let sb = &zb.sb;
+    let (cache, _spec, mut agent) =
+        agent_on_zram(sb, "    watchdog: { memory: { high: 2MiB }, action: fallback }\n");
+    let (n, seq, _) = zb.recorded()[0].clone();
+    let held = fs::File::create(cache.join("held")).unwrap();
+    incompressible(&cache, "r", 16, 256 << 10, 1_000_000);
+    agent.wait_for("the fallback on RAM", |m| m.state("cache") == Some("fallback"));
+    assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts_at(&cache));
+    // Past the agent's first tries: the file still holds the filesystem.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!gone(n, seq), "zram{n} went while a file on it was open");
+    drop(held);
+    let start = Instant::now();
+    while !gone(n, seq) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "zram{n} was not freed once its last file was closed\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        agent
+            .log()
+            .contains(&format!("remove zram device zram{n} of `cache`")),
+        "{}",
+        agent.log()
     );
     assert_eq!(agent.stop(), 0);
 }

@@ -214,7 +214,7 @@ pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
         let reset = rec.sys().join("reset");
         reset_when_closed(&reset, rec.device).map_err(|e| {
             let why = if e.raw_os_error() == Some(libc::EBUSY) {
-                "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); it is removed by a later `down` or `apply` once it is free".to_string()
+                "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); once it is free, the agent removes it (it tries every few seconds), or a later `down` or `apply` does".to_string()
             } else {
                 e.to_string()
             };
@@ -268,14 +268,14 @@ fn fs_lives_on(n: u32) -> bool {
 
 /// See `backend::release_unused`: the recorded devices with no filesystem
 /// mounted in this mount namespace are removed. One the kernel still holds
-/// open stays recorded, with a warning.
-pub fn release_unused(state: &State) -> Result<Vec<String>> {
+/// open stays recorded.
+pub fn release_unused(state: &State) -> Result<crate::backend::Released> {
+    let mut done = crate::backend::Released::default();
     let recs = records(state);
     if recs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(done);
     }
     let table = MountTable::read(Path::new("/proc/thread-self/mountinfo"))?;
-    let mut done = Vec::new();
     for rec in recs {
         // btrfs shows a device number of its own, and the device by its path.
         let on = |e: &crate::host::mountinfo::MountEntry, d| {
@@ -286,8 +286,10 @@ pub fn release_unused(state: &State) -> Result<Vec<String>> {
             continue;
         }
         match remove(state, &rec) {
-            Ok(()) => done.push(format!("remove zram device zram{} of `{}`", rec.device, rec.name)),
-            Err(e) => tracing::warn!("{}: {e:#}", rec.name),
+            Ok(()) => done
+                .freed
+                .push(format!("remove zram device zram{} of `{}`", rec.device, rec.name)),
+            Err(e) => done.held.push(format!("{}: {e:#}", rec.name)),
         }
     }
     Ok(done)
