@@ -184,8 +184,16 @@ fn keeps(pid: u32, state: &State, name: &str) -> bool {
         return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    // By components: `/run/tmpfsctl/` is the same directory.
-    let same_dir = |arg: &[u8]| Path::new(std::ffi::OsStr::from_bytes(arg)) == state.dir();
+    // The same directory however spelled: `/run/tmpfsctl/`, or through a symlink
+    // (`/var/run/tmpfsctl`).
+    let same_dir = |arg: &[u8]| {
+        let arg = Path::new(std::ffi::OsStr::from_bytes(arg));
+        arg == state.dir()
+            || match (std::fs::metadata(arg), std::fs::metadata(state.dir())) {
+                (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+                _ => false,
+            }
+    };
     args.windows(2).any(|w| w[0] == b"--state-dir" && same_dir(w[1]))
         && args
             .windows(2)
@@ -363,7 +371,7 @@ mod tests {
     fn fake_keeper(dir: &Path, uid: Option<u32>) -> std::process::Child {
         let mut c = Command::new("sh");
         c.args(["-c", "read x", "sh", "--state-dir"])
-            .arg(format!("{}/", dir.display()))
+            .arg(dir)
             .args([SUBCOMMAND, "web", "0"])
             .stdin(Stdio::piped());
         if let Some(uid) = uid {
@@ -379,25 +387,30 @@ mod tests {
     }
 
     /// A keeper is found from the moment it runs, before it has done anything of its
-    /// own, and only one running as we do.
+    /// own, with its state directory however spelled, and only one running as we do.
     #[test]
     fn a_keeper_is_found_by_its_command_line_alone() {
-        let dir = std::env::temp_dir().join(format!("tmpfsctl-keepers-{}", std::process::id()));
-        let mut child = fake_keeper(&dir, None);
-        let mut other = nix::unistd::geteuid()
-            .is_root()
-            .then(|| fake_keeper(&dir, Some(65534)));
-        let pid = Pid::from_raw(child.id() as i32);
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        let dir = tmp.path().join("state");
+        std::fs::create_dir(&dir).expect("creating the state directory");
+        std::os::unix::fs::symlink(&dir, tmp.path().join("link")).expect("a symlink to it");
         let state = State::new(&dir);
-        assert_eq!(running(&state, "web"), vec![pid]);
-        assert_eq!(running(&state, "we"), vec![]);
-        assert_eq!(running(&State::new(dir.join("web")), "web"), vec![]);
-        assert!(!ended(pid));
-        for c in [Some(&mut child), other.as_mut()].into_iter().flatten() {
-            drop(c.stdin.take());
-            c.wait().expect("waiting for sh");
+        for spelled in [dir.join(""), tmp.path().join("link")] {
+            let mut child = fake_keeper(&spelled, None);
+            let mut other = nix::unistd::geteuid()
+                .is_root()
+                .then(|| fake_keeper(&spelled, Some(65534)));
+            let pid = Pid::from_raw(child.id() as i32);
+            assert_eq!(running(&state, "web"), vec![pid], "{}", spelled.display());
+            assert_eq!(running(&state, "we"), vec![]);
+            assert_eq!(running(&State::new(tmp.path()), "web"), vec![]);
+            assert!(!ended(pid));
+            for c in [Some(&mut child), other.as_mut()].into_iter().flatten() {
+                drop(c.stdin.take());
+                c.wait().expect("waiting for sh");
+            }
+            assert_eq!(running(&state, "web"), vec![]);
         }
-        assert_eq!(running(&state, "web"), vec![]);
     }
 
     #[test]

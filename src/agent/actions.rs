@@ -310,6 +310,7 @@ impl Agent {
                 }
                 // Its device may outlive the mount for a while.
                 self.release_at = Some(Instant::now() + RELEASE_RETRY);
+                self.release_every = RELEASE_RETRY;
                 return Some((r, (busy, lock)));
             }
             Err(e) => format!("{called} failed: {e:#}"),
@@ -468,30 +469,46 @@ impl Agent {
     /// `sync` of the whole host that holds it ends; `down` then keeps the device
     /// (and says so), and tried only once, its RAM stayed held until the next
     /// `down` or `apply`, long after the fallback that was to give it back. Tried
-    /// every [`RELEASE_RETRY`] while one is left; each try is a few system calls
-    /// under the state lock, and waits for nothing.
+    /// after the agent's own take-outs, at start, and whenever the mount table is
+    /// read again while devices are recorded (a `down` or `sync` of the operator's
+    /// may have left one), then again while one is left, after [`RELEASE_RETRY`]
+    /// at first and twice as long each time, up to [`RELEASE_RETRY_MAX`] (a
+    /// device mounted in another mount namespace stays for as long as that
+    /// mount); each try is a few system calls under the state lock, and waits
+    /// for nothing.
     pub(super) fn release_devices(&mut self) {
         if self.release_at.is_none_or(|t| Instant::now() < t) {
             return;
         }
-        self.release_at = Some(Instant::now() + RELEASE_RETRY);
-        // Never beside an `apply` or `down`: a device they are building has no mount yet.
-        let Ok(_lock) = self.state.lock(Duration::ZERO) else {
-            return;
-        };
-        match crate::backend::release_unused(&self.state) {
-            Ok(r) => {
-                for freed in &r.freed {
-                    info!("{freed}");
+        // Never beside an `apply`, `down` or `bench`: a device they are building has
+        // no mount yet.
+        let done = match self.state.lock(Duration::ZERO) {
+            Ok(_lock) => match crate::backend::release_unused_now(&self.state) {
+                Ok(r) => {
+                    for freed in &r.freed {
+                        info!("{freed}");
+                    }
+                    for held in &r.held {
+                        debug!("{held}");
+                    }
+                    r.held.is_empty()
                 }
-                for held in &r.held {
-                    debug!("{held}");
+                Err(e) => {
+                    debug!("freeing unused devices: {e:#}");
+                    false
                 }
-                if r.held.is_empty() {
-                    self.release_at = None;
-                }
+            },
+            Err(e) => {
+                debug!("freeing unused devices: {e}");
+                false
             }
-            Err(e) => debug!("freeing unused devices: {e:#}"),
+        };
+        if done {
+            self.release_at = None;
+            self.release_every = RELEASE_RETRY;
+        } else {
+            self.release_at = Some(Instant::now() + self.release_every);
+            self.release_every = (self.release_every * 2).min(RELEASE_RETRY_MAX);
         }
     }
 

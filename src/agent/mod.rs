@@ -92,9 +92,10 @@ const METRICS_REFRESH: Duration = Duration::from_secs(5);
 /// The mount table is re-read at least this often (besides on change).
 const RESCAN_EVERY: Duration = Duration::from_secs(30);
 
-/// How often devices a take-out left open are tried again (see
-/// [`Agent::release_devices`]).
+/// How soon devices a take-out left open are tried again, at first and at most
+/// (see [`Agent::release_devices`]).
 const RELEASE_RETRY: Duration = Duration::from_secs(2);
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// With fanotify, how often quiet mounts are measured anyway.
 const IDLE_MEASURE: Duration = Duration::from_secs(30);
@@ -304,6 +305,8 @@ struct Agent {
     /// When to try again to free the devices of mounts taken out (see
     /// [`Agent::release_devices`]); none while none is left.
     release_at: Option<Instant>,
+    /// The wait before the next try while a device stays open.
+    release_every: Duration,
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -405,6 +408,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         last_rescan: Instant::now(),
         // Devices an earlier agent's take-out left open may be free by now.
         release_at: Some(Instant::now()),
+        release_every: RELEASE_RETRY,
     };
     agent.settings();
     info!(

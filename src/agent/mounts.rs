@@ -20,6 +20,9 @@ impl Agent {
     /// stops watching those that went, and refreshes each mount's state.
     pub(super) fn rescan(&mut self) {
         self.last_rescan = Instant::now();
+        if crate::backend::any_recorded(&self.state) {
+            self.release_at.get_or_insert_with(Instant::now);
+        }
         let table = match self.host.mounts() {
             Ok(t) => t,
             Err(e) => {

@@ -127,6 +127,17 @@ pub fn release_unused(state: &State) -> anyhow::Result<Released> {
     zram::release_unused(state)
 }
 
+/// [`release_unused`] without waiting for a device just closed by others (udev,
+/// blkid) to be free, for a caller that tries again later.
+pub fn release_unused_now(state: &State) -> anyhow::Result<Released> {
+    zram::release_unused_now(state)
+}
+
+/// Whether any device is recorded in `state`, in use or not.
+pub fn any_recorded(state: &State) -> bool {
+    zram::any_recorded(state)
+}
+
 /// Whether `e` is the mount with `source` (`tmpfsctl-NAME`, see
 /// `spec::source_for`): how tmpfsctl knows a mount of its own from anybody
 /// else's.

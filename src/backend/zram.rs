@@ -30,7 +30,7 @@ use crate::spec::size::format_bytes;
 use crate::spec::{Flags, MountSpec, ZramFs, SOURCE_PREFIX};
 use crate::state::State;
 
-pub use device::release_unused;
+pub use device::{any_recorded, release_unused, release_unused_now};
 
 /// The backend's name, as `plan` shows it.
 pub const NAME: &str = "zram";
@@ -187,6 +187,11 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new(source: &str, target: &Path, o: &ZramOptions, state: &State) -> Result<Scratch> {
+        // Between its record and its mount a device is in use by nobody the kernel
+        // knows of: an agent freeing unused devices must not take it meanwhile.
+        let _lock = state
+            .lock(std::time::Duration::from_secs(10))
+            .context("waiting for the state lock to make a zram device")?;
         Ok(Scratch {
             rec: make(source, target, o, state)?,
             target: target.to_path_buf(),

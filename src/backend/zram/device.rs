@@ -210,11 +210,16 @@ pub fn records(state: &State) -> Vec<DeviceRecord> {
 /// Resets and removes the device, then forgets it. A record whose device is
 /// gone, or is somebody else's by now, is only forgotten.
 pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
+    remove_within(state, rec, RESET_PATIENCE)
+}
+
+/// [`remove`], waiting up to `patience` for the device to be closed.
+fn remove_within(state: &State, rec: &DeviceRecord, patience: std::time::Duration) -> Result<()> {
     if rec.still_ours() {
         let reset = rec.sys().join("reset");
-        reset_when_closed(&reset, rec.device).map_err(|e| {
+        reset_when_closed(&reset, rec.device, patience).map_err(|e| {
             let why = if e.raw_os_error() == Some(libc::EBUSY) {
-                "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); once it is free, the agent removes it (it tries every few seconds), or a later `down` or `apply` does".to_string()
+                "still open (a mount of it was detached while busy, or it is mounted in another mount namespace); once it is free, the agent removes it (it tries again from time to time), or a later `down` or `apply` does".to_string()
             } else {
                 e.to_string()
             };
@@ -236,18 +241,16 @@ pub fn remove(state: &State, rec: &DeviceRecord) -> Result<()> {
 /// (blkid), and btrfs-progs and blkid read every device's superblock.
 const RESET_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Resets zramN, again while it is busy (EBUSY) for up to [`RESET_PATIENCE`]:
-/// not when a filesystem on it still lives (a mount detached while busy),
-/// which holds it until its last user goes.
-fn reset_when_closed(reset: &Path, n: u32) -> std::io::Result<()> {
+/// Resets zramN, again while it is busy (EBUSY) for up to `patience`: not
+/// when a filesystem on it still lives (a mount detached while busy), which
+/// holds it until its last user goes.
+fn reset_when_closed(reset: &Path, n: u32, patience: std::time::Duration) -> std::io::Result<()> {
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(5);
     loop {
         match write(reset, "1") {
             Err(e)
-                if e.raw_os_error() == Some(libc::EBUSY)
-                    && start.elapsed() < RESET_PATIENCE
-                    && !fs_lives_on(n) =>
+                if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < patience && !fs_lives_on(n) =>
             {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(std::time::Duration::from_millis(200));
@@ -270,6 +273,21 @@ fn fs_lives_on(n: u32) -> bool {
 /// mounted in this mount namespace are removed. One the kernel still holds
 /// open stays recorded.
 pub fn release_unused(state: &State) -> Result<crate::backend::Released> {
+    release_within(state, RESET_PATIENCE)
+}
+
+/// [`release_unused`] without waiting for a device to be closed, for a caller
+/// that tries again later.
+pub fn release_unused_now(state: &State) -> Result<crate::backend::Released> {
+    release_within(state, std::time::Duration::ZERO)
+}
+
+/// Whether any device is recorded.
+pub fn any_recorded(state: &State) -> bool {
+    fs::read_dir(state.zram_root()).is_ok_and(|mut d| d.next().is_some())
+}
+
+fn release_within(state: &State, patience: std::time::Duration) -> Result<crate::backend::Released> {
     let mut done = crate::backend::Released::default();
     let recs = records(state);
     if recs.is_empty() {
@@ -285,7 +303,7 @@ pub fn release_unused(state: &State) -> Result<crate::backend::Released> {
         if mounted {
             continue;
         }
-        match remove(state, &rec) {
+        match remove_within(state, &rec, patience) {
             Ok(()) => done
                 .freed
                 .push(format!("remove zram device zram{} of `{}`", rec.device, rec.name)),
