@@ -127,10 +127,10 @@ fn record_at(data: &[u8]) -> Option<(Gone, usize)> {
     Some((gone_of(body)?, 12 + len))
 }
 
-fn open_record(path: &Path) -> std::io::Result<File> {
+fn open_record(path: &Path, create: bool) -> std::io::Result<File> {
     OpenOptions::new()
         .append(true)
-        .create(true)
+        .create(create)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
@@ -248,6 +248,9 @@ pub fn take_over(state: &State, name: &str, watch: &mut Deletions) {
 /// Starts a keeper for `name`; returns once its watch is in place.
 fn start(state: &State, name: &str) -> Result<()> {
     state.ensure_run_dir()?;
+    // The keeper only appends to a record that exists (see `run`).
+    let record = record_path(state, name);
+    open_record(&record, true).with_context(|| format!("creating {}", record.display()))?;
     let exe = std::env::current_exe().context("finding this executable to start a keeper")?;
     let mut child = Command::new(exe)
         .arg("--state-dir")
@@ -281,7 +284,7 @@ fn start(state: &State, name: &str) -> Result<()> {
 pub fn hand_over(state: &State, name: &str, watch: &mut Deletions) -> Result<()> {
     state.ensure_run_dir()?;
     let path = record_path(state, name);
-    let mut file = open_record(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file = open_record(&path, true).with_context(|| format!("opening {}", path.display()))?;
     let mut seen = watch.seen();
     if watch.overflowed() {
         seen.push(overflow_marker());
@@ -317,7 +320,14 @@ pub fn run(state: &State, name: &str, parent: i32) -> Result<ExitCode> {
         Deletions::watch(&state.side(name)).map_err(|e| anyhow::anyhow!("watching for deletions: {e}"))?;
     watch.ignore(parent);
     let record = record_path(state, name);
-    let mut file = open_record(&record).with_context(|| format!("opening {}", record.display()))?;
+    // Its starter made the record. Gone by now, the write-back it was started for
+    // succeeded (a keeper missed while still in its `exec`, its starter killed):
+    // made again, the next write-back would take the names it records then for
+    // deletions of its own.
+    let mut file = match open_record(&record, false) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ExitCode::Ok),
+        r => r.with_context(|| format!("opening {}", record.display()))?,
+    };
     // A starter killed meanwhile reads nothing: the keeper stays all the same, the
     // only watch left, for the next attempt to take over.
     let _ = crate::out::stdout().write_all(b"ready\n");

@@ -326,6 +326,30 @@ fn every_earlier_deletion_keeper_is_stopped_before_its_record_is_read() {
     assert_eq!(fs::read(cache.join("big")).unwrap().len(), 4 << 20);
 }
 
+/// A keeper that comes up after the write-back it was started for succeeded (and
+/// removed the record) ends at once and does not make the record again: the next
+/// write-back would take what it recorded meanwhile for deletions of its own.
+#[test]
+fn a_keeper_whose_record_is_gone_ends_without_making_it_again() {
+    let d = SmallDisk::new();
+    seed(&d.cache, 5);
+    d.run("apply").code(0);
+    let mut c = d.sb.cmd();
+    c.arg("--state-dir")
+        .arg(&d.state)
+        .args(["keep-deletions", "c", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"", "it said it was ready");
+    let record = d.state.join("run/c.gone");
+    assert!(!record.exists(), "{} was made again", record.display());
+    assert!(keepers(&d.state).is_empty());
+    d.run("down").code(0);
+}
+
 /// A state directory given relative to the working directory is the absolute path it
 /// names (it was refused, its ancestors' owners checked from an empty path): the
 /// deletion keeper a failed `down` leaves, which leaves the working directory, goes
