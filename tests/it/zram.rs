@@ -658,9 +658,29 @@ fn zram_agent_falls_back_to_disk_on_the_devices_ram() {
     assert_eq!(agent.stop(), 0);
 }
 
+/// `held`, a file open on zram`n` after its mount went, keeps the device; once it
+/// is closed the agent frees it, with no `down` or `apply`, and says so.
+fn freed_once_closed(agent: &crate::agent_integration::Agent, held: fs::File, (n, seq): (u32, u64)) {
+    // Past the agent's first tries: the file still holds the filesystem.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!gone(n, seq), "zram{n} went while a file on it was open");
+    drop(held);
+    // The line comes once the device went.
+    let said = format!("remove zram device zram{n} of `cache`");
+    let start = Instant::now();
+    while !(gone(n, seq) && agent.log().contains(&said)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "zram{n} was not freed once its last file was closed\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A fallback while a process keeps a file open on the device: the mount is
 /// detached lazily and its filesystem lives on, so the device (its RAM) cannot go
-/// yet. Once the file is closed the agent frees it, with no `down` or `apply`.
+/// until the file is closed.
 #[test]
 fn zram_agent_frees_the_device_a_fallback_left_open_once_it_is_closed() {
     let zb = ZramBox::new();
@@ -672,26 +692,12 @@ fn zram_agent_frees_the_device_a_fallback_left_open_once_it_is_closed() {
     incompressible(&cache, "r", 16, 256 << 10, 1_000_000);
     agent.wait_for("the fallback on RAM", |m| m.state("cache") == Some("fallback"));
     assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts_at(&cache));
-    // Past the agent's first tries: the file still holds the filesystem.
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(!gone(n, seq), "zram{n} went while a file on it was open");
-    drop(held);
-    // The agent says so once the device went.
-    let said = format!("remove zram device zram{n} of `cache`");
-    let start = Instant::now();
-    while !(gone(n, seq) && agent.log().contains(&said)) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "zram{n} was not freed once its last file was closed\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    freed_once_closed(&agent, held, (n, seq));
     assert_eq!(agent.stop(), 0);
 }
 
 /// The same after the operator's own `down` of a busy mount, with the agent running:
-/// the agent sees the mount table change and frees the device once it is closed.
+/// the agent sees the mount table change.
 #[test]
 fn zram_agent_frees_the_device_an_operators_down_left_open() {
     let zb = ZramBox::new();
@@ -701,18 +707,7 @@ fn zram_agent_frees_the_device_an_operators_down_left_open() {
     let held = fs::File::create(cache.join("held")).unwrap();
     sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
     assert!(sb.mounts_at(&cache).is_empty(), "{:?}", sb.mounts_at(&cache));
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(!gone(n, seq), "zram{n} went while a file on it was open");
-    drop(held);
-    let start = Instant::now();
-    while !gone(n, seq) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "zram{n} was not freed once its last file was closed\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    freed_once_closed(&agent, held, (n, seq));
     assert_eq!(agent.stop(), 0);
 }
 
