@@ -53,18 +53,10 @@ mount -t tmpfs -o size=16g,mode=0755 tmpfsctl-bench "$WORK/src"
 "$BENCH" gen "$WORK/src" "$FILES" 1
 SRC=$WORK/src
 
-# Wall time of "$@" in microseconds, after flushing what earlier commands left dirty.
-time_us() {
-    sync -f "$WORK"
-    local s=$EPOCHREALTIME
-    "$@" > /dev/null
-    local e=$EPOCHREALTIME
-    echo $(( ${e/./} - ${s/./} ))
-}
-
-# "WALL CPU" of "$@" in microseconds, CPU being the user and system time of the
-# command and its children (bash's `time`: from the kernel's exact run time, not
-# sampled ticks). A copy that leaves its data to the kernel's flusher threads
+# "WALL CPU" of "$@" in microseconds, after flushing what earlier commands left
+# dirty (no command pays for another's writeback), CPU being the user and system
+# time of the command and its children (bash's `time`: from the kernel's exact run
+# time, not sampled ticks). A copy that leaves its data to the kernel's flusher threads
 # (cp, rsync) does not count their work; the write-back starts its own writeback.
 time_cpu_us() {
     sync -f "$WORK"
@@ -73,6 +65,13 @@ time_cpu_us() {
     e=$EPOCHREALTIME
     read -r u sy <<< "$cpu"
     echo "$(( ${e/./} - ${s/./} )) $(( 10#${u/./} * 1000 + 10#${sy/./} * 1000 ))"
+}
+
+# The wall time alone.
+time_us() {
+    local t
+    t=$(time_cpu_us "$@")
+    echo "${t% *}"
 }
 
 median() {

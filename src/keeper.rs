@@ -165,17 +165,18 @@ fn running(state: &State, name: &str) -> Vec<Pid> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let dir_id = std::fs::metadata(state.dir()).ok().map(|m| (m.dev(), m.ino()));
     procs
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != std::process::id() && keeps(pid, state, name))
+        .filter(|&pid| pid != std::process::id() && keeps(pid, state, dir_id, name))
         .map(|pid| Pid::from_raw(pid as i32))
         .collect()
 }
 
 /// Whether process `pid` is a keeper of `name` with the state directory of `state`
-/// (as [`start`] runs it).
-fn keeps(pid: u32, state: &State, name: &str) -> bool {
+/// (as [`start`] runs it), whose device and inode are `dir_id`.
+fn keeps(pid: u32, state: &State, dir_id: Option<(u64, u64)>, name: &str) -> bool {
     // Anyone can give a process these arguments: a keeper runs as we do.
     if !std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw()) {
         return false;
@@ -189,10 +190,7 @@ fn keeps(pid: u32, state: &State, name: &str) -> bool {
     let same_dir = |arg: &[u8]| {
         let arg = Path::new(std::ffi::OsStr::from_bytes(arg));
         arg == state.dir()
-            || match (std::fs::metadata(arg), std::fs::metadata(state.dir())) {
-                (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-                _ => false,
-            }
+            || dir_id.is_some_and(|id| std::fs::metadata(arg).is_ok_and(|a| (a.dev(), a.ino()) == id))
     };
     args.windows(2).any(|w| w[0] == b"--state-dir" && same_dir(w[1]))
         && args

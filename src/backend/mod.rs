@@ -124,13 +124,13 @@ pub struct Released {
 /// later call. Must run with the state lock held: a device being built has
 /// no mount yet.
 pub fn release_unused(state: &State) -> anyhow::Result<Released> {
-    zram::release_unused(state)
+    zram::release_unused(state, zram::RESET_PATIENCE)
 }
 
 /// [`release_unused`] without waiting for a device just closed by others (udev,
 /// blkid) to be free, for a caller that tries again later.
 pub fn release_unused_now(state: &State) -> anyhow::Result<Released> {
-    zram::release_unused_now(state)
+    zram::release_unused(state, std::time::Duration::ZERO)
 }
 
 /// Whether any device is recorded in `state`, in use or not.

@@ -30,7 +30,7 @@ use crate::spec::size::format_bytes;
 use crate::spec::{Flags, MountSpec, ZramFs, SOURCE_PREFIX};
 use crate::state::State;
 
-pub use device::{any_recorded, release_unused, release_unused_now};
+pub use device::{any_recorded, release_unused, RESET_PATIENCE};
 
 /// The backend's name, as `plan` shows it.
 pub const NAME: &str = "zram";

@@ -239,7 +239,7 @@ fn remove_within(state: &State, rec: &DeviceRecord, patience: std::time::Duratio
 /// How long a reset waits for a device to be closed. Right after an unmount
 /// others open it for a moment: udev probes a block device a writer closed
 /// (blkid), and btrfs-progs and blkid read every device's superblock.
-const RESET_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+pub const RESET_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Resets zramN, again while it is busy (EBUSY) for up to `patience`: not
 /// when a filesystem on it still lives (a mount detached while busy), which
@@ -269,25 +269,16 @@ fn fs_lives_on(n: u32) -> bool {
             .is_ok_and(|d| d.flatten().any(|e| e.path().join("devices").join(&dev).exists()))
 }
 
-/// See `backend::release_unused`: the recorded devices with no filesystem
-/// mounted in this mount namespace are removed. One the kernel still holds
-/// open stays recorded.
-pub fn release_unused(state: &State) -> Result<crate::backend::Released> {
-    release_within(state, RESET_PATIENCE)
-}
-
-/// [`release_unused`] without waiting for a device to be closed, for a caller
-/// that tries again later.
-pub fn release_unused_now(state: &State) -> Result<crate::backend::Released> {
-    release_within(state, std::time::Duration::ZERO)
-}
-
 /// Whether any device is recorded.
 pub fn any_recorded(state: &State) -> bool {
     fs::read_dir(state.zram_root()).is_ok_and(|mut d| d.next().is_some())
 }
 
-fn release_within(state: &State, patience: std::time::Duration) -> Result<crate::backend::Released> {
+/// See `backend::release_unused`: the recorded devices with no filesystem
+/// mounted in this mount namespace are removed, each reset waiting up to
+/// `patience` for others to close it. One the kernel still holds open stays
+/// recorded.
+pub fn release_unused(state: &State, patience: std::time::Duration) -> Result<crate::backend::Released> {
     let mut done = crate::backend::Released::default();
     let recs = records(state);
     if recs.is_empty() {
