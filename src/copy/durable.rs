@@ -24,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
@@ -169,9 +169,20 @@ struct Shared {
     /// Files not put in place because the application replaced or deleted them
     /// meanwhile: what the next baseline remembers of them.
     kept: Mutex<Marks>,
+    /// Jobs submitted and not yet done, and the signal that none is left.
+    outstanding: Mutex<usize>,
+    idle: Condvar,
 }
 
 impl Shared {
+    fn job_done(&self) {
+        let mut n = self.outstanding.lock().expect("no thread panics holding it");
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+
     fn fail(&self, failure: CopyError) {
         self.aborted.store(true, Ordering::Relaxed);
         self.error
@@ -217,11 +228,29 @@ impl Durable {
         if let Job::Rename(r) = &job {
             r.dir.renames.lock().expect("no worker panics holding it").pending += 1;
         }
+        *self
+            .shared
+            .outstanding
+            .lock()
+            .expect("no thread panics holding it") += 1;
         self.jobs
             .as_ref()
             .expect("jobs are submitted before the end")
             .send(job)
             .expect("the workers live as long as the queue");
+    }
+
+    /// Waits until every job submitted so far is done, failed or not: each file
+    /// queued is durable in place (or was left), each directory queued `fsync`ed.
+    pub(super) fn drain(&self) {
+        let mut n = self
+            .shared
+            .outstanding
+            .lock()
+            .expect("no thread panics holding it");
+        while *n > 0 {
+            n = self.shared.idle.wait(n).expect("no thread panics holding it");
+        }
     }
 
     /// The data bytes the workers copied since the last call.
@@ -338,9 +367,10 @@ fn work(
                 };
                 suits && sync_together(fs.as_fd(), files, held)
             });
-            // A job queued before another failed is still done: the walk may have
-            // removed a disk name whose data the RAM moved to this one (a file
-            // renamed across directories) before it learnt of the failure.
+            // A job queued before another failed is still done: a failed pass still
+            // makes the removals it decided once these are (see
+            // `Syncer::remove_deferred`), and one may be of a disk name whose data the
+            // RAM moved to this one (a file renamed across directories).
             for (job, written) in batch.drain(..n).zip(written) {
                 let failure = match job {
                     Job::Rename(r) => place(
@@ -364,6 +394,7 @@ fn work(
                 if let Some(failure) = failure {
                     shared.fail(failure);
                 }
+                shared.job_done();
             }
         }
     }

@@ -357,9 +357,21 @@ fn sync_pass(
             durable: Durable::start(scope, journal, deletions),
             waiting: HashMap::new(),
             linked_changed: false,
+            deferred: Vec::new(),
         };
         syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
+        syncer.durable.drain();
+        let walked = match walked {
+            Ok(()) => syncer.remove_deferred(dst_root.as_fd()),
+            Err(e) => {
+                // The walk's failure is the one to tell; these only free space.
+                if let Err(also) = syncer.remove_deferred(dst_root.as_fd()) {
+                    tracing::debug!("write-back: after a failed pass, removing what the RAM deleted: {also}");
+                }
+                Err(e)
+            }
+        };
         let Syncer {
             mut reporter,
             durable,
@@ -587,6 +599,8 @@ struct Syncer<'p, 'b> {
     waiting: HashMap<usize, Left>,
     /// A tracked pass met a multiply-linked file changed since the baseline.
     linked_changed: bool,
+    /// Names the RAM deleted, removed once the walk's copies are durable.
+    deferred: Vec<remove::Deferred>,
 }
 
 /// What syncing one step did to the parent directory and where the walk goes next.

@@ -156,6 +156,21 @@ fn check_snapshots(
             format!("copy {i}")
         };
         let tree = read_tree(&at.join("cache"));
+        // The data of a file the RAM kept, at its name or moved to another, is on
+        // the device at one name or the other at every moment: the disk's old name
+        // goes only once the new one is durable.
+        let on_device: std::collections::HashSet<&[u8]> = tree.values().map(Vec::as_slice).collect();
+        let kept: std::collections::HashSet<&[u8]> = new.values().map(Vec::as_slice).collect();
+        let lost: Vec<_> = old
+            .iter()
+            .filter(|(_, data)| kept.contains(data.as_slice()) && !on_device.contains(data.as_slice()))
+            .map(|(rel, _)| rel)
+            .take(5)
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{what}: the data of {lost:?}, which the RAM kept (some moved to another directory), is on no name on the device"
+        );
         for (rel, data) in &tree {
             if rel
                 .rsplit('/')
@@ -216,6 +231,8 @@ fn check_snapshots(
     }
 }
 
+/// The application's changes of a round: files rewritten, deleted, moved to other
+/// directories (their data as it was, under a new name) and created.
 fn changed(tree: &Tree, generation: &str, round: usize) -> Tree {
     let mut t = tree.clone();
     let names: Vec<String> = t.keys().cloned().collect();
@@ -226,6 +243,17 @@ fn changed(tree: &Tree, generation: &str, round: usize) -> Tree {
             }
             2 => {
                 t.remove(rel);
+            }
+            3 => {
+                // Across directories, both ways in the walk's order: into another
+                // existing one, and into one this round makes.
+                let data = t.remove(rel).expect("listed above");
+                let to = if i % 2 == 0 {
+                    format!("d{}/moved-{generation}-{i}", (i + 2) % 5)
+                } else {
+                    format!("m{round}/moved-{generation}-{i}")
+                };
+                t.insert(to, data);
             }
             _ => {}
         }
@@ -265,14 +293,21 @@ fn a_power_cut_during_sync_or_down_leaves_old_or_new_files_and_a_matching_baseli
 
     for (round, verb) in ["sync", "sync", "down"].into_iter().enumerate() {
         let new = changed(&old, &format!("gen{round}"), round);
-        // The application's changes, in RAM.
-        for rel in old.keys().filter(|k| !new.contains_key(*k)) {
-            fs::remove_file(cache.join(rel)).unwrap();
+        // The application's changes, in RAM: the moves as renames.
+        let by_data: BTreeMap<&[u8], &String> = new.iter().map(|(k, v)| (v.as_slice(), k)).collect();
+        for (rel, data) in old.iter().filter(|(k, _)| !new.contains_key(*k)) {
+            match by_data.get(data.as_slice()) {
+                Some(to) => {
+                    fs::create_dir_all(cache.join(to).parent().unwrap()).unwrap();
+                    fs::rename(cache.join(rel), cache.join(to)).unwrap();
+                }
+                None => fs::remove_file(cache.join(rel)).unwrap(),
+            }
         }
         write_tree(
             &cache,
             &new.iter()
-                .filter(|(k, v)| old.get(*k) != Some(v))
+                .filter(|(_, v)| !old.values().any(|o| o == *v))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         );

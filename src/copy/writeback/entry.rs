@@ -175,7 +175,7 @@ impl Syncer<'_, '_> {
     }
 
     /// A name only the disk has: the RAM deleted it since the baseline (or never had
-    /// it, and then it stays).
+    /// it, and then it stays). Its removal is deferred ([`Self::remove_deferred`]).
     pub(super) fn disk_only(&mut self, parent: &Frame, name: &CStr) -> Result<Stepped, Failed> {
         let path = self.rel.joined(name);
         let copied = self.copied.is_some_and(|c| c.get(&path).is_some());
@@ -195,19 +195,10 @@ impl Syncer<'_, '_> {
         }
         match self.decide(&path, None, Some(&d), parent) {
             Verdict::Ram => {
-                let (removed, kept) = if file_type(&d) == libc::S_IFDIR {
-                    self.remove_merged(dst_dir, name, &path, parent.ram_deleted_at)?
-                } else {
-                    self.touch(&d);
-                    let removed = self.remove_compared(dst_dir, name, &d)?;
-                    (removed, 1 - removed)
-                };
-                self.reporter.stats.deleted += removed;
-                self.reporter.stats.kept_disk += kept;
-                Ok(Stepped {
-                    enter: None,
-                    changed: removed > 0,
-                })
+                // After the walk: the RAM may have moved its data to a name the walk
+                // has not written yet.
+                self.defer_removal(dst_dir, path, &d, parent.ram_deleted_at)?;
+                Ok(Stepped::default())
             }
             _ => {
                 // The disk's version stays where the RAM lacks the name: from now on

@@ -3,6 +3,10 @@
 //! each level opened relative to its parent without following symlinks and listed
 //! whole before any of its entries goes; a [`Rule`] says, entry by entry, what goes,
 //! and whether a level nothing stayed in goes too.
+//!
+//! A name the RAM deleted goes only after the walk, once every copy the pass queued
+//! is durable ([`Syncer::remove_deferred`]): the RAM may have moved its data to a
+//! name the walk reaches later, and a power cut in between would leave it on none.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -13,16 +17,121 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 use nix::unistd::{self, UnlinkatFlags};
 
-use crate::copy::baseline::{self, Disk, Ram, Time, Verdict};
-use crate::copy::error::{dst_err, Failed};
-use crate::copy::ops::{file_type, open_dst_dir};
+use crate::copy::baseline::{self, Disk, Mark, Ram, Time, Verdict};
+use crate::copy::durable::{DstDir, Job};
+use crate::copy::error::{dst_err, CopyError, Failed};
+use crate::copy::ops::{atime, components, file_type, mtime, open_dst_dir, split_parent};
 use crate::copy::place::{remove_seen, Seen};
 use crate::copy::scan::{read_names, Name};
 use crate::copy::temp::{is_temp, TempNames};
 
-use super::Syncer;
+use super::{rel_path, Syncer};
+
+/// A removal the walk decided of a name the RAM deleted, made after it.
+pub(super) struct Deferred {
+    /// The entry's relative path.
+    path: Vec<u8>,
+    /// Its disk directory's inode then: a directory the application moved or
+    /// replaced since is not the one decided on.
+    dir_ino: u64,
+    what: Removal,
+}
+
+enum Removal {
+    /// A non-directory, while it is still as compared.
+    Entry(FileStat),
+    /// A directory, by the rule for names the RAM deleted at this time.
+    Dir(Time),
+}
 
 impl Syncer<'_, '_> {
+    /// Decides to remove the disk entry `d` at `path` in `dir`, which the RAM deleted
+    /// at `ram_deleted_at`; [`Self::remove_deferred`] removes it.
+    pub(super) fn defer_removal(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        path: Vec<u8>,
+        d: &FileStat,
+        ram_deleted_at: Time,
+    ) -> Result<(), Failed> {
+        let dir_ino = stat::fstat(dir).map_err(dst_err("stat"))?.st_ino;
+        let what = if file_type(d) == libc::S_IFDIR {
+            Removal::Dir(ram_deleted_at)
+        } else {
+            self.touch(d);
+            Removal::Entry(*d)
+        };
+        self.deferred.push(Deferred { path, dir_ino, what });
+        Ok(())
+    }
+
+    /// Makes the removals the walk deferred. The caller has waited until every job
+    /// queued is done ([`Durable::drain`](crate::copy::durable::Durable::drain)), so a
+    /// file the RAM moved is durable at its new name before its old one goes. A
+    /// failed pass makes them too: on a full disk they free the space its next pass
+    /// needs, as removals made during the walk did.
+    ///
+    /// Directory by directory, each opened again from `root` without following a
+    /// symlink; one the application removed, moved or replaced since is left as it
+    /// is. A directory that lost names gets its times back as its finish left them
+    /// (and its record then) and is `fsync`ed.
+    pub(super) fn remove_deferred(&mut self, root: BorrowedFd<'_>) -> Result<(), CopyError> {
+        let deferred = std::mem::take(&mut self.deferred);
+        let same_dir = |a: &Deferred, b: &Deferred| {
+            a.dir_ino == b.dir_ino && split_parent(&a.path).0 == split_parent(&b.path).0
+        };
+        for group in deferred.chunk_by(same_dir) {
+            let parent = split_parent(&group[0].path).0;
+            let dir = match open_below(root, parent) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
+                Err(e) => return Err(dst_err("open directory")(e).at(rel_path(parent))),
+            };
+            let before = stat::fstat(&dir)
+                .map_err(dst_err("stat"))
+                .map_err(|f| f.at(rel_path(parent)))?;
+            if (before.st_dev, before.st_ino) != (self.dst_dev, group[0].dir_ino) {
+                continue;
+            }
+            let mut changed = false;
+            for Deferred { path, what, .. } in group {
+                let name =
+                    CString::new(split_parent(path).1).expect("a name read from a directory has no NUL");
+                let (removed, kept) = match what {
+                    Removal::Entry(d) => {
+                        let removed = self.remove_compared(dir.as_fd(), &name, d);
+                        removed.map(|removed| (removed, 1 - removed))
+                    }
+                    Removal::Dir(at) => self.remove_merged(dir.as_fd(), &name, path, *at),
+                }
+                .map_err(|f| f.at(rel_path(path)))?;
+                self.reporter.stats.deleted += removed;
+                self.reporter.stats.kept_disk += kept;
+                changed |= removed > 0;
+            }
+            if changed {
+                self.removed_from(parent, dir, &before)
+                    .map_err(|f| f.at(rel_path(parent)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory `dir` at `parent` lost names to the pass, after its finish left
+    /// it as `before`.
+    fn removed_from(&mut self, parent: &[u8], dir: OwnedFd, before: &FileStat) -> Result<(), Failed> {
+        stat::futimens(&dir, &atime(before), &mtime(before)).map_err(dst_err("set times of"))?;
+        if !parent.is_empty() && matches!(self.marks.get(parent), Some(Mark::Entry(_))) {
+            let now = stat::fstat(&dir).map_err(dst_err("stat"))?;
+            self.record(parent.to_vec(), &now);
+        }
+        self.durable.submit(Job::FsyncDir {
+            dir: DstDir::new(dir, Vec::new()),
+            rel: rel_path(parent),
+        });
+        Ok(())
+    }
+
     /// Removes the disk non-directory `name` the rule decided to remove, if the
     /// application did not change it since it was compared (`d`); returns how many
     /// entries went.
@@ -59,6 +168,19 @@ impl Syncer<'_, '_> {
             },
         )
     }
+}
+
+/// Opens the directory at `rel` below `root`, one component at a time, following
+/// no symlink.
+fn open_below(root: BorrowedFd<'_>, rel: &[u8]) -> nix::Result<OwnedFd> {
+    let mut dir = root
+        .try_clone_to_owned()
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    for part in components(rel) {
+        let name = CString::new(part).map_err(|_| Errno::EINVAL)?;
+        dir = open_dst_dir(dir.as_fd(), &name)?;
+    }
+    Ok(dir)
 }
 
 /// What a removal walk does with an entry of a directory it entered.
