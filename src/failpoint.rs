@@ -10,7 +10,8 @@
 //! the disk deleted meanwhile done), `seed-switched` right after, before what the
 //! disk deleted since that look is dropped; `after-hold`, `after-switch` in the switch to
 //! disk; `after-merge`, `after-baseline` in a write-back; `after-release` once a held
-//! copy is unmounted.
+//! copy is unmounted; `before-removals` (of any mount: give no name) in a write-back
+//! once its copies are durable, before it removes what the RAM deleted.
 
 use nix::sys::signal::{raise, Signal};
 

@@ -171,20 +171,30 @@ pub fn sync_one(
     }
     let started = Instant::now();
     let mut whole_tree = None;
-    let mut again = 0;
+    let (mut again, mut freed) = (0, false);
     let res = loop {
-        let res = pass(m, src, state, deletions, full || again > 0, &mut whole_tree);
+        let whole = if full {
+            Some("asked for (--full)")
+        } else if freed {
+            Some("a pass that ran out of space starts again")
+        } else if again > 0 {
+            Some("the application changed the disk directory under the last pass")
+        } else {
+            None
+        };
+        let res = pass(m, src, state, deletions, whole, &mut whole_tree);
         match res {
-            Err(e)
-                if again < PASSES_AFTER_A_RACE
-                    && e.chain().any(|c| {
-                        c.downcast_ref::<copy::CopyError>()
-                            .is_some_and(copy::CopyError::is_gone_in_copy)
-                    }) =>
-            {
+            Err(e) if again < PASSES_AFTER_A_RACE && copy_error(&e, copy::CopyError::is_gone_in_copy) => {
                 again += 1;
                 tracing::info!(
                     "{}: {e:#}: the application changed the disk directory under the write-back, which starts again ({again} of {PASSES_AFTER_A_RACE})",
+                    m.name
+                );
+            }
+            Err(e) if !freed && copy_error(&e, copy::CopyError::freed_space) => {
+                freed = true;
+                tracing::info!(
+                    "{}: {e:#}: the names the RAM deleted are removed now; the write-back starts again in the space they held",
                     m.name
                 );
             }
@@ -234,6 +244,12 @@ pub fn sync_one(
     })
 }
 
+/// Whether `e` holds a [`copy::CopyError`] that `is`.
+fn copy_error(e: &anyhow::Error, is: fn(&copy::CopyError) -> bool) -> bool {
+    e.chain()
+        .any(|c| c.downcast_ref::<copy::CopyError>().is_some_and(is))
+}
+
 /// How often a write-back starts again when a directory of the disk side vanished
 /// under it: each time the application removed a directory the pass was working in
 /// (htcacheclean removes emptied cache directories) between two of its system calls.
@@ -242,21 +258,22 @@ const PASSES_AFTER_A_RACE: u32 = 3;
 
 /// One write-back pass of `src` into the disk directory of `m` against the baseline as
 /// recorded (with the journal of an interrupted pass), saving the new baseline.
-/// `whole_tree`: why it read the whole tree, when it did.
+/// `whole`: why it must read the whole tree, if it must; `whole_tree`: why it read
+/// the whole tree, when it did.
 fn pass(
     m: &MountSpec,
     src: &Path,
     state: &State,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
-    full: bool,
+    whole: Option<&str>,
     whole_tree: &mut Option<String>,
 ) -> Result<copy::SyncStats> {
     let base = state.baseline(&m.name)?;
     let mut ask = || {
-        let asked = match base.taken {
-            _ if full => Err("asked for (--full)".to_string()),
-            None => Err("there is no baseline to compare with".to_string()),
-            Some(taken) => crate::dirty::ask(state, &m.name, src, taken),
+        let asked = match (whole, base.taken) {
+            (Some(why), _) => Err(why.to_string()),
+            (None, None) => Err("there is no baseline to compare with".to_string()),
+            (None, Some(taken)) => crate::dirty::ask(state, &m.name, src, taken),
         };
         asked.map_err(|why| *whole_tree = Some(why)).ok()
     };

@@ -24,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
@@ -170,15 +170,36 @@ struct Shared {
     /// meanwhile: what the next baseline remembers of them.
     kept: Mutex<Marks>,
     /// Jobs submitted and not yet done, and the signal that none is left.
-    outstanding: Mutex<usize>,
+    outstanding: Mutex<Outstanding>,
     idle: Condvar,
+}
+
+#[derive(Default)]
+struct Outstanding {
+    jobs: usize,
+    /// A worker panicked: the jobs it held are never done.
+    worker_died: bool,
+}
+
+/// Held by each worker: one that panics says so, so that [`Durable::drain`] does not
+/// wait for its jobs (the scope passes the panic on).
+struct Alive<'s>(&'s Shared);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut o = self.0.outstanding.lock().unwrap_or_else(PoisonError::into_inner);
+            o.worker_died = true;
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 impl Shared {
     fn job_done(&self) {
-        let mut n = self.outstanding.lock().expect("no thread panics holding it");
-        *n -= 1;
-        if *n == 0 {
+        let mut o = self.outstanding.lock().expect("no thread panics holding it");
+        o.jobs -= 1;
+        if o.jobs == 0 {
             self.idle.notify_all();
         }
     }
@@ -228,11 +249,13 @@ impl Durable {
         if let Job::Rename(r) = &job {
             r.dir.renames.lock().expect("no worker panics holding it").pending += 1;
         }
-        *self
+        let mut o = self
             .shared
             .outstanding
             .lock()
-            .expect("no thread panics holding it") += 1;
+            .expect("no thread panics holding it");
+        o.jobs += 1;
+        drop(o);
         self.jobs
             .as_ref()
             .expect("jobs are submitted before the end")
@@ -242,14 +265,15 @@ impl Durable {
 
     /// Waits until every job submitted so far is done, failed or not: each file
     /// queued is durable in place (or was left), each directory queued `fsync`ed.
+    /// Returns early only if a worker panicked.
     pub(super) fn drain(&self) {
-        let mut n = self
+        let mut o = self
             .shared
             .outstanding
             .lock()
             .expect("no thread panics holding it");
-        while *n > 0 {
-            n = self.shared.idle.wait(n).expect("no thread panics holding it");
+        while o.jobs > 0 && !o.worker_died {
+            o = self.shared.idle.wait(o).expect("no thread panics holding it");
         }
     }
 
@@ -313,6 +337,7 @@ fn work(
     journal: Option<&Journal>,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
 ) {
+    let _alive = Alive(shared);
     // Each worker's own: temporary names never repeat across workers (each seeds
     // its own), and the copy buffers are not shared.
     let mut temps = TempNames::new();

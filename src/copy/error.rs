@@ -25,14 +25,27 @@ pub enum CopyError {
         #[source]
         source: io::Error,
     },
+    /// A write-back ran out of space, then removed names the RAM deleted (it removes
+    /// them last): another pass may fit in the space they held.
+    #[error(transparent)]
+    SpaceFreed(Box<CopyError>),
 }
 
 impl CopyError {
     /// The tmpfs (or a quota) is too small for the tree: the caller can report a
     /// sizing problem instead of a generic I/O failure.
     pub fn is_no_space(&self) -> bool {
-        let (CopyError::Source { source, .. } | CopyError::Destination { source, .. }) = self;
-        matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        match self {
+            CopyError::Source { source, .. } | CopyError::Destination { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            }
+            CopyError::SpaceFreed(_) => true,
+        }
+    }
+
+    /// See [`CopyError::SpaceFreed`].
+    pub fn freed_space(&self) -> bool {
+        matches!(self, CopyError::SpaceFreed(_))
     }
 
     /// A directory of the copy vanished under the walk: removed by someone else (an

@@ -362,15 +362,26 @@ fn sync_pass(
         syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
         syncer.durable.drain();
+        let walked = walked.and_then(|()| syncer.durable.failed().map_or(Ok(()), Err));
         let walked = match walked {
-            Ok(()) => syncer.remove_deferred(dst_root.as_fd()),
-            Err(e) => {
-                // The walk's failure is the one to tell; these only free space.
-                if let Err(also) = syncer.remove_deferred(dst_root.as_fd()) {
-                    tracing::debug!("write-back: after a failed pass, removing what the RAM deleted: {also}");
-                }
-                Err(e)
+            Ok(()) => {
+                crate::failpoint::hit("before-removals", "");
+                syncer.remove_deferred(dst_root.as_fd()).map(drop)
             }
+            // Out of space: the removals free some for another pass, even where the
+            // walk did not get as far as a moved file's new name (its data is then
+            // in RAM only, until that pass).
+            Err(e) if e.is_no_space() => match syncer.remove_deferred(dst_root.as_fd()) {
+                Ok(0) => Err(e),
+                Ok(_) => Err(CopyError::SpaceFreed(Box::new(e))),
+                Err(also) => {
+                    tracing::debug!(
+                        "write-back: after running out of space, removing what the RAM deleted: {also}"
+                    );
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
         };
         let Syncer {
             mut reporter,

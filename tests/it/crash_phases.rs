@@ -516,3 +516,25 @@ fn a_disk_that_fails_its_writes_keeps_the_ram_copy_and_loses_nothing() {
     }
     exp.assert_nothing_lost(&cache, "writes failed, then the disk had room again");
 }
+
+/// The RAM deleted a file and wrote one as large, on a disk with room for only one
+/// of them beside the other: the write-back, which removes what the RAM deleted
+/// last, runs out of space, removes it, and starts again in the space it freed.
+/// `sync` succeeds at once, as it did while names went as the walk met them.
+#[test]
+fn a_write_back_out_of_space_frees_what_the_ram_deleted_and_goes_on() {
+    let d = SmallDisk::new();
+    fs::write(d.cache.join("a_old"), vec![1u8; 8 << 20]).unwrap();
+    d.run("apply").code(0);
+    d.run("sync").code(0);
+    fs::remove_file(d.cache.join("a_old")).unwrap();
+    fs::write(d.cache.join("b_new"), vec![2u8; 8 << 20]).unwrap();
+    let filler = d.fill_but(2 << 20);
+    let sync = d.run("sync");
+    sync.code(0)
+        .stdout_has("a pass that ran out of space starts again");
+    d.run("down").code(0);
+    fs::remove_file(filler).unwrap();
+    assert!(!d.cache.join("a_old").exists(), "{sync}");
+    assert_eq!(fs::read(d.cache.join("b_new")).unwrap(), vec![2u8; 8 << 20]);
+}

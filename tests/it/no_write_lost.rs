@@ -733,3 +733,93 @@ fn dropping_what_the_disk_deleted_before_the_switch_leaves_the_applications_chan
     assert_eq!(in_ram["a3/f"], "a3/f rewritten");
     assert!(!in_ram.contains_key("b0/"), "{in_ram:?}");
 }
+
+/// A write-back removes the names the RAM deleted last, once its copies are durable:
+/// stopped right before those removals, the disk holds a file the RAM moved to
+/// another directory at both names. The application, on its disk directory after
+/// `down`'s switch, then works on what is still to be removed: a directory it
+/// removes itself fails nothing, and an entry it replaced or changed (its owner
+/// only) stays, as the later change. The rest goes.
+#[test]
+fn what_the_ram_deleted_goes_last_and_the_application_may_act_on_it_meanwhile() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    for d in ["a_from", "gone", "left"] {
+        fs::create_dir(cache.join(d)).unwrap();
+    }
+    fs::write(cache.join("a_from/moved"), "moved data").unwrap();
+    for f in ["g0", "g1"] {
+        fs::write(cache.join("gone").join(f), f).unwrap();
+    }
+    for f in ["replaced", "chowned", "plain"] {
+        fs::write(cache.join("left").join(f), f).unwrap();
+    }
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    // In RAM: the move (to a directory the walk reaches after the old one) and the
+    // deletions.
+    fs::create_dir(cache.join("z_to")).unwrap();
+    fs::rename(cache.join("a_from/moved"), cache.join("z_to/moved")).unwrap();
+    fs::remove_dir_all(cache.join("gone")).unwrap();
+    for f in ["replaced", "chowned", "plain"] {
+        fs::remove_file(cache.join("left").join(f)).unwrap();
+    }
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", "stop=before-removals")
+        .args(["down".as_ref(), spec.as_os_str()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let down = c.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(down.id() as i32);
+    let stopped = matches!(
+        waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap(),
+        WaitStatus::Stopped(..)
+    );
+    let acted = std::panic::catch_unwind(|| {
+        assert!(stopped, "down did not stop before its removals");
+        // The application is on the disk directory now.
+        assert_eq!(fs::read(cache.join("z_to/moved")).unwrap(), b"moved data");
+        assert_eq!(
+            fs::read(cache.join("a_from/moved")).unwrap(),
+            b"moved data",
+            "the old name went before the removals"
+        );
+        fs::remove_dir_all(cache.join("gone")).unwrap();
+        fs::remove_file(cache.join("left/replaced")).unwrap();
+        fs::write(cache.join("left/replaced"), "the application's").unwrap();
+        std::os::unix::fs::chown(cache.join("left/chowned"), Some(1234), Some(1234)).unwrap();
+    });
+    if stopped {
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    }
+    let out = down.wait_with_output().unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Err(panic) = acted {
+        std::panic::resume_unwind(panic);
+    }
+    assert_eq!(out.status.code(), Some(0), "down\n{log}");
+    assert_eq!(fs::read(cache.join("z_to/moved")).unwrap(), b"moved data");
+    assert!(
+        !cache.join("a_from/moved").exists(),
+        "the moved file's old name stayed\n{log}"
+    );
+    assert!(!cache.join("gone").exists());
+    assert_eq!(
+        fs::read(cache.join("left/replaced")).unwrap(),
+        b"the application's"
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&fs::metadata(cache.join("left/chowned")).unwrap()),
+        1234,
+        "the application's change of owner was removed\n{log}"
+    );
+    assert!(
+        !cache.join("left/plain").exists(),
+        "a name the RAM deleted stayed\n{log}"
+    );
+}

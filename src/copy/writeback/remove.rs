@@ -17,7 +17,7 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 use nix::unistd::{self, UnlinkatFlags};
 
-use crate::copy::baseline::{self, Disk, Mark, Ram, Time, Verdict};
+use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, CopyError, Failed};
 use crate::copy::ops::{atime, components, file_type, mtime, open_dst_dir, split_parent};
@@ -40,8 +40,9 @@ pub(super) struct Deferred {
 enum Removal {
     /// A non-directory, while it is still as compared.
     Entry(FileStat),
-    /// A directory, by the rule for names the RAM deleted at this time.
-    Dir(Time),
+    /// A directory, while the name still holds it (its inode), by the rule for
+    /// names the RAM deleted at this time.
+    Dir(u64, Time),
 }
 
 impl Syncer<'_, '_> {
@@ -56,7 +57,7 @@ impl Syncer<'_, '_> {
     ) -> Result<(), Failed> {
         let dir_ino = stat::fstat(dir).map_err(dst_err("stat"))?.st_ino;
         let what = if file_type(d) == libc::S_IFDIR {
-            Removal::Dir(ram_deleted_at)
+            Removal::Dir(d.st_ino, ram_deleted_at)
         } else {
             self.touch(d);
             Removal::Entry(*d)
@@ -65,21 +66,24 @@ impl Syncer<'_, '_> {
         Ok(())
     }
 
-    /// Makes the removals the walk deferred. The caller has waited until every job
-    /// queued is done ([`Durable::drain`](crate::copy::durable::Durable::drain)), so a
-    /// file the RAM moved is durable at its new name before its old one goes. A
-    /// failed pass makes them too: on a full disk they free the space its next pass
-    /// needs, as removals made during the walk did.
+    /// Makes the removals the walk deferred; returns how many entries went. The
+    /// caller has waited until every job queued is done
+    /// ([`Durable::drain`](crate::copy::durable::Durable::drain)), so a file the RAM
+    /// moved is durable at its new name before its old one goes.
     ///
-    /// Directory by directory, each opened again from `root` without following a
-    /// symlink; one the application removed, moved or replaced since is left as it
-    /// is. A directory that lost names gets its times back as its finish left them
-    /// (and its record then) and is `fsync`ed.
-    pub(super) fn remove_deferred(&mut self, root: BorrowedFd<'_>) -> Result<(), CopyError> {
+    /// The application may have worked in the disk directory since the decision
+    /// (after a switch to disk): an entry it removed, replaced or changed (its
+    /// ctime, for a singly-linked one: the walk's own links change that of the
+    /// others) stays as it is now, and so does a directory it removed, moved or
+    /// replaced, and what is below. Directory by directory, each opened again from
+    /// `root` without following a symlink. A directory whose names changed gets its
+    /// times back as its finish left them (and its record then) and is `fsync`ed.
+    pub(super) fn remove_deferred(&mut self, root: BorrowedFd<'_>) -> Result<u64, CopyError> {
         let deferred = std::mem::take(&mut self.deferred);
         let same_dir = |a: &Deferred, b: &Deferred| {
             a.dir_ino == b.dir_ino && split_parent(&a.path).0 == split_parent(&b.path).0
         };
+        let mut removed = 0;
         for group in deferred.chunk_by(same_dir) {
             let parent = split_parent(&group[0].path).0;
             let dir = match open_below(root, parent) {
@@ -87,34 +91,59 @@ impl Syncer<'_, '_> {
                 Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
                 Err(e) => return Err(dst_err("open directory")(e).at(rel_path(parent))),
             };
-            let before = stat::fstat(&dir)
-                .map_err(dst_err("stat"))
-                .map_err(|f| f.at(rel_path(parent)))?;
+            let at_parent = |f: Failed| f.at(rel_path(parent));
+            let before = stat::fstat(&dir).map_err(dst_err("stat")).map_err(at_parent)?;
             if (before.st_dev, before.st_ino) != (self.dst_dev, group[0].dir_ino) {
                 continue;
             }
-            let mut changed = false;
-            for Deferred { path, what, .. } in group {
-                let name =
-                    CString::new(split_parent(path).1).expect("a name read from a directory has no NUL");
-                let (removed, kept) = match what {
-                    Removal::Entry(d) => {
-                        let removed = self.remove_compared(dir.as_fd(), &name, d);
-                        removed.map(|removed| (removed, 1 - removed))
-                    }
-                    Removal::Dir(at) => self.remove_merged(dir.as_fd(), &name, path, *at),
+            let mut acted = false;
+            for item in group {
+                let outcome = self
+                    .remove_one(dir.as_fd(), item)
+                    .map_err(|f| f.at(rel_path(&item.path)))?;
+                if let Some((went, kept)) = outcome {
+                    self.reporter.stats.deleted += went;
+                    self.reporter.stats.kept_disk += kept;
+                    removed += went;
+                    acted |= went + kept > 0;
+                } else {
+                    self.reporter.stats.kept_disk += 1;
                 }
-                .map_err(|f| f.at(rel_path(path)))?;
-                self.reporter.stats.deleted += removed;
-                self.reporter.stats.kept_disk += kept;
-                changed |= removed > 0;
             }
-            if changed {
-                self.removed_from(parent, dir, &before)
-                    .map_err(|f| f.at(rel_path(parent)))?;
+            // An entry renamed away and back gave the directory a new mtime too.
+            if acted {
+                self.removed_from(parent, dir, &before).map_err(at_parent)?;
             }
         }
-        Ok(())
+        Ok(removed)
+    }
+
+    /// One deferred removal in its directory `dir`: how many entries went and how
+    /// many stayed, or `None` where the entry is not the one decided on any more
+    /// (changed or replaced: it stays) and nothing was done.
+    fn remove_one(&mut self, dir: BorrowedFd<'_>, item: &Deferred) -> Result<Option<(u64, u64)>, Failed> {
+        let name = CString::new(split_parent(&item.path).1).expect("a name read from a directory has no NUL");
+        let now = match stat::fstatat(dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(now) => now,
+            Err(Errno::ENOENT) => return Ok(Some((0, 0))),
+            Err(e) => return Err(dst_err("stat")(e)),
+        };
+        match &item.what {
+            Removal::Entry(d) => {
+                if now.st_ino != d.st_ino || (d.st_nlink == 1 && Sig::of(&now).ctime != Sig::of(d).ctime) {
+                    return Ok(None);
+                }
+                let went = self.remove_compared(dir, &name, d)?;
+                Ok(Some((went, 1 - went)))
+            }
+            Removal::Dir(ino, ram_deleted_at) => {
+                if now.st_ino != *ino || file_type(&now) != libc::S_IFDIR {
+                    return Ok(None);
+                }
+                self.remove_merged(dir, &name, &item.path, *ram_deleted_at)
+                    .map(Some)
+            }
+        }
     }
 
     /// The directory `dir` at `parent` lost names to the pass, after its finish left
