@@ -25,6 +25,13 @@
 //! hold the directory's lock). Every later one sees the lower name and leaves a
 //! whiteout; a name gone from the upper layer without one was deleted before,
 //! and its copy is removed.
+//!
+//! What the upper layer deleted (a whiteout, or a name an opaque directory lacks)
+//! goes from the disk last, once every file the pass wrote is durable in place: the
+//! application may have moved that file's data to a name the walk reaches later (a
+//! rename through overlayfs copies the file up under its new name and leaves a
+//! whiteout at the old), and a power cut between the removal and that copy would
+//! leave the data on no name.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
@@ -94,15 +101,34 @@ pub fn merge_upper(
         upper,
         merged,
         xattrs: XattrBufs::default(),
+        deferred: Vec::new(),
     };
     m.dir(upper, disk, false)?;
     set_meta(&fs::symlink_metadata(upper).context(ctx("stat", upper))?, disk)?;
-    for d in &m.touched {
+    fsync_dirs(&std::mem::take(&mut m.touched))?;
+    let deferred = std::mem::take(&mut m.deferred);
+    for (d_dir, name, _) in &deferred {
+        m.remove(d_dir, name)?;
+    }
+    // The removals gave those directories new times: the upper ones' again.
+    for (d_dir, _, u_dir) in &deferred {
+        if m.touched.contains(d_dir) {
+            if let Some(md) = lstat_opt(u_dir)?.filter(fs::Metadata::is_dir) {
+                set_meta(&md, d_dir)?;
+            }
+        }
+    }
+    fsync_dirs(&m.touched)?;
+    Ok(m.stats)
+}
+
+fn fsync_dirs(dirs: &HashSet<PathBuf>) -> Result<()> {
+    for d in dirs {
         File::open(d)
             .and_then(|f| f.sync_all())
             .with_context(|| ctx("fsync", d))?;
     }
-    Ok(m.stats)
+    Ok(())
 }
 
 struct Merge<'a> {
@@ -117,6 +143,9 @@ struct Merge<'a> {
     upper: &'a Path,
     merged: Option<&'a Path>,
     xattrs: XattrBufs,
+    /// What the upper layer deleted, removed from the disk after the walk: the disk
+    /// directory, the name, and the upper directory whose metadata it gets back.
+    deferred: Vec<(PathBuf, OsString, PathBuf)>,
 }
 
 fn ctx(op: &str, p: &Path) -> String {
@@ -157,10 +186,12 @@ impl Merge<'_> {
         let keep: HashSet<&OsString> = names.iter().collect();
         for e in fs::read_dir(d).with_context(|| ctx("listing", d))? {
             let name = e.with_context(|| ctx("listing", d))?.file_name();
-            // Temporaries of a killed pass go, as (in an opaque directory) every
-            // name the upper one lacks.
-            if ours(&name) || (opaque && !keep.contains(&name)) {
+            // Temporaries of a killed pass go, and (after the walk) in an opaque
+            // directory every name the upper one lacks.
+            if ours(&name) {
                 self.remove(d, &name)?;
+            } else if opaque && !keep.contains(&name) {
+                self.deferred.push((d.to_path_buf(), name, u.to_path_buf()));
             }
         }
         let mut fresh = Vec::new();
@@ -218,7 +249,8 @@ impl Merge<'_> {
         }
         if is_whiteout(&md) {
             if changed && disk.is_some() {
-                self.remove(d_dir, name)?;
+                self.deferred
+                    .push((d_dir.to_path_buf(), name.to_os_string(), u_dir.to_path_buf()));
             }
             return Ok(false);
         }
