@@ -171,7 +171,7 @@ pub fn sync_one(
     }
     let started = Instant::now();
     let mut whole_tree = None;
-    let (mut again, mut freed) = (0, false);
+    let (mut again, mut freed, mut deleted_before) = (0, false, 0);
     let res = loop {
         let whole = if full {
             Some("asked for (--full)")
@@ -191,8 +191,9 @@ pub fn sync_one(
                     m.name
                 );
             }
-            Err(e) if !freed && copy_error(&e, copy::CopyError::freed_space) => {
+            Err(e) if !freed && freed_by(&e).is_some() => {
                 freed = true;
+                deleted_before = freed_by(&e).unwrap_or(0);
                 tracing::info!(
                     "{}: {e:#}: the names the RAM deleted are removed now; the write-back starts again in the space they held",
                     m.name
@@ -204,7 +205,10 @@ pub fn sync_one(
     let seconds = started.elapsed().as_secs_f64();
     let whole_tree = whole_tree.filter(|_| res.is_ok());
     let (result, reason, stats) = match res {
-        Ok(s) => (SyncOutcome::Synced, None, Some(s)),
+        Ok(mut s) => {
+            s.deleted += deleted_before;
+            (SyncOutcome::Synced, None, Some(s))
+        }
         Err(e) => (SyncOutcome::Failed, Some(format!("{e:#}")), None),
     };
     if let Some(s) = stats.as_ref().filter(|s| s.conflicts > 0) {
@@ -248,6 +252,13 @@ pub fn sync_one(
 fn copy_error(e: &anyhow::Error, is: fn(&copy::CopyError) -> bool) -> bool {
     e.chain()
         .any(|c| c.downcast_ref::<copy::CopyError>().is_some_and(is))
+}
+
+/// How many entries the write-back that failed with `e` removed after it ran out of
+/// space, if it did (see [`copy::CopyError::SpaceFreed`]).
+fn freed_by(e: &anyhow::Error) -> Option<u64> {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<copy::CopyError>()?.freed())
 }
 
 /// How often a write-back starts again when a directory of the disk side vanished

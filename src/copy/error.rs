@@ -28,7 +28,27 @@ pub enum CopyError {
     /// A write-back ran out of space, then removed names the RAM deleted (it removes
     /// them last): another pass may fit in the space they held.
     #[error(transparent)]
-    SpaceFreed(Box<CopyError>),
+    SpaceFreed(Box<Freed>),
+}
+
+/// The error of a write-back that ran out of space, and how many entries it removed
+/// after that: it reads as that error.
+#[derive(Debug)]
+pub struct Freed {
+    pub error: CopyError,
+    pub removed: u64,
+}
+
+impl std::fmt::Display for Freed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Freed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
 }
 
 impl CopyError {
@@ -43,9 +63,13 @@ impl CopyError {
         }
     }
 
-    /// See [`CopyError::SpaceFreed`].
-    pub fn freed_space(&self) -> bool {
-        matches!(self, CopyError::SpaceFreed(_))
+    /// How many entries a write-back that ran out of space removed after that (see
+    /// [`CopyError::SpaceFreed`]).
+    pub fn freed(&self) -> Option<u64> {
+        match self {
+            CopyError::SpaceFreed(f) => Some(f.removed),
+            _ => None,
+        }
     }
 
     /// A directory of the copy vanished under the walk: removed by someone else (an

@@ -23,7 +23,7 @@ use nix::sys::stat::{self, FileStat};
 
 use super::baseline::{self, Baseline, Sig, Time};
 use super::durable::{DstDir, Durable};
-use super::error::{dst_err, src_err, CopyError, Failed};
+use super::error::{dst_err, src_err, CopyError, Failed, Freed};
 use super::journal::Journal;
 use super::ops::{open_root_dir, RelPath, Reporter, Transfer};
 use super::place::DiskDeletions;
@@ -373,7 +373,7 @@ fn sync_pass(
             // in RAM only, until that pass).
             Err(e) if e.is_no_space() => match syncer.remove_deferred(dst_root.as_fd()) {
                 Ok(0) => Err(e),
-                Ok(_) => Err(CopyError::SpaceFreed(Box::new(e))),
+                Ok(removed) => Err(CopyError::SpaceFreed(Box::new(Freed { error: e, removed }))),
                 Err(also) => {
                     tracing::debug!(
                         "write-back: after running out of space, removing what the RAM deleted: {also}"

@@ -532,6 +532,7 @@ fn a_write_back_out_of_space_frees_what_the_ram_deleted_and_goes_on() {
     let filler = d.fill_but(2 << 20);
     let sync = d.run("sync");
     sync.code(0)
+        .stdout_has("1 deleted")
         .stdout_has("a pass that ran out of space starts again");
     d.run("down").code(0);
     fs::remove_file(filler).unwrap();
