@@ -265,8 +265,8 @@ impl Durable {
 
     /// Waits until every job submitted so far is done, failed or not: each file
     /// queued is durable in place (or was left), each directory queued `fsync`ed.
-    /// Returns early only if a worker panicked.
-    pub(super) fn drain(&self) {
+    /// False if a worker panicked: its jobs are never done, and it returns then.
+    pub(super) fn drain(&self) -> bool {
         let mut o = self
             .shared
             .outstanding
@@ -275,6 +275,7 @@ impl Durable {
         while o.jobs > 0 && !o.worker_died {
             o = self.shared.idle.wait(o).expect("no thread panics holding it");
         }
+        !o.worker_died
     }
 
     /// The data bytes the workers copied since the last call.

@@ -317,6 +317,19 @@ fn sendfile(src: &File, dst: &File, pos: u64, len: usize) -> nix::Result<usize> 
     nix::sys::sendfile::sendfile64(dst, src, Some(&mut off_in), len)
 }
 
+/// Opens the directory at `rel` below `root`, one component at a time, following
+/// no symlink.
+pub(super) fn open_below(root: BorrowedFd<'_>, rel: &[u8]) -> nix::Result<OwnedFd> {
+    let mut dir = root
+        .try_clone_to_owned()
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    for part in components(rel) {
+        let name = std::ffi::CString::new(part).map_err(|_| Errno::EINVAL)?;
+        dir = open_dst_dir(dir.as_fd(), &name)?;
+    }
+    Ok(dir)
+}
+
 /// `dir/leaf` → (`dir`, `leaf`); a name at the root has an empty directory part.
 pub(super) fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().rposition(|&b| b == b'/') {

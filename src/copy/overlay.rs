@@ -37,7 +37,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -45,8 +45,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use nix::errno::Errno;
+use nix::fcntl::AtFlags;
+use nix::sys::stat;
+use nix::unistd::{self, UnlinkatFlags};
+
 use super::baseline::Time;
+use super::ops::open_below;
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
+use super::writeback::{remove_entry, remove_older};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// The xattr overlayfs marks an opaque directory with.
@@ -102,33 +109,59 @@ pub fn merge_upper(
         merged,
         xattrs: XattrBufs::default(),
         deferred: Vec::new(),
+        disk,
     };
-    m.dir(upper, disk, false)?;
-    set_meta(&fs::symlink_metadata(upper).context(ctx("stat", upper))?, disk)?;
-    fsync_dirs(&std::mem::take(&mut m.touched))?;
-    let deferred = std::mem::take(&mut m.deferred);
-    for (d_dir, name, _) in &deferred {
-        m.remove(d_dir, name)?;
-    }
-    // The removals gave those directories new times: the upper ones' again.
-    for (d_dir, _, u_dir) in &deferred {
-        if m.touched.contains(d_dir) {
-            if let Some(md) = lstat_opt(u_dir)?.filter(fs::Metadata::is_dir) {
-                set_meta(&md, d_dir)?;
+    let mut walked = m.walk();
+    if walked.as_ref().is_err_and(no_space) {
+        // What the upper layer deleted frees space for what did not fit: once more.
+        match m.remove_deferred() {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!("overlay write-back: out of space; {n} entries the upper layer deleted removed, merging again");
+                walked = m.walk();
             }
+            Err(also) => tracing::debug!("overlay write-back: out of space, then removing: {also:#}"),
         }
     }
-    fsync_dirs(&m.touched)?;
+    walked?;
+    m.remove_deferred()?;
     Ok(m.stats)
 }
 
+/// The disk ran out of space (or the quota).
+fn no_space(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+            .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
+            || c.downcast_ref::<super::CopyError>()
+                .is_some_and(super::CopyError::is_no_space)
+    })
+}
+
+/// `fsync`s each directory of `dirs` that is still there (the pass may have removed
+/// one it wrote into).
 fn fsync_dirs(dirs: &HashSet<PathBuf>) -> Result<()> {
     for d in dirs {
-        File::open(d)
-            .and_then(|f| f.sync_all())
-            .with_context(|| ctx("fsync", d))?;
+        match File::open(d).and_then(|f| f.sync_all()) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            r => r.with_context(|| ctx("fsync", d))?,
+        }
     }
     Ok(())
+}
+
+/// A name the upper layer deleted, as the walk found it on disk: removed after it.
+struct Gone {
+    /// Its disk directory, relative to the disk root, and that directory's device
+    /// and inode then: one moved or replaced since is not the one decided on.
+    dir: PathBuf,
+    dir_id: (u64, u64),
+    name: OsString,
+    ino: u64,
+    is_dir: bool,
+    /// The upper directory, whose metadata the disk one gets back after.
+    upper: PathBuf,
 }
 
 struct Merge<'a> {
@@ -143,9 +176,9 @@ struct Merge<'a> {
     upper: &'a Path,
     merged: Option<&'a Path>,
     xattrs: XattrBufs,
-    /// What the upper layer deleted, removed from the disk after the walk: the disk
-    /// directory, the name, and the upper directory whose metadata it gets back.
-    deferred: Vec<(PathBuf, OsString, PathBuf)>,
+    /// What the upper layer deleted, removed from the disk after the walk.
+    deferred: Vec<Gone>,
+    disk: &'a Path,
 }
 
 fn ctx(op: &str, p: &Path) -> String {
@@ -166,6 +199,119 @@ fn is_whiteout(md: &fs::Metadata) -> bool {
 }
 
 impl Merge<'_> {
+    /// The walk of the whole upper layer; what it deleted waits in `deferred`.
+    fn walk(&mut self) -> Result<()> {
+        self.deferred.clear();
+        self.dir(self.upper, self.disk, false)?;
+        set_meta(
+            &fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?,
+            self.disk,
+        )
+    }
+
+    /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
+    /// directory `u_dir` deleted.
+    fn defer(&mut self, d_dir: &Path, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
+        let dmd = fs::symlink_metadata(d_dir).with_context(|| ctx("stat", d_dir))?;
+        self.deferred.push(Gone {
+            dir: d_dir
+                .strip_prefix(self.disk)
+                .expect("below the disk root")
+                .to_path_buf(),
+            dir_id: (dmd.dev(), dmd.ino()),
+            name: name.to_os_string(),
+            ino: md.ino(),
+            is_dir: md.is_dir(),
+            upper: u_dir.to_path_buf(),
+        });
+        Ok(())
+    }
+
+    /// Once every file the walk wrote is durable in place, removes what the upper
+    /// layer deleted; returns how many entries went. Each directory is opened again
+    /// from the disk root without following a symlink and must be the one decided
+    /// on, and so must each entry (inode and type); after the switch to disk an
+    /// entry the application changed since stays (a directory: what it changed, and
+    /// the directories that hold that). A directory that lost names gets the upper
+    /// one's metadata back and is `fsync`ed.
+    fn remove_deferred(&mut self) -> Result<u64> {
+        fsync_dirs(&std::mem::take(&mut self.touched))?;
+        let root = open_dir(self.disk)?;
+        let deferred = std::mem::take(&mut self.deferred);
+        let mut removed = 0;
+        for group in deferred.chunk_by(|a, b| (&a.dir, a.dir_id) == (&b.dir, b.dir_id)) {
+            let d_dir = self.disk.join(&group[0].dir);
+            let dir = match open_below(root.as_fd(), group[0].dir.as_os_str().as_bytes()) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
+                Err(e) => return Err(io::Error::from(e)).context(ctx("opening", &d_dir)),
+            };
+            let st = stat::fstat(&dir)
+                .map_err(io::Error::from)
+                .with_context(|| ctx("stat", &d_dir))?;
+            if (st.st_dev, st.st_ino) != group[0].dir_id {
+                continue;
+            }
+            let mut acted = false;
+            for gone in group {
+                let path = d_dir.join(&gone.name);
+                match self
+                    .remove_gone(dir.as_fd(), gone)
+                    .with_context(|| ctx("removing", &path))?
+                {
+                    Some(n) => {
+                        removed += n;
+                        self.stats.removed += n;
+                        acted = true;
+                    }
+                    None => self.stats.kept_disk += 1,
+                }
+            }
+            if acted {
+                if let Some(md) = lstat_opt(&group[0].upper)?.filter(fs::Metadata::is_dir) {
+                    set_meta_fd(&md, &dir).with_context(|| ctx("setting metadata of", &d_dir))?;
+                }
+                unistd::fsync(&dir)
+                    .map_err(io::Error::from)
+                    .with_context(|| ctx("fsync", &d_dir))?;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// One removal in its directory `dir`: how many entries went, or `None` where the
+    /// entry is not the one decided on or is the application's now.
+    fn remove_gone(&mut self, dir: BorrowedFd<'_>, gone: &Gone) -> io::Result<Option<u64>> {
+        let name = CString::new(gone.name.as_bytes()).map_err(|_| io::Error::from(Errno::EINVAL))?;
+        let now = match stat::fstatat(dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(now) => now,
+            Err(Errno::ENOENT) => return Ok(Some(0)),
+            Err(e) => return Err(e.into()),
+        };
+        let is_dir = now.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if now.st_ino != gone.ino || is_dir != gone.is_dir {
+            return Ok(None);
+        }
+        let since = self.window.disk_since;
+        Ok(match since {
+            Some(since) if is_dir => Some(remove_older(dir, &name, since)?),
+            None if is_dir => Some(remove_entry(dir, &name)?),
+            Some(since) if (now.st_ctime, now.st_ctime_nsec) >= since => None,
+            Some(_) => {
+                let mut temp = OsString::from(TEMP_PREFIX);
+                temp.push("rm.");
+                temp.push(&gone.name);
+                let temp = CString::new(temp.as_bytes()).map_err(|_| io::Error::from(Errno::EINVAL))?;
+                remove_seen(dir, &name, Seen::of(&now), &temp)?.then_some(1)
+            }
+            None => match unistd::unlinkat(dir, name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => Some(1),
+                Err(Errno::ENOENT) => Some(0),
+                Err(e) => return Err(e.into()),
+            },
+        })
+    }
+
     /// Merges the upper directory `u` into the disk directory `d`; `opaque`: `u`
     /// is the whole directory, and names only the disk has go.
     fn dir(&mut self, u: &Path, d: &Path, opaque: bool) -> Result<()> {
@@ -191,7 +337,9 @@ impl Merge<'_> {
             if ours(&name) {
                 self.remove(d, &name)?;
             } else if opaque && !keep.contains(&name) {
-                self.deferred.push((d.to_path_buf(), name, u.to_path_buf()));
+                if let Some(md) = lstat_opt(&d.join(&name))? {
+                    self.defer(d, u, &name, &md)?;
+                }
             }
         }
         let mut fresh = Vec::new();
@@ -248,9 +396,8 @@ impl Merge<'_> {
             return Ok(false);
         }
         if is_whiteout(&md) {
-            if changed && disk.is_some() {
-                self.deferred
-                    .push((d_dir.to_path_buf(), name.to_os_string(), u_dir.to_path_buf()));
+            if let Some(dm) = disk.as_ref().filter(|_| changed) {
+                self.defer(d_dir, u_dir, name, dm)?;
             }
             return Ok(false);
         }
@@ -514,6 +661,19 @@ fn same_leaf(u: &fs::Metadata, d: &fs::Metadata, up: &Path, dp: &Path) -> bool {
 }
 
 /// Gives `p` the owner, mode and times of `md`'s entry (the upper one).
+/// [`set_meta`] through a descriptor of the directory.
+fn set_meta_fd(md: &fs::Metadata, dir: &OwnedFd) -> io::Result<()> {
+    use nix::sys::time::TimeSpec;
+    unistd::fchown(dir, Some(md.uid().into()), Some(md.gid().into()))?;
+    stat::fchmod(dir, stat::Mode::from_bits_truncate(md.mode() & 0o7777))?;
+    stat::futimens(
+        dir,
+        &TimeSpec::new(md.atime(), md.atime_nsec()),
+        &TimeSpec::new(md.mtime(), md.mtime_nsec()),
+    )?;
+    Ok(())
+}
+
 fn set_meta(md: &fs::Metadata, p: &Path) -> Result<()> {
     std::os::unix::fs::lchown(p, Some(md.uid()), Some(md.gid())).with_context(|| ctx("chown", p))?;
     if !md.file_type().is_symlink() {

@@ -361,27 +361,42 @@ fn sync_pass(
         };
         syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
-        syncer.durable.drain();
-        let walked = walked.and_then(|()| syncer.durable.failed().map_or(Ok(()), Err));
-        let walked = match walked {
-            Ok(()) => {
+        let complete = syncer.durable.drain();
+        let worker = syncer.durable.failed();
+        let space_only = walked
+            .as_ref()
+            .err()
+            .into_iter()
+            .chain(&worker)
+            .all(CopyError::is_no_space);
+        let walked = match walked.err().or(worker) {
+            // A worker panicked (the scope passes it on): its copies may not be in
+            // place, so no old name goes.
+            failed if !complete => failed.map_or(Ok(()), Err),
+            None => {
                 crate::failpoint::hit("before-removals", "");
                 syncer.remove_deferred(dst_root.as_fd()).map(drop)
             }
             // Out of space: the removals free some for another pass, even where the
             // walk did not get as far as a moved file's new name (its data is then
-            // in RAM only, until that pass).
-            Err(e) if e.is_no_space() => match syncer.remove_deferred(dst_root.as_fd()) {
-                Ok(0) => Err(e),
-                Ok(removed) => Err(CopyError::SpaceFreed(Box::new(Freed { error: e, removed }))),
-                Err(also) => {
-                    tracing::debug!(
-                        "write-back: after running out of space, removing what the RAM deleted: {also}"
-                    );
-                    Err(e)
+            // in RAM only, until that pass). Directories the walk did not finish
+            // got no `fsync` for the renames into them: one `syncfs` first.
+            Some(e) if space_only => {
+                let removed = nix::unistd::syncfs(dst_root.as_fd())
+                    .map_err(|errno| dst_err("syncfs")(errno).at(PathBuf::from(".")))
+                    .and_then(|()| syncer.remove_deferred(dst_root.as_fd()));
+                match removed {
+                    Ok(0) => Err(e),
+                    Ok(removed) => Err(CopyError::SpaceFreed(Box::new(Freed { error: e, removed }))),
+                    Err(also) => {
+                        tracing::debug!(
+                            "write-back: after running out of space, removing what the RAM deleted: {also}"
+                        );
+                        Err(e)
+                    }
                 }
-            },
-            Err(e) => Err(e),
+            }
+            Some(e) => Err(e),
         };
         let Syncer {
             mut reporter,

@@ -397,3 +397,106 @@ fn what_an_overlay_cannot_do_is_refused() {
     assert!(!root.join("etc/fstab").exists(), "nothing written");
     install("systemd").code(0).stdout_has("changed: yes");
 }
+
+/// A whiteout in the upper layer, as overlayfs makes one.
+fn whiteout(p: &Path) {
+    nix::sys::stat::mknod(
+        p,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::empty(),
+        0,
+    )
+    .unwrap();
+}
+
+/// The merge removes what the upper layer deleted after its copies. The application,
+/// on its disk directory after `down`'s switch, acts during the walk on what is still
+/// to be removed: it moves the directory holding a whited-out file away and plants a
+/// symlink to a directory outside the tree at its name, and it replaces a whited-out
+/// directory by a new one of its own. Nothing outside the tree is removed or changed,
+/// and the application's directory stays.
+#[test]
+fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let at = tempfile::tempdir_in("/tmp").unwrap();
+    let (upper, disk, outside) = (
+        at.path().join("upper"),
+        at.path().join("disk"),
+        at.path().join("outside"),
+    );
+    for d in [&upper, &disk, &outside] {
+        fs::create_dir(d).unwrap();
+    }
+    for d in ["a_gone", "m_sub"] {
+        fs::create_dir(disk.join(d)).unwrap();
+    }
+    fs::write(disk.join("a_gone/old"), "old").unwrap();
+    fs::write(disk.join("m_sub/x"), "x").unwrap();
+    fs::write(outside.join("x"), "not the tree's").unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    whiteout(&upper.join("a_gone"));
+    fs::create_dir(upper.join("m_sub")).unwrap();
+    fs::set_permissions(upper.join("m_sub"), fs::Permissions::from_mode(0o700)).unwrap();
+    whiteout(&upper.join("m_sub/x"));
+    // Walked after both: the merge asks whether the application deleted it.
+    fs::write(upper.join("z_new"), "new").unwrap();
+    let window = tmpfsctl::copy::overlay::Window {
+        upper_since: None,
+        disk_since: Some(switched),
+    };
+    let mut acted = false;
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "z_new" && !acted {
+            acted = true;
+            fs::rename(disk.join("m_sub"), disk.join("m_sub.moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, disk.join("m_sub")).unwrap();
+            fs::remove_dir_all(disk.join("a_gone")).unwrap();
+            fs::create_dir(disk.join("a_gone")).unwrap();
+        }
+        false
+    };
+    let stats = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act).unwrap();
+    assert!(acted, "the walk did not ask about z_new");
+    assert_eq!(fs::read_to_string(outside.join("x")).unwrap(), "not the tree's");
+    assert_eq!(
+        fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+        0o755,
+        "the upper directory's mode went to a directory outside the tree"
+    );
+    assert!(
+        disk.join("a_gone").is_dir(),
+        "the application's new directory was removed: {stats:?}"
+    );
+    assert_eq!(fs::read_to_string(disk.join("m_sub.moved/x")).unwrap(), "x");
+    assert_eq!(fs::read_to_string(disk.join("z_new")).unwrap(), "new");
+}
+
+/// The upper layer deleted one large file and wrote another as large, on a disk with
+/// room for one of them beside the other: the merge runs out of space, removes what
+/// the upper layer deleted, and merges again.
+#[test]
+fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
+    let at = tempfile::tempdir_in("/tmp").unwrap();
+    let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
+    fs::create_dir(&upper).unwrap();
+    fs::create_dir(&disk).unwrap();
+    crate::common::in_private_mount_ns(|| {
+        let _small = crate::common_copy::mount_tmpfs(&disk, "size=1m");
+        fs::write(disk.join("a_old"), vec![1u8; 700 << 10]).unwrap();
+        whiteout(&upper.join("a_old"));
+        fs::write(upper.join("b_new"), vec![2u8; 700 << 10]).unwrap();
+        let stats =
+            tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false)
+                .expect("the merge after freeing space");
+        assert!(!disk.join("a_old").exists());
+        assert_eq!(fs::read(disk.join("b_new")).unwrap(), vec![2u8; 700 << 10]);
+        assert!(stats.removed >= 1, "{stats:?}");
+        let names: Vec<_> = fs::read_dir(&disk)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["b_new"], "a temporary was left");
+    });
+}

@@ -20,7 +20,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, CopyError, Failed};
-use crate::copy::ops::{atime, components, file_type, mtime, open_dst_dir, split_parent};
+use crate::copy::ops::{atime, file_type, mtime, open_below, open_dst_dir, split_parent};
 use crate::copy::place::{remove_seen, Seen};
 use crate::copy::scan::{read_names, Name};
 use crate::copy::temp::{is_temp, TempNames};
@@ -197,19 +197,6 @@ impl Syncer<'_, '_> {
             },
         )
     }
-}
-
-/// Opens the directory at `rel` below `root`, one component at a time, following
-/// no symlink.
-fn open_below(root: BorrowedFd<'_>, rel: &[u8]) -> nix::Result<OwnedFd> {
-    let mut dir = root
-        .try_clone_to_owned()
-        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
-    for part in components(rel) {
-        let name = CString::new(part).map_err(|_| Errno::EINVAL)?;
-        dir = open_dst_dir(dir.as_fd(), &name)?;
-    }
-    Ok(dir)
 }
 
 /// What a removal walk does with an entry of a directory it entered.
