@@ -575,11 +575,26 @@ fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
 
 /// Stops `apply` at each of `points` (`TMPFSCTL_FAILPOINT=stop=…`), running `act`
 /// with the point's index while it is stopped there; returns its exit code and output.
-fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], mut act: impl FnMut(usize)) -> (i32, String) {
+fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], act: impl FnMut(usize)) -> (i32, String) {
+    let failpoint = format!("stop={}:cache", points.join(","));
+    stopped_at(sb, "apply", spec, &failpoint, points, act)
+}
+
+/// Runs `tmpfsctl VERB SPEC` with `TMPFSCTL_FAILPOINT=failpoint`, which stops it at
+/// each of `points`, running `act` with the point's index while it is stopped there;
+/// returns its exit code and output.
+fn stopped_at(
+    sb: &Sandbox,
+    verb: &str,
+    spec: &Path,
+    failpoint: &str,
+    points: &[&str],
+    mut act: impl FnMut(usize),
+) -> (i32, String) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let mut c = sb.cmd();
-    c.env("TMPFSCTL_FAILPOINT", format!("stop={}:cache", points.join(",")))
-        .args(["apply".as_ref(), spec.as_os_str()])
+    c.env("TMPFSCTL_FAILPOINT", failpoint)
+        .args([verb.as_ref(), spec.as_os_str()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut apply = c.spawn().unwrap();
@@ -590,7 +605,7 @@ fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], mut act: impl Fn
             other => {
                 let mut err = String::new();
                 std::io::Read::read_to_string(&mut apply.stderr.take().unwrap(), &mut err).unwrap();
-                panic!("apply did not stop at {at}: {other:?}\n{err}");
+                panic!("{verb} did not stop at {at}: {other:?}\n{err}");
             }
         }
         // A failed check must not leave it stopped for good.
@@ -742,7 +757,6 @@ fn dropping_what_the_disk_deleted_before_the_switch_leaves_the_applications_chan
 /// only) stays, as the later change. The rest goes.
 #[test]
 fn what_the_ram_deleted_goes_last_and_the_application_may_act_on_it_meanwhile() {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     for d in ["a_from", "gone", "left"] {
@@ -765,44 +779,27 @@ fn what_the_ram_deleted_goes_last_and_the_application_may_act_on_it_meanwhile() 
     for f in ["replaced", "chowned", "plain"] {
         fs::remove_file(cache.join("left").join(f)).unwrap();
     }
-    let mut c = sb.cmd();
-    c.env("TMPFSCTL_FAILPOINT", "stop=before-removals")
-        .args(["down".as_ref(), spec.as_os_str()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let down = c.spawn().unwrap();
-    let pid = nix::unistd::Pid::from_raw(down.id() as i32);
-    let stopped = matches!(
-        waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap(),
-        WaitStatus::Stopped(..)
+    let (code, log) = stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=before-removals",
+        &["before-removals"],
+        |_| {
+            // The application is on the disk directory now.
+            assert_eq!(fs::read(cache.join("z_to/moved")).unwrap(), b"moved data");
+            assert_eq!(
+                fs::read(cache.join("a_from/moved")).unwrap(),
+                b"moved data",
+                "the old name went before the removals"
+            );
+            fs::remove_dir_all(cache.join("gone")).unwrap();
+            fs::remove_file(cache.join("left/replaced")).unwrap();
+            fs::write(cache.join("left/replaced"), "the application's").unwrap();
+            std::os::unix::fs::chown(cache.join("left/chowned"), Some(1234), Some(1234)).unwrap();
+        },
     );
-    let acted = std::panic::catch_unwind(|| {
-        assert!(stopped, "down did not stop before its removals");
-        // The application is on the disk directory now.
-        assert_eq!(fs::read(cache.join("z_to/moved")).unwrap(), b"moved data");
-        assert_eq!(
-            fs::read(cache.join("a_from/moved")).unwrap(),
-            b"moved data",
-            "the old name went before the removals"
-        );
-        fs::remove_dir_all(cache.join("gone")).unwrap();
-        fs::remove_file(cache.join("left/replaced")).unwrap();
-        fs::write(cache.join("left/replaced"), "the application's").unwrap();
-        std::os::unix::fs::chown(cache.join("left/chowned"), Some(1234), Some(1234)).unwrap();
-    });
-    if stopped {
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    }
-    let out = down.wait_with_output().unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if let Err(panic) = acted {
-        std::panic::resume_unwind(panic);
-    }
-    assert_eq!(out.status.code(), Some(0), "down\n{log}");
+    assert_eq!(code, 0, "down\n{log}");
     assert_eq!(fs::read(cache.join("z_to/moved")).unwrap(), b"moved data");
     assert!(
         !cache.join("a_from/moved").exists(),
