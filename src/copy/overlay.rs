@@ -51,9 +51,9 @@ use nix::sys::stat;
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::Time;
-use super::ops::open_below;
+use super::ops::{open_below, open_dst_dir};
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
-use super::writeback::{remove_entry, remove_older};
+use super::writeback::{remove_entry, remove_older, remove_older_deleted};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// The xattr overlayfs marks an opaque directory with.
@@ -118,7 +118,14 @@ pub fn merge_upper(
             Ok(0) => {}
             Ok(n) => {
                 tracing::info!("overlay write-back: out of space; {n} entries the upper layer deleted removed, merging again");
+                // What the first walk wrote counts as written; the second finds it
+                // in place (unchanged, or after the switch as the disk's).
+                let first = std::mem::take(&mut m.stats);
                 walked = m.walk();
+                m.stats.written += first.written;
+                m.stats.bytes += first.bytes;
+                m.stats.dirs += first.dirs;
+                m.stats.removed += first.removed;
             }
             Err(also) => tracing::debug!("overlay write-back: out of space, then removing: {also:#}"),
         }
@@ -160,6 +167,9 @@ struct Gone {
     name: OsString,
     ino: u64,
     is_dir: bool,
+    /// Its birth time, where the filesystem keeps one: a directory made again at
+    /// the name can have the same inode number.
+    born: Option<std::time::SystemTime>,
     /// The upper directory, whose metadata the disk one gets back after.
     upper: PathBuf,
 }
@@ -202,6 +212,8 @@ impl Merge<'_> {
     /// The walk of the whole upper layer; what it deleted waits in `deferred`.
     fn walk(&mut self) -> Result<()> {
         self.deferred.clear();
+        // Copies of an earlier walk are no first names to link to.
+        self.links.clear();
         self.dir(self.upper, self.disk, false)?;
         set_meta(
             &fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?,
@@ -212,7 +224,12 @@ impl Merge<'_> {
     /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
     /// directory `u_dir` deleted.
     fn defer(&mut self, d_dir: &Path, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
-        let dmd = fs::symlink_metadata(d_dir).with_context(|| ctx("stat", d_dir))?;
+        let dmd = match fs::symlink_metadata(d_dir) {
+            Ok(dmd) => dmd,
+            // Removed since the walk listed it: so is what it held.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).context(ctx("stat", d_dir)),
+        };
         self.deferred.push(Gone {
             dir: d_dir
                 .strip_prefix(self.disk)
@@ -222,6 +239,7 @@ impl Merge<'_> {
             name: name.to_os_string(),
             ino: md.ino(),
             is_dir: md.is_dir(),
+            born: md.created().ok(),
             upper: u_dir.to_path_buf(),
         });
         Ok(())
@@ -294,7 +312,23 @@ impl Merge<'_> {
         }
         let since = self.window.disk_since;
         Ok(match since {
-            Some(since) if is_dir => Some(remove_older(dir, &name, since)?),
+            Some(since) if is_dir => {
+                let opened = match open_dst_dir(dir, &name) {
+                    Ok(fd) => fd,
+                    Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let born = File::from(opened).metadata()?.created().ok();
+                match (gone.born, born) {
+                    (Some(then), Some(now)) if then != now => None,
+                    // The one decided on: what the application changed in it since
+                    // stays, the rest goes.
+                    (Some(_), Some(_)) => Some(remove_older_deleted(dir, &name, gone.ino, since)?),
+                    // No birth time to tell a directory made again by: one changed
+                    // since stays whole.
+                    _ => Some(remove_older(dir, &name, since)?),
+                }
+            }
             None if is_dir => Some(remove_entry(dir, &name)?),
             Some(since) if (now.st_ctime, now.st_ctime_nsec) >= since => None,
             Some(_) => {
@@ -335,7 +369,7 @@ impl Merge<'_> {
             // Temporaries of a killed pass go, and (after the walk) in an opaque
             // directory every name the upper one lacks.
             if ours(&name) {
-                self.remove(d, &name)?;
+                self.remove_ours(d, &name)?;
             } else if opaque && !keep.contains(&name) {
                 if let Some(md) = lstat_opt(&d.join(&name))? {
                     self.defer(d, u, &name, &md)?;
@@ -569,6 +603,26 @@ impl Merge<'_> {
             &mut self.xattrs,
         )
         .map_err(|e| anyhow::Error::new(e.at(d_dir.join(name))))
+    }
+
+    /// Removes the merge's own temporary `name` from the disk directory (a killed
+    /// pass's: reserved, whenever it was made), and all below it.
+    fn remove_ours(&mut self, d_dir: &Path, name: &OsStr) -> Result<()> {
+        let d = d_dir.join(name);
+        let gone = match lstat_opt(&d)? {
+            None => return Ok(()),
+            Some(md) if md.is_dir() => fs::remove_dir_all(&d),
+            Some(_) => fs::remove_file(&d),
+        };
+        match gone {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => {
+                r.with_context(|| ctx("removing", &d))?;
+                self.touched.insert(d_dir.to_path_buf());
+                self.stats.removed += 1;
+                Ok(())
+            }
+        }
     }
 
     /// Removes `name` from the disk directory, and all below it; once the

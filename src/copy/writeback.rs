@@ -50,7 +50,21 @@ pub fn remove_older(
     before: baseline::Time,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, None).map_err(|f| f.err)
+}
+
+/// [`remove_older`] of the directory `name` the application deleted as a whole before
+/// `before` (an overlay's whiteout), while it is still the directory `ino`: entered
+/// whatever its own ctime says, since a change the application made in it since only
+/// keeps what it changed.
+pub fn remove_older_deleted(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    ino: u64,
+    before: baseline::Time,
+) -> std::io::Result<u64> {
+    let dev = stat::fstat(dir)?.st_dev;
+    remove::remove_older(dir, name, before, dev, Some(ino)).map_err(|f| f.err)
 }
 
 /// Removes the non-directory `name` from `dir`, where an application works, if it is

@@ -500,3 +500,41 @@ fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
         assert_eq!(names, ["b_new"], "a temporary was left");
     });
 }
+
+/// A directory the application deleted through the overlay (a whiteout) that it then
+/// changed on disk after `down`'s switch (the stale view): what it changed there
+/// stays, the rest of what it deleted goes, whatever the directory's own ctime says.
+#[test]
+fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_since() {
+    for variant in ["untouched", "one removed", "one added"] {
+        let at = tempfile::tempdir_in("/tmp").unwrap();
+        let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
+        fs::create_dir(&upper).unwrap();
+        fs::create_dir_all(disk.join("x/sub")).unwrap();
+        for f in ["x/old1", "x/old2", "x/sub/old3"] {
+            fs::write(disk.join(f), f).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let switched = tmpfsctl::copy::baseline::now_after_tick();
+        whiteout(&upper.join("x"));
+        match variant {
+            "one removed" => fs::remove_file(disk.join("x/old1")).unwrap(),
+            "one added" => fs::write(disk.join("x/new"), "the application's").unwrap(),
+            _ => {}
+        }
+        let window = tmpfsctl::copy::overlay::Window {
+            upper_since: None,
+            disk_since: Some(switched),
+        };
+        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
+        let want: BTreeMap<String, String> = match variant {
+            "one added" => [
+                ("x/".into(), String::new()),
+                ("x/new".into(), "the application's".into()),
+            ]
+            .into(),
+            _ => BTreeMap::new(),
+        };
+        assert_eq!(tree(&disk), want, "{variant}");
+    }
+}

@@ -453,16 +453,22 @@ impl Rule for Tree {
 /// entered nor removed, as a directory moved in keeps the older ctimes of what it
 /// holds. Nothing is followed and no other filesystem entered. Returns how many
 /// entries went.
+///
+/// `decided`: the inode of the directory `name` where the caller decided on it as
+/// a whole (a deletion the application made before `before`): entered whatever its
+/// own ctime, while it is that directory; what is in it is decided as above.
 pub(super) fn remove_older(
     parent: BorrowedFd<'_>,
     name: &CStr,
     before: Time,
     dev: u64,
+    decided: Option<u64>,
 ) -> Result<u64, Failed> {
     let mut rule = Older {
         before,
         dev,
         temps: TempNames::new(),
+        decided,
     };
     remove_walk(parent, name, b"", &mut rule).map(|(removed, _)| removed)
 }
@@ -472,6 +478,9 @@ struct Older {
     before: Time,
     dev: u64,
     temps: TempNames,
+    /// The top directory's inode, if decided on (see [`remove_older`]); taken by its
+    /// `enter`.
+    decided: Option<u64>,
 }
 
 impl Rule for Older {
@@ -482,7 +491,11 @@ impl Rule for Older {
             Err(e) => return Err(dst_err("open directory")(e)),
         };
         let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
-        if st.st_dev != self.dev || (st.st_ctime, st.st_ctime_nsec) >= self.before {
+        let decided = self.decided.take();
+        if st.st_dev != self.dev
+            || decided.is_some_and(|ino| ino != st.st_ino)
+            || (decided.is_none() && (st.st_ctime, st.st_ctime_nsec) >= self.before)
+        {
             return Ok(None);
         }
         Ok(Some(fd))
