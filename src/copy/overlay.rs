@@ -377,14 +377,38 @@ impl Merge<'_> {
             }
         }
         let mut fresh = Vec::new();
+        let mut walked = Ok(());
         for name in names {
-            if self.entry(u, d, &name)? {
-                fresh.push(name);
+            match self.entry(u, d, &name) {
+                Ok(true) => fresh.push(name),
+                Ok(false) => {}
+                Err(e) => {
+                    walked = Err(e);
+                    break;
+                }
             }
         }
         if fresh.is_empty() || opaque {
-            return Ok(());
+            return walked;
         }
+        // Also when the walk failed: a later pass finds these names on disk, no
+        // longer new, and would not look again.
+        let checked = self.check_fresh(u, d, fresh);
+        match walked {
+            Err(e) => {
+                if let Err(also) = checked {
+                    tracing::debug!("overlay write-back: after a failure, checking new names: {also:#}");
+                }
+                Err(e)
+            }
+            Ok(()) => checked,
+        }
+    }
+
+    /// Removes again each name of `fresh` the merge wrote into the disk directory
+    /// `d` that the application deleted from the upper directory `u` meanwhile
+    /// (after the barrier: see the module's comment).
+    fn check_fresh(&mut self, u: &Path, d: &Path, fresh: Vec<OsString>) -> Result<()> {
         self.barrier(u)?;
         for name in fresh {
             if lstat_opt(&u.join(&name))?.is_none() {
