@@ -37,7 +37,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -158,6 +158,31 @@ fn fsync_dirs(dirs: &HashSet<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// A disk directory of the walk: `path` for messages, the fsync set and the
+/// deletion watch; `via`, `/proc/self/fd/N` of a descriptor opened relative to its
+/// parent's without following a symlink, for every system call in it. After
+/// `down`'s switch the application works in the disk directory: renaming a
+/// directory the walk is in and planting a symlink at its name leads the walk
+/// nowhere else.
+#[derive(Clone, Copy)]
+struct DiskDir<'p> {
+    path: &'p Path,
+    via: &'p Path,
+}
+
+/// `/proc/self/fd/N` of the directory `held`: a path to it that no rename or symlink
+/// elsewhere changes.
+fn via(held: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()))
+}
+
+impl DiskDir<'_> {
+    /// The directory itself, again (`via` is a link to it, not a name in it).
+    fn open(&self) -> Result<File> {
+        File::open(self.via).with_context(|| ctx("opening", self.path))
+    }
+}
+
 /// A name the upper layer deleted, as the walk found it on disk: removed after it.
 struct Gone {
     /// Its disk directory, relative to the disk root, and that directory's device
@@ -214,7 +239,13 @@ impl Merge<'_> {
         self.deferred.clear();
         // Copies of an earlier walk are no first names to link to.
         self.links.clear();
-        self.dir(self.upper, self.disk, false)?;
+        let held = open_dir(self.disk)?;
+        let via = via(&held);
+        let root = DiskDir {
+            path: self.disk,
+            via: &via,
+        };
+        self.dir(self.upper, root, false)?;
         set_meta(
             &fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?,
             self.disk,
@@ -223,15 +254,16 @@ impl Merge<'_> {
 
     /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
     /// directory `u_dir` deleted.
-    fn defer(&mut self, d_dir: &Path, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
-        let dmd = match fs::symlink_metadata(d_dir) {
+    fn defer(&mut self, d_dir: DiskDir<'_>, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
+        let dmd = match fs::metadata(d_dir.via) {
             Ok(dmd) => dmd,
             // Removed since the walk listed it: so is what it held.
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).context(ctx("stat", d_dir)),
+            Err(e) => return Err(e).context(ctx("stat", d_dir.path)),
         };
         self.deferred.push(Gone {
             dir: d_dir
+                .path
                 .strip_prefix(self.disk)
                 .expect("below the disk root")
                 .to_path_buf(),
@@ -348,7 +380,7 @@ impl Merge<'_> {
 
     /// Merges the upper directory `u` into the disk directory `d`; `opaque`: `u`
     /// is the whole directory, and names only the disk has go.
-    fn dir(&mut self, u: &Path, d: &Path, opaque: bool) -> Result<()> {
+    fn dir(&mut self, u: &Path, d: DiskDir<'_>, opaque: bool) -> Result<()> {
         let mut names = Vec::new();
         for e in fs::read_dir(u).with_context(|| ctx("listing", u))? {
             let name = e.with_context(|| ctx("listing", u))?.file_name();
@@ -364,14 +396,14 @@ impl Merge<'_> {
         }
         names.sort();
         let keep: HashSet<&OsString> = names.iter().collect();
-        for e in fs::read_dir(d).with_context(|| ctx("listing", d))? {
-            let name = e.with_context(|| ctx("listing", d))?.file_name();
+        for e in fs::read_dir(d.via).with_context(|| ctx("listing", d.path))? {
+            let name = e.with_context(|| ctx("listing", d.path))?.file_name();
             // Temporaries of a killed pass go, and (after the walk) in an opaque
             // directory every name the upper one lacks.
             if ours(&name) {
                 self.remove_ours(d, &name)?;
             } else if opaque && !keep.contains(&name) {
-                if let Some(md) = lstat_opt(&d.join(&name))? {
+                if let Some(md) = lstat_opt(&d.via.join(&name))? {
                     self.defer(d, u, &name, &md)?;
                 }
             }
@@ -408,7 +440,7 @@ impl Merge<'_> {
     /// Removes again each name of `fresh` the merge wrote into the disk directory
     /// `d` that the application deleted from the upper directory `u` meanwhile
     /// (after the barrier: see the module's comment).
-    fn check_fresh(&mut self, u: &Path, d: &Path, fresh: Vec<OsString>) -> Result<()> {
+    fn check_fresh(&mut self, u: &Path, d: DiskDir<'_>, fresh: Vec<OsString>) -> Result<()> {
         self.barrier(u)?;
         for name in fresh {
             if lstat_opt(&u.join(&name))?.is_none() {
@@ -438,9 +470,9 @@ impl Merge<'_> {
 
     /// Merges one upper entry; `true` when it put a name the disk directory
     /// did not have.
-    fn entry(&mut self, u_dir: &Path, d_dir: &Path, name: &OsStr) -> Result<bool> {
+    fn entry(&mut self, u_dir: &Path, d_dir: DiskDir<'_>, name: &OsStr) -> Result<bool> {
         let u = u_dir.join(name);
-        let d = d_dir.join(name);
+        let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let md = match fs::symlink_metadata(&u) {
             Ok(md) => md,
             // Deleted by the application since the listing: a later pass sees its whiteout.
@@ -449,7 +481,7 @@ impl Merge<'_> {
         };
         let changed = self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
         let disk = lstat_opt(&d)?;
-        if changed && self.disk_won(d_dir, name, disk.as_ref()) {
+        if changed && self.disk_won(d_dir.path, name, disk.as_ref()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -471,15 +503,26 @@ impl Merge<'_> {
                     if disk.is_some() {
                         self.remove(d_dir, name)?;
                     }
-                    fs::create_dir(&d).with_context(|| ctx("creating directory", &d))?;
-                    self.touched.insert(d_dir.to_path_buf());
+                    fs::create_dir(&d).with_context(|| ctx("creating directory", &shown))?;
+                    self.touched.insert(d_dir.path.to_path_buf());
                     self.stats.dirs += 1;
                 }
             }
-            self.dir(&u, &d, opaque)?;
-            set_meta(&md, &d)?;
-            let (uf, df) = (open_dir(&u)?, open_dir(&d)?);
-            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &d)?;
+            // Held from here on: wherever the application moves it meanwhile, the
+            // walk goes on in it, and it gets its metadata.
+            let df = open_dir_as(&d, &shown)?;
+            let held = via(&df);
+            self.dir(
+                &u,
+                DiskDir {
+                    path: &shown,
+                    via: &held,
+                },
+                opaque,
+            )?;
+            let uf = open_dir(&u)?;
+            set_meta_fd(&md, &df).with_context(|| ctx("setting metadata of", &shown))?;
+            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &shown)?;
             return Ok(disk.is_none());
         }
         if !changed {
@@ -515,22 +558,24 @@ impl Merge<'_> {
         &mut self,
         md: &fs::Metadata,
         u: &Path,
-        d_dir: &Path,
+        d_dir: DiskDir<'_>,
         name: &OsStr,
         disk: Option<&fs::Metadata>,
     ) -> Result<()> {
-        let d = d_dir.join(name);
+        let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let mut tmp_name = OsString::from(TEMP_PREFIX);
         tmp_name.push(name);
-        let tmp = d_dir.join(&tmp_name);
+        let (tmp, tmp_shown) = (d_dir.via.join(&tmp_name), d_dir.path.join(&tmp_name));
         match fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e).context(ctx("removing", &tmp)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(e).context(ctx("removing", &tmp_shown))
+            }
             _ => {}
         }
         let key = (md.dev(), md.ino());
         let ft = md.file_type();
         if let Some(first) = self.links.get(&key).filter(|_| md.nlink() > 1) {
-            fs::hard_link(first, &tmp).with_context(|| ctx("linking", &tmp))?;
+            fs::hard_link(first, &tmp).with_context(|| ctx("linking", &tmp_shown))?;
         } else if ft.is_file() {
             let mut src = match File::open(u) {
                 Ok(f) => f,
@@ -547,22 +592,27 @@ impl Merge<'_> {
             };
             // The file opened may be a newer one renamed over the name since its stat.
             let md = src.metadata().with_context(|| ctx("stat", u))?;
-            let mut dst = File::create_new(&tmp).with_context(|| ctx("creating", &tmp))?;
-            self.stats.bytes += io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp))?;
-            dst.flush().with_context(|| ctx("writing", &tmp))?;
-            set_meta(&md, &tmp)?;
-            self.sync_xattrs(XattrTarget::Fd(src.as_fd()), XattrTarget::Fd(dst.as_fd()), &tmp)?;
-            dst.sync_all().with_context(|| ctx("fsync", &tmp))?;
+            let mut dst = File::create_new(&tmp).with_context(|| ctx("creating", &tmp_shown))?;
+            self.stats.bytes +=
+                io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp_shown))?;
+            dst.flush().with_context(|| ctx("writing", &tmp_shown))?;
+            set_meta_fd(&md, &dst).with_context(|| ctx("setting metadata of", &tmp_shown))?;
+            self.sync_xattrs(
+                XattrTarget::Fd(src.as_fd()),
+                XattrTarget::Fd(dst.as_fd()),
+                &tmp_shown,
+            )?;
+            dst.sync_all().with_context(|| ctx("fsync", &tmp_shown))?;
         } else if ft.is_symlink() {
             let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
-            symlink(&target, &tmp).with_context(|| ctx("creating symlink", &tmp))?;
+            symlink(&target, &tmp).with_context(|| ctx("creating symlink", &tmp_shown))?;
             set_meta(md, &tmp)?;
             self.sync_xattrs_at(u, &tmp)?;
         } else {
             let c = CString::new(tmp.as_os_str().as_bytes()).context("a path with a NUL byte")?;
             // SAFETY: `c` is a valid NUL-terminated path.
             if unsafe { libc::mknod(c.as_ptr(), md.mode(), md.rdev()) } != 0 {
-                return Err(io::Error::last_os_error()).context(ctx("mknod", &tmp));
+                return Err(io::Error::last_os_error()).context(ctx("mknod", &tmp_shown));
             }
             set_meta(md, &tmp)?;
             self.sync_xattrs_at(u, &tmp)?;
@@ -573,18 +623,18 @@ impl Merge<'_> {
             disk = None;
         }
         if self.window.disk_since.is_some() {
-            let dir = File::open(d_dir).with_context(|| ctx("opening", d_dir))?;
+            let dir = d_dir.open()?;
             let (t, n) = (cstr(&tmp_name)?, cstr(name)?);
             let how = match disk {
                 Some(dm) => Place::Over(Seen::of_metadata(dm)),
                 None => Place::Free,
             };
             let placed = put_in_place(dir.as_fd(), &t, &n, how)
-                .with_context(|| format!("renaming {} to {}", tmp.display(), d.display()))?;
+                .with_context(|| format!("renaming {} to {}", tmp_shown.display(), shown.display()))?;
             if placed != Placed::Yes {
                 match fs::remove_file(&tmp) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                        return Err(e).context(ctx("removing", &tmp))
+                        return Err(e).context(ctx("removing", &tmp_shown))
                     }
                     _ => {}
                 }
@@ -592,12 +642,15 @@ impl Merge<'_> {
                 return Ok(());
             }
         } else {
-            fs::rename(&tmp, &d).with_context(|| format!("renaming {} to {}", tmp.display(), d.display()))?;
+            fs::rename(&tmp, &d)
+                .with_context(|| format!("renaming {} to {}", tmp_shown.display(), shown.display()))?;
         }
         if md.nlink() > 1 && ft.is_file() {
-            self.links.entry(key).or_insert_with(|| d.clone());
+            // By its path: the later names are linked after this directory's
+            // descriptor is closed.
+            self.links.entry(key).or_insert(shown);
         }
-        self.touched.insert(d_dir.to_path_buf());
+        self.touched.insert(d_dir.path.to_path_buf());
         self.stats.written += 1;
         Ok(())
     }
@@ -619,20 +672,20 @@ impl Merge<'_> {
         )
     }
 
-    fn same_xattrs(&mut self, u_dir: &Path, d_dir: &Path, name: &OsStr) -> Result<bool> {
-        let (ud, dd, n) = (open_dir(u_dir)?, open_dir(d_dir)?, cstr(name)?);
+    fn same_xattrs(&mut self, u_dir: &Path, d_dir: DiskDir<'_>, name: &OsStr) -> Result<bool> {
+        let (ud, dd, n) = (open_dir(u_dir)?, d_dir.open()?, cstr(name)?);
         xattrs::same_xattrs(
             XattrTarget::At(ud.as_fd(), &n),
             XattrTarget::At(dd.as_fd(), &n),
             &mut self.xattrs,
         )
-        .map_err(|e| anyhow::Error::new(e.at(d_dir.join(name))))
+        .map_err(|e| anyhow::Error::new(e.at(d_dir.path.join(name))))
     }
 
     /// Removes the merge's own temporary `name` from the disk directory (a killed
     /// pass's: reserved, whenever it was made), and all below it.
-    fn remove_ours(&mut self, d_dir: &Path, name: &OsStr) -> Result<()> {
-        let d = d_dir.join(name);
+    fn remove_ours(&mut self, d_dir: DiskDir<'_>, name: &OsStr) -> Result<()> {
+        let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let gone = match lstat_opt(&d)? {
             None => return Ok(()),
             Some(md) if md.is_dir() => fs::remove_dir_all(&d),
@@ -641,19 +694,20 @@ impl Merge<'_> {
         match gone {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             r => {
-                r.with_context(|| ctx("removing", &d))?;
-                self.touched.insert(d_dir.to_path_buf());
+                r.with_context(|| ctx("removing", &shown))?;
+                self.touched.insert(d_dir.path.to_path_buf());
                 self.stats.removed += 1;
                 Ok(())
             }
         }
     }
 
-    /// Removes `name` from the disk directory, and all below it; once the
+    /// Removes `name` from the disk directory, and all below it (through
+    /// descriptors: nothing followed, no other filesystem entered); once the
     /// application works there again (`disk_since`), what it changed since is
     /// kept, with the directories that lead to it.
-    fn remove(&mut self, d_dir: &Path, name: &OsStr) -> Result<()> {
-        let d = d_dir.join(name);
+    fn remove(&mut self, d_dir: DiskDir<'_>, name: &OsStr) -> Result<()> {
+        let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let Some(md) = lstat_opt(&d)? else {
             return Ok(());
         };
@@ -661,34 +715,46 @@ impl Merge<'_> {
             self.stats.kept_disk += 1;
             return Ok(());
         }
-        if md.is_dir() {
-            for e in fs::read_dir(&d).with_context(|| ctx("listing", &d))? {
-                self.remove(&d, &e.with_context(|| ctx("listing", &d))?.file_name())?;
+        let dir = d_dir.open()?;
+        let n = cstr(name)?;
+        let went = if md.is_dir() {
+            match self.window.disk_since {
+                Some(since) => remove_older(dir.as_fd(), &n, since),
+                None => remove_entry(dir.as_fd(), &n),
             }
-            match fs::remove_dir(&d) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && self.window.disk_since.is_some() => {
-                    return Ok(())
-                }
-                r => r.with_context(|| ctx("removing", &d))?,
-            }
+            .with_context(|| ctx("removing", &shown))?
         } else if self.window.disk_since.is_some() {
-            let dir = File::open(d_dir).with_context(|| ctx("opening", d_dir))?;
             let mut temp = OsString::from(TEMP_PREFIX);
             temp.push("rm.");
             temp.push(name);
-            let gone = remove_seen(dir.as_fd(), &cstr(name)?, Seen::of_metadata(&md), &cstr(&temp)?)
-                .with_context(|| ctx("removing", &d))?;
-            if !gone {
-                self.stats.kept_disk += 1;
-                return Ok(());
-            }
+            let gone = remove_seen(dir.as_fd(), &n, Seen::of_metadata(&md), &cstr(&temp)?)
+                .with_context(|| ctx("removing", &shown))?;
+            u64::from(gone)
         } else {
-            fs::remove_file(&d).with_context(|| ctx("removing", &d))?;
+            match unistd::unlinkat(dir.as_fd(), n.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => 1,
+                Err(Errno::ENOENT) => 0,
+                Err(e) => return Err(io::Error::from(e)).context(ctx("removing", &shown)),
+            }
+        };
+        if went == 0 {
+            self.stats.kept_disk += 1;
+            return Ok(());
         }
-        self.touched.insert(d_dir.to_path_buf());
-        self.stats.removed += 1;
+        self.touched.insert(d_dir.path.to_path_buf());
+        self.stats.removed += went;
         Ok(())
     }
+}
+
+/// Opens the directory `p` (shown as `shown`), not following a symlink at its last
+/// name.
+fn open_dir_as(p: &Path, shown: &Path) -> Result<File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(p)
+        .with_context(|| ctx("opening", shown))
 }
 
 fn open_dir(p: &Path) -> Result<File> {
@@ -699,11 +765,18 @@ fn open_dir(p: &Path) -> Result<File> {
         .with_context(|| ctx("opening", p))
 }
 
-/// The directory of `p`, open, and its last name.
+/// The directory of `p`, open, and its last name. The directory's own last name is
+/// followed: it is one the walk holds (`/proc/self/fd/N`, see [`DiskDir`]) or in
+/// the upper layer.
 fn split(p: &Path) -> Result<(File, CString)> {
     let parent = p.parent().context("a path with a parent")?;
     let name = p.file_name().context("a path with a name")?;
-    Ok((open_dir(parent)?, cstr(name)?))
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(parent)
+        .with_context(|| ctx("opening", parent))?;
+    Ok((dir, cstr(name)?))
 }
 
 fn cstr(name: &OsStr) -> Result<CString> {
@@ -739,9 +812,10 @@ fn same_leaf(u: &fs::Metadata, d: &fs::Metadata, up: &Path, dp: &Path) -> bool {
 }
 
 /// Gives `p` the owner, mode and times of `md`'s entry (the upper one).
-/// [`set_meta`] through a descriptor of the directory.
-fn set_meta_fd(md: &fs::Metadata, dir: &OwnedFd) -> io::Result<()> {
+/// [`set_meta`] through a descriptor of the entry.
+fn set_meta_fd(md: &fs::Metadata, entry: impl AsFd) -> io::Result<()> {
     use nix::sys::time::TimeSpec;
+    let dir = entry.as_fd();
     unistd::fchown(dir, Some(md.uid().into()), Some(md.gid().into()))?;
     stat::fchmod(dir, stat::Mode::from_bits_truncate(md.mode() & 0o7777))?;
     stat::futimens(

@@ -538,3 +538,66 @@ fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_
         assert_eq!(tree(&disk), want, "{variant}");
     }
 }
+
+/// After `down`'s switch the application works in the disk directory while the merge
+/// walks it. One that moves a directory the walk is in away and plants a symlink to
+/// a directory outside the tree at its name leads the walk nowhere: the rest of that
+/// directory is written into the directory moved (the one the walk holds), and the
+/// outside one gets no file and keeps its mode.
+#[test]
+fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let at = tempfile::tempdir_in("/tmp").unwrap();
+    let (upper, disk, outside) = (
+        at.path().join("upper"),
+        at.path().join("disk"),
+        at.path().join("outside"),
+    );
+    for d in [&upper, &disk, &outside] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(disk.join("m")).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    fs::create_dir(upper.join("m")).unwrap();
+    fs::set_permissions(upper.join("m"), fs::Permissions::from_mode(0o777)).unwrap();
+    // The merge asks whether the application deleted a_hook (the disk lacks it),
+    // then writes it and z_payload.
+    fs::write(upper.join("m/a_hook"), "hook").unwrap();
+    fs::write(upper.join("m/z_payload"), "payload").unwrap();
+    let window = tmpfsctl::copy::overlay::Window {
+        upper_since: None,
+        disk_since: Some(switched),
+    };
+    let mut swapped = false;
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "a_hook" && !swapped {
+            swapped = true;
+            fs::rename(disk.join("m"), disk.join("m.moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, disk.join("m")).unwrap();
+        }
+        false
+    };
+    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
+    assert!(swapped, "the walk did not ask about a_hook");
+    let outside_now: Vec<_> = fs::read_dir(&outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        outside_now.is_empty(),
+        "the merge wrote outside the tree: {outside_now:?} ({merged:?})"
+    );
+    assert_eq!(
+        fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+        0o755,
+        "the merge changed the mode of a directory outside the tree"
+    );
+    merged.unwrap();
+    assert_eq!(fs::read_to_string(disk.join("m.moved/a_hook")).unwrap(), "hook");
+    assert_eq!(
+        fs::read_to_string(disk.join("m.moved/z_payload")).unwrap(),
+        "payload"
+    );
+}
