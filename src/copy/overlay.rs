@@ -91,7 +91,8 @@ pub struct Window {
 /// Merges the upper layer `upper` into the disk directory `disk`. `merged`: where
 /// the overlay is mounted (the barriers go through it), `None` when it is not.
 /// `deleted(dir, name)` says whether the application deleted `name` in the disk
-/// directory `dir` after `window.disk_since` (unused without it).
+/// directory at `dir` (a path through the walk's descriptor of it, `/proc/self/fd/N`)
+/// after `window.disk_since` (unused without it).
 pub fn merge_upper(
     upper: &Path,
     disk: &Path,
@@ -146,18 +147,6 @@ fn no_space(e: &anyhow::Error) -> bool {
     })
 }
 
-/// `fsync`s each directory of `dirs` that is still there (the pass may have removed
-/// one it wrote into).
-fn fsync_dirs(dirs: &HashSet<PathBuf>) -> Result<()> {
-    for d in dirs {
-        match File::open(d).and_then(|f| f.sync_all()) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            r => r.with_context(|| ctx("fsync", d))?,
-        }
-    }
-    Ok(())
-}
-
 /// A disk directory of the walk: `path` for messages, the fsync set and the
 /// deletion watch; `via`, `/proc/self/fd/N` of a descriptor opened relative to its
 /// parent's without following a symlink, for every system call in it. After
@@ -206,7 +195,7 @@ struct Merge<'a> {
     /// Upper inodes with more than one name, and the disk path the first was
     /// written to in this pass: the others become hard links to it.
     links: HashMap<(u64, u64), PathBuf>,
-    /// Disk directories whose names this pass changed: fsynced at the end.
+    /// Disk directories whose names this pass changed: `fsync`ed when the walk leaves them.
     touched: HashSet<PathBuf>,
     upper: &'a Path,
     merged: Option<&'a Path>,
@@ -255,12 +244,7 @@ impl Merge<'_> {
     /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
     /// directory `u_dir` deleted.
     fn defer(&mut self, d_dir: DiskDir<'_>, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
-        let dmd = match fs::metadata(d_dir.via) {
-            Ok(dmd) => dmd,
-            // Removed since the walk listed it: so is what it held.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).context(ctx("stat", d_dir.path)),
-        };
+        let dmd = fs::metadata(d_dir.via).with_context(|| ctx("stat", d_dir.path))?;
         self.deferred.push(Gone {
             dir: d_dir
                 .path
@@ -285,7 +269,6 @@ impl Merge<'_> {
     /// the directories that hold that). A directory that lost names gets the upper
     /// one's metadata back and is `fsync`ed.
     fn remove_deferred(&mut self) -> Result<u64> {
-        fsync_dirs(&std::mem::take(&mut self.touched))?;
         let root = open_dir(self.disk)?;
         let deferred = std::mem::take(&mut self.deferred);
         let mut removed = 0;
@@ -381,6 +364,20 @@ impl Merge<'_> {
     /// Merges the upper directory `u` into the disk directory `d`; `opaque`: `u`
     /// is the whole directory, and names only the disk has go.
     fn dir(&mut self, u: &Path, d: DiskDir<'_>, opaque: bool) -> Result<()> {
+        let merged = self.merge_dir(u, d, opaque);
+        // Through the directory held (the application may have moved it, and put
+        // anything at its name), failed or not: the removals after the walk wait
+        // for the names made here.
+        let synced = if self.touched.remove(d.path) {
+            d.open()
+                .and_then(|f| f.sync_all().with_context(|| ctx("fsync", d.path)))
+        } else {
+            Ok(())
+        };
+        merged.and(synced)
+    }
+
+    fn merge_dir(&mut self, u: &Path, d: DiskDir<'_>, opaque: bool) -> Result<()> {
         let mut names = Vec::new();
         for e in fs::read_dir(u).with_context(|| ctx("listing", u))? {
             let name = e.with_context(|| ctx("listing", u))?.file_name();
@@ -481,7 +478,7 @@ impl Merge<'_> {
         };
         let changed = self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
         let disk = lstat_opt(&d)?;
-        if changed && self.disk_won(d_dir.path, name, disk.as_ref()) {
+        if changed && self.disk_won(d_dir.via, name, disk.as_ref()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -719,7 +716,9 @@ impl Merge<'_> {
         let n = cstr(name)?;
         let went = if md.is_dir() {
             match self.window.disk_since {
-                Some(since) => remove_older(dir.as_fd(), &n, since),
+                // The directory just looked at, as a whole: what the application
+                // changed in it since the switch stays.
+                Some(since) => remove_older_deleted(dir.as_fd(), &n, md.ino(), since),
                 None => remove_entry(dir.as_fd(), &n),
             }
             .with_context(|| ctx("removing", &shown))?
@@ -758,11 +757,7 @@ fn open_dir_as(p: &Path, shown: &Path) -> Result<File> {
 }
 
 fn open_dir(p: &Path) -> Result<File> {
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(p)
-        .with_context(|| ctx("opening", p))
+    open_dir_as(p, p)
 }
 
 /// The directory of `p`, open, and its last name. The directory's own last name is

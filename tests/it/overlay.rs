@@ -601,3 +601,30 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
         "payload"
     );
 }
+
+/// A directory the upper layer replaced by a file, in which the application made a
+/// name on disk after `down`'s switch: what it made stays (and so the directory,
+/// and the file is not put in its place), what the upper layer replaced goes.
+#[test]
+fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since() {
+    let at = tempfile::tempdir_in("/tmp").unwrap();
+    let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
+    fs::create_dir(&upper).unwrap();
+    fs::create_dir_all(disk.join("t")).unwrap();
+    fs::write(disk.join("t/old"), "old").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    fs::write(upper.join("t"), "a file now").unwrap();
+    fs::write(disk.join("t/new"), "the application's").unwrap();
+    let window = tmpfsctl::copy::overlay::Window {
+        upper_since: None,
+        disk_since: Some(switched),
+    };
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
+    let want: BTreeMap<String, String> = [
+        ("t/".into(), String::new()),
+        ("t/new".into(), "the application's".into()),
+    ]
+    .into();
+    assert_eq!(tree(&disk), want);
+}
