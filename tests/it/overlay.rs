@@ -398,6 +398,17 @@ fn what_an_overlay_cannot_do_is_refused() {
     install("systemd").code(0).stdout_has("changed: yes");
 }
 
+/// A scratch directory under /tmp holding new directories of these names (an upper
+/// layer, a disk directory, ...), and their paths.
+fn scratch<const N: usize>(names: [&str; N]) -> (tempfile::TempDir, [PathBuf; N]) {
+    let at = tempfile::tempdir_in("/tmp").unwrap();
+    let dirs = names.map(|n| at.path().join(n));
+    for d in &dirs {
+        fs::create_dir(d).unwrap();
+    }
+    (at, dirs)
+}
+
 /// A whiteout in the upper layer, as overlayfs makes one.
 fn whiteout(p: &Path) {
     nix::sys::stat::mknod(
@@ -418,15 +429,7 @@ fn whiteout(p: &Path) {
 #[test]
 fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
     use std::os::unix::fs::PermissionsExt;
-    let at = tempfile::tempdir_in("/tmp").unwrap();
-    let (upper, disk, outside) = (
-        at.path().join("upper"),
-        at.path().join("disk"),
-        at.path().join("outside"),
-    );
-    for d in [&upper, &disk, &outside] {
-        fs::create_dir(d).unwrap();
-    }
+    let (_at, [upper, disk, outside]) = scratch(["upper", "disk", "outside"]);
     for d in ["a_gone", "m_sub"] {
         fs::create_dir(disk.join(d)).unwrap();
     }
@@ -478,10 +481,7 @@ fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
 /// the upper layer deleted, and merges again.
 #[test]
 fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
-    let at = tempfile::tempdir_in("/tmp").unwrap();
-    let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
-    fs::create_dir(&upper).unwrap();
-    fs::create_dir(&disk).unwrap();
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
     crate::common::in_private_mount_ns(|| {
         let _small = crate::common_copy::mount_tmpfs(&disk, "size=1m");
         fs::write(disk.join("a_old"), vec![1u8; 700 << 10]).unwrap();
@@ -507,9 +507,7 @@ fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
 #[test]
 fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_since() {
     for variant in ["untouched", "one removed", "one added"] {
-        let at = tempfile::tempdir_in("/tmp").unwrap();
-        let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
-        fs::create_dir(&upper).unwrap();
+        let (_at, [upper, disk]) = scratch(["upper", "disk"]);
         fs::create_dir_all(disk.join("x/sub")).unwrap();
         for f in ["x/old1", "x/old2", "x/sub/old3"] {
             fs::write(disk.join(f), f).unwrap();
@@ -547,15 +545,7 @@ fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_
 #[test]
 fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name() {
     use std::os::unix::fs::PermissionsExt;
-    let at = tempfile::tempdir_in("/tmp").unwrap();
-    let (upper, disk, outside) = (
-        at.path().join("upper"),
-        at.path().join("disk"),
-        at.path().join("outside"),
-    );
-    for d in [&upper, &disk, &outside] {
-        fs::create_dir(d).unwrap();
-    }
+    let (_at, [upper, disk, outside]) = scratch(["upper", "disk", "outside"]);
     fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
     fs::create_dir(disk.join("m")).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -607,9 +597,7 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
 /// and the file is not put in its place), what the upper layer replaced goes.
 #[test]
 fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since() {
-    let at = tempfile::tempdir_in("/tmp").unwrap();
-    let (upper, disk) = (at.path().join("upper"), at.path().join("disk"));
-    fs::create_dir(&upper).unwrap();
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
     fs::create_dir_all(disk.join("t")).unwrap();
     fs::write(disk.join("t/old"), "old").unwrap();
     std::thread::sleep(Duration::from_millis(20));
