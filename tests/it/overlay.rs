@@ -409,6 +409,15 @@ fn scratch<const N: usize>(names: [&str; N]) -> (tempfile::TempDir, [PathBuf; N]
     (at, dirs)
 }
 
+/// The window of `down`'s second pass: the whole upper layer, and the disk
+/// directory the application's since `switched`.
+fn after_switch(switched: (i64, i64)) -> tmpfsctl::copy::overlay::Window {
+    tmpfsctl::copy::overlay::Window {
+        upper_since: None,
+        disk_since: Some(switched),
+    }
+}
+
 /// A whiteout in the upper layer, as overlayfs makes one.
 fn whiteout(p: &Path) {
     nix::sys::stat::mknod(
@@ -445,10 +454,7 @@ fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
     whiteout(&upper.join("m_sub/x"));
     // Walked after both: the merge asks whether the application deleted it.
     fs::write(upper.join("z_new"), "new").unwrap();
-    let window = tmpfsctl::copy::overlay::Window {
-        upper_since: None,
-        disk_since: Some(switched),
-    };
+    let window = after_switch(switched);
     let mut acted = false;
     let mut act = |_: &Path, name: &std::ffi::OsStr| {
         if name == "z_new" && !acted {
@@ -520,10 +526,7 @@ fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_
             "one added" => fs::write(disk.join("x/new"), "the application's").unwrap(),
             _ => {}
         }
-        let window = tmpfsctl::copy::overlay::Window {
-            upper_since: None,
-            disk_since: Some(switched),
-        };
+        let window = after_switch(switched);
         tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
         let want: BTreeMap<String, String> = match variant {
             "one added" => [
@@ -556,10 +559,7 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
     // then writes it and z_payload.
     fs::write(upper.join("m/a_hook"), "hook").unwrap();
     fs::write(upper.join("m/z_payload"), "payload").unwrap();
-    let window = tmpfsctl::copy::overlay::Window {
-        upper_since: None,
-        disk_since: Some(switched),
-    };
+    let window = after_switch(switched);
     let mut swapped = false;
     let mut act = |_: &Path, name: &std::ffi::OsStr| {
         if name == "a_hook" && !swapped {
@@ -604,10 +604,7 @@ fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since()
     let switched = tmpfsctl::copy::baseline::now_after_tick();
     fs::write(upper.join("t"), "a file now").unwrap();
     fs::write(disk.join("t/new"), "the application's").unwrap();
-    let window = tmpfsctl::copy::overlay::Window {
-        upper_since: None,
-        disk_since: Some(switched),
-    };
+    let window = after_switch(switched);
     tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
     let want: BTreeMap<String, String> = [
         ("t/".into(), String::new()),
