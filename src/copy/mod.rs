@@ -17,14 +17,16 @@
 //! `settle` and `journal`. The write-back reads its source ahead on a second thread
 //! (`scan`), leaves `fsync` and rename to workers (`durable`), and puts entries in
 //! place through `place` under the names of `temp`. The primitives both walks share
-//! (opens, data copies, metadata, hard-link lookups, progress) live in `ops`, extended
-//! attributes in `xattrs`, errors in `error`; each module imports only from those
+//! (opens, data copies, metadata, hard-link lookups, progress) live in `ops`, the
+//! metadata of a symlink or node just made in `made`, extended attributes in `xattrs`,
+//! errors in `error`; each module imports only from those
 //! below it.
 
 pub mod baseline;
 mod durable;
 mod error;
 pub mod journal;
+mod made;
 mod marks;
 mod measure;
 mod ops;

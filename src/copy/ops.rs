@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use nix::dir::{Dir, Entry, OwningIter, Type};
 use nix::errno::Errno;
 use nix::fcntl::{self, AtFlags, OFlag};
-use nix::sys::stat::{self, FchmodatFlags, FileStat, Mode, UtimensatFlags};
+use nix::sys::stat::{self, FileStat, Mode};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{self, Gid, Uid, Whence};
 
 use super::error::{dst_err, failed, src_err, CopyError, Failed};
+use super::made::{self, Attrs};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
 /// Read/write fallback buffer: large enough to amortise syscalls on big files, small
@@ -645,42 +646,24 @@ impl Transfer {
         stat::futimens(dst, &atime(st), &mtime(st)).map_err(dst_err("set times of"))
     }
 
-    /// [`Self::set_metadata`] for symlinks and nodes, which cannot be opened for it.
-    pub(super) fn set_metadata_at(
+    /// [`Self::set_metadata`] for the symlink or node just made as `dst_name` in
+    /// `dst_dir`, through a descriptor of it (see [`made`]); returns its stat.
+    pub(super) fn set_made_metadata(
         &mut self,
         (src_dir, src_name): (BorrowedFd<'_>, &CStr),
         (dst_dir, dst_name): (BorrowedFd<'_>, &CStr),
         st: &FileStat,
         exact: bool,
-    ) -> Result<(), Failed> {
-        let (uid, gid) = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
-        unistd::fchownat(
-            dst_dir,
-            dst_name,
-            Some(uid),
-            Some(gid),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(dst_err("set owner of"))?;
-        apply_xattrs(
+    ) -> Result<FileStat, Failed> {
+        let (fd, made) = made::open_made(dst_dir, dst_name, file_type(st))?;
+        made::set_made(
+            fd.as_fd(),
+            &Attrs::of(st),
             XattrTarget::At(src_dir, src_name),
-            XattrTarget::At(dst_dir, dst_name),
             &mut self.xattr_bufs,
             exact,
         )?;
-        // Symlink permissions are fixed at 0777 on Linux and cannot be changed.
-        if file_type(st) != libc::S_IFLNK {
-            stat::fchmodat(dst_dir, dst_name, permissions(st), FchmodatFlags::NoFollowSymlink)
-                .map_err(dst_err("set mode of"))?;
-        }
-        stat::utimensat(
-            dst_dir,
-            dst_name,
-            &atime(st),
-            &mtime(st),
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(dst_err("set times of"))
+        Ok(made)
     }
 
     /// Whether two open entries have the same copied attributes.

@@ -34,12 +34,12 @@
 //! leave the data on no name.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -47,11 +47,13 @@ use serde::Serialize;
 
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
-use nix::sys::stat;
+use nix::sys::stat::{self, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::Time;
-use super::ops::{open_below, open_dst_dir};
+use super::error::Failed;
+use super::made::{self, Attrs};
+use super::ops::{open_below, open_dst_dir, split_parent};
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
 use super::writeback::{remove_entry, remove_older, remove_older_deleted};
 use super::xattrs::{self, XattrBufs, XattrTarget};
@@ -94,6 +96,31 @@ pub struct Window {
 /// directory at `dir` (a path through the walk's descriptor of it, `/proc/self/fd/N`)
 /// after `window.disk_since` (unused without it).
 pub fn merge_upper(
+    upper: &Path,
+    disk: &Path,
+    merged: Option<&Path>,
+    window: Window,
+    deleted: &mut (dyn FnMut(&Path, &OsStr) -> bool + Send),
+) -> Result<OverlayStats> {
+    // One descriptor is held per level of the walk.
+    super::ops::descriptor_limit();
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("overlay-merge".into())
+            .stack_size(WALK_STACK)
+            .spawn_scoped(s, || merge(upper, disk, merged, window, deleted))
+            .context("starting the overlay merge's thread")?
+            .join()
+            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
+    })
+}
+
+/// The walk recurses once per directory level, and the paths it works by bound
+/// the depth (about 2,000 levels fit in `PATH_MAX`): room for that, in the
+/// merge's own thread (only what is touched is memory).
+const WALK_STACK: usize = 64 << 20;
+
+fn merge(
     upper: &Path,
     disk: &Path,
     merged: Option<&Path>,
@@ -192,9 +219,10 @@ struct Merge<'a> {
     window: Window,
     deleted: &'a mut dyn FnMut(&Path, &OsStr) -> bool,
     stats: OverlayStats,
-    /// Upper inodes with more than one name, and the disk path the first was
-    /// written to in this pass: the others become hard links to it.
-    links: HashMap<(u64, u64), PathBuf>,
+    /// Upper inodes with more than one name, and where the first was written to in
+    /// this pass (its path below the disk root, and the disk inode): the others
+    /// become hard links to it.
+    links: HashMap<(u64, u64), (PathBuf, u64)>,
     /// Disk directories whose names this pass changed: `fsync`ed when the walk leaves them.
     touched: HashSet<PathBuf>,
     upper: &'a Path,
@@ -235,10 +263,8 @@ impl Merge<'_> {
             via: &via,
         };
         self.dir(self.upper, root, false)?;
-        set_meta(
-            &fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?,
-            self.disk,
-        )
+        let md = fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?;
+        set_meta_fd(&md, &held).with_context(|| ctx("setting metadata of", self.disk))
     }
 
     /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
@@ -500,7 +526,11 @@ impl Merge<'_> {
                     if disk.is_some() {
                         self.remove(d_dir, name)?;
                     }
-                    fs::create_dir(&d).with_context(|| ctx("creating directory", &shown))?;
+                    // Root's until the walk leaves it with its owner and mode.
+                    fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&d)
+                        .with_context(|| ctx("creating directory", &shown))?;
                     self.touched.insert(d_dir.path.to_path_buf());
                     self.stats.dirs += 1;
                 }
@@ -571,8 +601,17 @@ impl Merge<'_> {
         }
         let key = (md.dev(), md.ino());
         let ft = md.file_type();
-        if let Some(first) = self.links.get(&key).filter(|_| md.nlink() > 1) {
-            fs::hard_link(first, &tmp).with_context(|| ctx("linking", &tmp_shown))?;
+        let dir = d_dir.open()?;
+        let tmp_c = cstr(&tmp_name)?;
+        let first = self.links.get(&key).filter(|_| md.nlink() > 1);
+        let linked = match first {
+            Some(first) => self
+                .link_first(first, dir.as_fd(), &tmp_c)
+                .with_context(|| ctx("linking", &tmp_shown))?,
+            None => None,
+        };
+        let made_ino = if let Some(ino) = linked {
+            ino
         } else if ft.is_file() {
             let mut src = match File::open(u) {
                 Ok(f) => f,
@@ -589,7 +628,13 @@ impl Merge<'_> {
             };
             // The file opened may be a newer one renamed over the name since its stat.
             let md = src.metadata().with_context(|| ctx("stat", u))?;
-            let mut dst = File::create_new(&tmp).with_context(|| ctx("creating", &tmp_shown))?;
+            // Only root may open it until its owner and mode are set.
+            let mut dst = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .with_context(|| ctx("creating", &tmp_shown))?;
             self.stats.bytes +=
                 io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp_shown))?;
             dst.flush().with_context(|| ctx("writing", &tmp_shown))?;
@@ -600,20 +645,39 @@ impl Merge<'_> {
                 &tmp_shown,
             )?;
             dst.sync_all().with_context(|| ctx("fsync", &tmp_shown))?;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
-            symlink(&target, &tmp).with_context(|| ctx("creating symlink", &tmp_shown))?;
-            set_meta(md, &tmp)?;
-            self.sync_xattrs_at(u, &tmp)?;
+            dst.metadata().with_context(|| ctx("stat", &tmp_shown))?.ino()
         } else {
-            let c = CString::new(tmp.as_os_str().as_bytes()).context("a path with a NUL byte")?;
-            // SAFETY: `c` is a valid NUL-terminated path.
-            if unsafe { libc::mknod(c.as_ptr(), md.mode(), md.rdev()) } != 0 {
-                return Err(io::Error::last_os_error()).context(ctx("mknod", &tmp_shown));
+            let kind = md.mode() & libc::S_IFMT;
+            if ft.is_symlink() {
+                let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
+                unistd::symlinkat(target.as_os_str(), dir.as_fd(), tmp_c.as_c_str())
+                    .map_err(io::Error::from)
+                    .with_context(|| ctx("creating symlink", &tmp_shown))?;
+            } else {
+                // Only root's until its owner and mode are set.
+                stat::mknodat(
+                    dir.as_fd(),
+                    tmp_c.as_c_str(),
+                    SFlag::from_bits_truncate(kind),
+                    Mode::S_IRUSR | Mode::S_IWUSR,
+                    md.rdev(),
+                )
+                .map_err(io::Error::from)
+                .with_context(|| ctx("mknod", &tmp_shown))?;
             }
-            set_meta(md, &tmp)?;
-            self.sync_xattrs_at(u, &tmp)?;
-        }
+            let at = |f: Failed| anyhow::Error::new(f.at(tmp_shown.clone()));
+            let (made, st) = made::open_made(dir.as_fd(), &tmp_c, kind).map_err(at)?;
+            let (ud, un) = split(u)?;
+            made::set_made(
+                made.as_fd(),
+                &Attrs::of_metadata(md),
+                XattrTarget::At(ud.as_fd(), &un),
+                &mut self.xattrs,
+                true,
+            )
+            .map_err(at)?;
+            st.st_ino
+        };
         let mut disk = disk;
         if disk.is_some_and(|dm| dm.is_dir()) {
             self.remove(d_dir, name)?;
@@ -643,30 +707,52 @@ impl Merge<'_> {
                 .with_context(|| format!("renaming {} to {}", tmp_shown.display(), shown.display()))?;
         }
         if md.nlink() > 1 && ft.is_file() {
-            // By its path: the later names are linked after this directory's
-            // descriptor is closed.
-            self.links.entry(key).or_insert(shown);
+            let rel = shown.strip_prefix(self.disk).expect("below the disk root");
+            self.links.entry(key).or_insert((rel.to_path_buf(), made_ino));
         }
         self.touched.insert(d_dir.path.to_path_buf());
         self.stats.written += 1;
         Ok(())
     }
 
+    /// Links `tmp` in `dir` to the first copy of a hard-linked file (its path below
+    /// the disk root, and its inode), reached from the root one directory at a
+    /// time without following a symlink: a directory on the way that the
+    /// application replaced by a symlink leads nowhere else. The inode linked, or
+    /// `None` where that copy is no longer there (the application moved or
+    /// replaced it), and the file is written again.
+    fn link_first(
+        &self,
+        (first, ino): &(PathBuf, u64),
+        dir: BorrowedFd<'_>,
+        tmp: &CStr,
+    ) -> io::Result<Option<u64>> {
+        let gone = |e: Errno| matches!(e, Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP);
+        let root = File::open(self.disk)?;
+        let (parent, leaf) = split_parent(first.as_os_str().as_bytes());
+        let from = match open_below(root.as_fd(), parent) {
+            Ok(fd) => fd,
+            Err(e) if gone(e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let leaf = CString::new(leaf).map_err(|_| io::Error::from(Errno::EINVAL))?;
+        match stat::fstatat(&from, leaf.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_ino == *ino && st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
+            Ok(_) => return Ok(None),
+            Err(e) if gone(e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        match unistd::linkat(&from, leaf.as_c_str(), dir, tmp, AtFlags::empty()) {
+            Ok(()) => Ok(Some(*ino)),
+            Err(e) if gone(e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Makes the extended attributes of `dst` (at `path`) those of `src`.
     fn sync_xattrs(&mut self, src: XattrTarget<'_>, dst: XattrTarget<'_>, path: &Path) -> Result<()> {
         xattrs::sync_xattrs(src, dst, &mut self.xattrs)
             .map_err(|e| anyhow::Error::new(e.at(path.to_path_buf())))
-    }
-
-    /// [`Self::sync_xattrs`] for entries that cannot be opened (symlinks, nodes).
-    fn sync_xattrs_at(&mut self, u: &Path, d: &Path) -> Result<()> {
-        let (ud, un) = split(u)?;
-        let (dd, dn) = split(d)?;
-        self.sync_xattrs(
-            XattrTarget::At(ud.as_fd(), &un),
-            XattrTarget::At(dd.as_fd(), &dn),
-            d,
-        )
     }
 
     fn same_xattrs(&mut self, u_dir: &Path, d_dir: DiskDir<'_>, name: &OsStr) -> Result<bool> {
@@ -818,38 +904,6 @@ fn set_meta_fd(md: &fs::Metadata, entry: impl AsFd) -> io::Result<()> {
         &TimeSpec::new(md.atime(), md.atime_nsec()),
         &TimeSpec::new(md.mtime(), md.mtime_nsec()),
     )?;
-    Ok(())
-}
-
-fn set_meta(md: &fs::Metadata, p: &Path) -> Result<()> {
-    std::os::unix::fs::lchown(p, Some(md.uid()), Some(md.gid())).with_context(|| ctx("chown", p))?;
-    if !md.file_type().is_symlink() {
-        fs::set_permissions(p, fs::Permissions::from_mode(md.mode() & 0o7777))
-            .with_context(|| ctx("chmod", p))?;
-    }
-    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
-    let times = [
-        libc::timespec {
-            tv_sec: md.atime(),
-            tv_nsec: md.atime_nsec(),
-        },
-        libc::timespec {
-            tv_sec: md.mtime(),
-            tv_nsec: md.mtime_nsec(),
-        },
-    ];
-    // SAFETY: `c` is a valid path and `times` two timespecs.
-    if unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error()).context(ctx("setting times of", p));
-    }
     Ok(())
 }
 

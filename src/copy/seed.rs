@@ -389,7 +389,7 @@ impl<'p> Copier<'p> {
         let target = fcntl::readlinkat(src_dir, name).map_err(src_err("read symlink"))?;
         unistd::symlinkat(target.as_os_str(), dst_dir, name).map_err(dst_err("create symlink"))?;
         self.transfer
-            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+            .set_made_metadata((src_dir, name), (dst_dir, name), st, false)?;
         self.reporter.stats.symlinks += 1;
         Ok(())
     }
@@ -406,7 +406,7 @@ impl<'p> Copier<'p> {
         stat::mknodat(dst_dir, name, kind, Mode::S_IRUSR | Mode::S_IWUSR, st.st_rdev)
             .map_err(dst_err("create node"))?;
         self.transfer
-            .set_metadata_at((src_dir, name), (dst_dir, name), st, false)?;
+            .set_made_metadata((src_dir, name), (dst_dir, name), st, false)?;
         self.reporter.stats.specials += 1;
         Ok(())
     }

@@ -17,6 +17,14 @@ pub(super) fn proc_path<'b>(buf: &'b mut Vec<u8>, dir: BorrowedFd<'_>, name: &CS
     CStr::from_bytes_with_nul(buf).expect("a readdir name contains no NUL")
 }
 
+/// `/proc/self/fd/<fd>`: following it leads to the entry `fd` is open on, whatever its
+/// name is now.
+pub(super) fn fd_path<'b>(buf: &'b mut Vec<u8>, fd: BorrowedFd<'_>) -> &'b CStr {
+    buf.clear();
+    write!(buf, "/proc/self/fd/{}\0", fd.as_raw_fd()).expect("writing to a Vec cannot fail");
+    CStr::from_bytes_with_nul(buf).expect("one NUL, at the end")
+}
+
 /// Sets the attribute `name` of the open file `fd` to `value`.
 pub fn set_attr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
     XattrTarget::Fd(fd).set(name, value)
@@ -37,6 +45,17 @@ pub fn get_attr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
 pub(super) enum XattrTarget<'a> {
     Fd(BorrowedFd<'a>),
     At(BorrowedFd<'a>, &'a CStr),
+    /// A symlink or node open with `O_PATH`, which the f*xattr calls refuse: reached
+    /// through `/proc/self/fd/N`, which leads to the entry itself (a symlink is not
+    /// followed from there).
+    Opath(BorrowedFd<'a>),
+}
+
+/// Where an xattr call goes: a descriptor, or a path the call follows (`true`) or not.
+#[derive(Clone, Copy)]
+enum Via<'p> {
+    Fd(libc::c_int),
+    Path(&'p CStr, bool),
 }
 
 /// `listxattrat(2)` (Linux 6.13) has the same number on every architecture with the
@@ -106,17 +125,20 @@ impl XattrTarget<'_> {
             // size), and the descriptor is valid for the call.
             XattrTarget::Fd(fd) => unsafe { libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len) },
             XattrTarget::At(dir, entry) => list_at(dir, entry, ptr, len),
+            XattrTarget::Opath(fd) => {
+                let mut buf = Vec::new();
+                // SAFETY: as above; the path is NUL-terminated.
+                unsafe { libc::listxattr(fd_path(&mut buf, fd).as_ptr(), ptr.cast(), len) }
+            }
         })
     }
 
-    /// Runs `call` on the descriptor (`Ok`) or on the entry's no-follow path (`Err`).
-    fn with<R>(self, call: impl FnOnce(Result<libc::c_int, &CStr>) -> R) -> R {
+    fn with<R>(self, call: impl FnOnce(Via<'_>) -> R) -> R {
+        let mut buf = Vec::new();
         match self {
-            XattrTarget::Fd(fd) => call(Ok(fd.as_raw_fd())),
-            XattrTarget::At(dir, entry) => {
-                let mut buf = Vec::new();
-                call(Err(proc_path(&mut buf, dir, entry)))
-            }
+            XattrTarget::Fd(fd) => call(Via::Fd(fd.as_raw_fd())),
+            XattrTarget::At(dir, entry) => call(Via::Path(proc_path(&mut buf, dir, entry), false)),
+            XattrTarget::Opath(fd) => call(Via::Path(fd_path(&mut buf, fd), true)),
         }
     }
 
@@ -124,8 +146,13 @@ impl XattrTarget<'_> {
         self.with(|target| {
             fill(buf, |ptr, len| match target {
                 // SAFETY: as in `list`; `name` and `path` are NUL-terminated.
-                Ok(fd) => unsafe { libc::fgetxattr(fd, name.as_ptr(), ptr.cast(), len) },
-                Err(path) => unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len) },
+                Via::Fd(fd) => unsafe { libc::fgetxattr(fd, name.as_ptr(), ptr.cast(), len) },
+                Via::Path(path, false) => unsafe {
+                    libc::lgetxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
+                },
+                Via::Path(path, true) => unsafe {
+                    libc::getxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len)
+                },
             })
         })
     }
@@ -136,8 +163,11 @@ impl XattrTarget<'_> {
             check(match target {
                 // SAFETY: `value` is readable for `len` bytes; `name` and `path` are
                 // NUL-terminated.
-                Ok(fd) => unsafe { libc::fsetxattr(fd, name.as_ptr(), ptr, len, 0) },
-                Err(path) => unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0) },
+                Via::Fd(fd) => unsafe { libc::fsetxattr(fd, name.as_ptr(), ptr, len, 0) },
+                Via::Path(path, false) => unsafe {
+                    libc::lsetxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0)
+                },
+                Via::Path(path, true) => unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), ptr, len, 0) },
             })
         })
     }
@@ -146,8 +176,9 @@ impl XattrTarget<'_> {
         self.with(|target| {
             check(match target {
                 // SAFETY: `name` and `path` are NUL-terminated; the descriptor is open.
-                Ok(fd) => unsafe { libc::fremovexattr(fd, name.as_ptr()) },
-                Err(path) => unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) },
+                Via::Fd(fd) => unsafe { libc::fremovexattr(fd, name.as_ptr()) },
+                Via::Path(path, false) => unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) },
+                Via::Path(path, true) => unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) },
             })
         })
     }

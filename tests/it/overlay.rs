@@ -592,6 +592,48 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
     );
 }
 
+/// The later names of a hard-linked file are linked to its first copy, reached
+/// from the disk root without following a symlink: the application, on its disk
+/// directory after `down`'s switch, moves the first copy's directory away and
+/// plants a symlink to a directory outside the tree at its name. The file
+/// outside is not linked into the tree; the later name gets a copy.
+#[test]
+fn the_merge_links_a_later_name_only_to_the_first_copy_it_wrote() {
+    use std::os::unix::fs::MetadataExt;
+    let (_at, [upper, disk, outside]) = scratch(["upper", "disk", "outside"]);
+    fs::write(outside.join("f"), "not the tree's").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    for d in ["a", "b"] {
+        fs::create_dir(upper.join(d)).unwrap();
+    }
+    fs::write(upper.join("a/f"), "data").unwrap();
+    fs::hard_link(upper.join("a/f"), upper.join("b/g")).unwrap();
+    // Asked about before b/g is written (the disk lacks it).
+    fs::write(upper.join("b/0_hook"), "hook").unwrap();
+    let window = after_switch(switched);
+    let mut swapped = false;
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "0_hook" && !swapped {
+            swapped = true;
+            fs::rename(disk.join("a"), disk.join("a.moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, disk.join("a")).unwrap();
+        }
+        false
+    };
+    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
+    assert!(swapped, "the walk did not ask about 0_hook");
+    merged.unwrap();
+    let theirs = fs::metadata(outside.join("f")).unwrap();
+    assert_eq!(
+        theirs.nlink(),
+        1,
+        "the merge linked a file outside the tree into it"
+    );
+    assert_eq!(fs::read_to_string(disk.join("b/g")).unwrap(), "data");
+    assert_eq!(fs::read_to_string(disk.join("a.moved/f")).unwrap(), "data");
+}
+
 /// A directory the upper layer replaced by a file, in which the application made a
 /// name on disk after `down`'s switch: what it made stays (and so the directory,
 /// and the file is not put in its place), what the upper layer replaced goes.
@@ -612,4 +654,40 @@ fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since()
     ]
     .into();
     assert_eq!(tree(&disk), want);
+}
+
+/// The walk holds one descriptor and one stack frame per level: a tree as deep as
+/// paths go (1,500 levels, past the usual 1,024 descriptors) is merged, and one
+/// deeper than `PATH_MAX` fails with an error, not a crash.
+#[test]
+fn the_merge_goes_as_deep_as_paths_go() {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{mkdirat, Mode};
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    let rel: PathBuf = std::iter::repeat_n("d", 1500).collect();
+    fs::create_dir_all(upper.join(&rel)).unwrap();
+    fs::write(upper.join(&rel).join("f"), "deep").unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false).unwrap();
+    assert_eq!(fs::read_to_string(disk.join(&rel).join("f")).unwrap(), "deep");
+
+    let mut fd = std::os::fd::OwnedFd::from(fs::File::open(upper.join(&rel)).unwrap());
+    for _ in 0..1000 {
+        mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(&fd, "d", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
+    }
+    let err =
+        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false)
+            .unwrap_err();
+    assert!(
+        format!("{err:#}").ends_with("File name too long (os error 36)"),
+        "{err:#}"
+    );
+    // Too long a path for `remove_dir_all` of the scratch directory.
+    let rm = std::process::Command::new("rm")
+        .arg("-rf")
+        .arg(&upper)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(rm.success());
 }

@@ -334,11 +334,10 @@ impl Syncer<'_, '_> {
         temp: &Temp<'_>,
         s: &FileStat,
     ) -> Result<u64, Failed> {
-        let temp_name = temp.name.as_c_str();
-        self.transfer
-            .set_metadata_at((src_dir, name), (temp.dir, temp_name), s, true)?;
-        let st = stat::fstatat(temp.dir, temp_name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(dst_err("stat"))?;
-        Ok(st.st_ino)
+        let made =
+            self.transfer
+                .set_made_metadata((src_dir, name), (temp.dir, temp.name.as_c_str()), s, true)?;
+        Ok(made.st_ino)
     }
 
     /// Links a temporary name to the first copy of a hard-linked inode and renames it
