@@ -66,10 +66,17 @@ pub(super) fn open_made(
     )
     .map_err(dst_err("open the entry just made"))?;
     let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
-    if st.st_mode & libc::S_IFMT != kind || st.st_uid != unistd::geteuid().as_raw() || st.st_nlink != 1 {
-        return Err(dst_err("set metadata of")(io::Error::other(
-            "the entry just made was replaced by another one (by the application?)",
-        )));
+    let euid = unistd::geteuid().as_raw();
+    if st.st_mode & libc::S_IFMT != kind || st.st_uid != euid || st.st_nlink != 1 {
+        return Err(dst_err("set metadata of")(io::Error::other(format!(
+            "not the entry just made: type {:o}, owner {}, {} names, where a new {:o} of uid {euid} \
+             with one name was expected (replaced meanwhile, or a filesystem that does not \
+             give new entries their maker's uid)",
+            st.st_mode & libc::S_IFMT,
+            st.st_uid,
+            st.st_nlink,
+            kind,
+        ))));
     }
     Ok((fd, st))
 }

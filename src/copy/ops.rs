@@ -355,11 +355,12 @@ pub(super) fn shared_components(a: &[u8], b: &[u8]) -> usize {
 /// the root) of an inode's first copy. `walked(i)` is the open destination directory
 /// for the first `i` components of `current`, the walk's position, so the prefix both
 /// paths share is not looked up again and the rest is walked one component at a time
-/// without following symlinks.
+/// without following symlinks. With `ino`, the entry there must still be that inode:
+/// else `ENOENT`, as if it had gone (the application replaced it).
 pub(super) fn link_to_first_copy<'a>(
     walked: impl Fn(usize) -> BorrowedFd<'a>,
     current: &[u8],
-    first: &[u8],
+    (first, ino): (&[u8], Option<u64>),
     new_dir: BorrowedFd<'_>,
     new_name: &CStr,
 ) -> Result<(), Failed> {
@@ -378,7 +379,39 @@ pub(super) fn link_to_first_copy<'a>(
         opened = Some(next);
     }
     let old_dir = opened.as_ref().map_or(walked(shared), AsFd::as_fd);
-    unistd::linkat(old_dir, leaf, new_dir, new_name, AtFlags::empty()).map_err(dst_err("create hard link"))
+    link_checked(old_dir, leaf, ino, new_dir, new_name).map_err(dst_err("create hard link"))
+}
+
+/// Links the entry `leaf` in `dir` (with `ino`, only that inode) as `new_name` in
+/// `new_dir`: through a descriptor of the entry checked, so that no rename between
+/// the check and the link puts another one there. A symlink is linked itself
+/// (`/proc/self/fd/N` leads to the entry, not its target).
+pub(super) fn link_checked<P: ?Sized + nix::NixPath>(
+    dir: BorrowedFd<'_>,
+    leaf: &P,
+    ino: Option<u64>,
+    new_dir: BorrowedFd<'_>,
+    new_name: &CStr,
+) -> nix::Result<()> {
+    let fd = fcntl::openat(
+        dir,
+        leaf,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = stat::fstat(&fd)?;
+    if ino.is_some_and(|ino| ino != st.st_ino) {
+        return Err(Errno::ENOENT);
+    }
+    let mut buf = Vec::new();
+    // Linking the descriptor itself (`AT_EMPTY_PATH`) needs CAP_DAC_READ_SEARCH.
+    unistd::linkat(
+        fcntl::AT_FDCWD,
+        xattrs::fd_path(&mut buf, fd.as_fd()),
+        new_dir,
+        new_name,
+        AtFlags::AT_SYMLINK_FOLLOW,
+    )
 }
 
 fn apply_xattrs(

@@ -53,7 +53,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::baseline::Time;
 use super::error::Failed;
 use super::made::{self, Attrs};
-use super::ops::{open_below, open_dst_dir, split_parent};
+use super::ops::{link_checked, open_below, open_dst_dir, split_parent};
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
 use super::writeback::{remove_entry, remove_older, remove_older_deleted};
 use super::xattrs::{self, XattrBufs, XattrTarget};
@@ -539,17 +539,21 @@ impl Merge<'_> {
             // walk goes on in it, and it gets its metadata.
             let df = open_dir_as(&d, &shown)?;
             let held = via(&df);
-            self.dir(
+            let walked = self.dir(
                 &u,
                 DiskDir {
                     path: &shown,
                     via: &held,
                 },
                 opaque,
-            )?;
-            let uf = open_dir(&u)?;
-            set_meta_fd(&md, &df).with_context(|| ctx("setting metadata of", &shown))?;
-            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &shown)?;
+            );
+            // Failed or not: one made here is root's and closed until it has them,
+            // and the application may be on its disk directory already.
+            let meta = open_dir(&u).and_then(|uf| {
+                set_meta_fd(&md, &df).with_context(|| ctx("setting metadata of", &shown))?;
+                self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &shown)
+            });
+            walked.and(meta)?;
             return Ok(disk.is_none());
         }
         if !changed {
@@ -593,12 +597,8 @@ impl Merge<'_> {
         let mut tmp_name = OsString::from(TEMP_PREFIX);
         tmp_name.push(name);
         let (tmp, tmp_shown) = (d_dir.via.join(&tmp_name), d_dir.path.join(&tmp_name));
-        match fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(e).context(ctx("removing", &tmp_shown))
-            }
-            _ => {}
-        }
+        // A killed pass's, or anything planted at the name (reserved).
+        self.remove_ours(d_dir, &tmp_name)?;
         let key = (md.dev(), md.ino());
         let ft = md.file_type();
         let dir = d_dir.open()?;
@@ -718,9 +718,10 @@ impl Merge<'_> {
     /// Links `tmp` in `dir` to the first copy of a hard-linked file (its path below
     /// the disk root, and its inode), reached from the root one directory at a
     /// time without following a symlink: a directory on the way that the
-    /// application replaced by a symlink leads nowhere else. The inode linked, or
-    /// `None` where that copy is no longer there (the application moved or
-    /// replaced it), and the file is written again.
+    /// application replaced by a symlink leads nowhere else, and only to the inode
+    /// written, through a descriptor of it. The inode linked, or `None` where that
+    /// copy is no longer there (the application moved or replaced it), and the file
+    /// is written again.
     fn link_first(
         &self,
         (first, ino): &(PathBuf, u64),
@@ -736,13 +737,7 @@ impl Merge<'_> {
             Err(e) => return Err(e.into()),
         };
         let leaf = CString::new(leaf).map_err(|_| io::Error::from(Errno::EINVAL))?;
-        match stat::fstatat(&from, leaf.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if st.st_ino == *ino && st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
-            Ok(_) => return Ok(None),
-            Err(e) if gone(e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        match unistd::linkat(&from, leaf.as_c_str(), dir, tmp, AtFlags::empty()) {
+        match link_checked(from.as_fd(), leaf.as_c_str(), Some(*ino), dir, tmp) {
             Ok(()) => Ok(Some(*ino)),
             Err(e) if gone(e) => Ok(None),
             Err(e) => Err(e.into()),

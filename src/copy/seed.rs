@@ -368,7 +368,7 @@ impl<'p> Copier<'p> {
         link_to_first_copy(
             |i| stack[i].dst.as_fd(),
             self.rel.as_bytes(),
-            &first.path,
+            (&first.path, None),
             new_dir,
             name,
         )?;

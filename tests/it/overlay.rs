@@ -634,6 +634,96 @@ fn the_merge_links_a_later_name_only_to_the_first_copy_it_wrote() {
     assert_eq!(fs::read_to_string(disk.join("a.moved/f")).unwrap(), "data");
 }
 
+/// The same, with the application swapping the first copy's name with a hard
+/// link of its own to a file outside the tree, over and over (`RENAME_EXCHANGE`),
+/// while the merge links the later name: the link goes to the inode written or
+/// the later name gets a copy, never the file outside.
+#[test]
+fn the_merge_links_a_later_name_to_the_first_copy_whatever_is_swapped_in_meanwhile() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for round in 0..200 {
+        let (_at, [upper, disk, outside]) = scratch(["upper", "disk", "outside"]);
+        fs::write(outside.join("f"), "not the tree's").unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let switched = tmpfsctl::copy::baseline::now_after_tick();
+        for d in ["a", "b"] {
+            fs::create_dir(upper.join(d)).unwrap();
+        }
+        fs::write(upper.join("a/f"), "data").unwrap();
+        fs::hard_link(upper.join("a/f"), upper.join("b/g")).unwrap();
+        fs::write(upper.join("b/0_hook"), "hook").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut racer = None;
+        let mut act = |_: &Path, name: &std::ffi::OsStr| {
+            if name == "0_hook" && racer.is_none() {
+                fs::hard_link(outside.join("f"), disk.join("a/theirs")).unwrap();
+                let (a, b, stop) = (disk.join("a/f"), disk.join("a/theirs"), Arc::clone(&stop));
+                racer = Some(std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = nix::fcntl::renameat2(
+                            nix::fcntl::AT_FDCWD,
+                            &a,
+                            nix::fcntl::AT_FDCWD,
+                            &b,
+                            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                        );
+                    }
+                }));
+            }
+            false
+        };
+        let merged =
+            tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act);
+        stop.store(true, Ordering::Relaxed);
+        racer.expect("the walk asked about 0_hook").join().unwrap();
+        merged.unwrap();
+        let g = fs::metadata(disk.join("b/g")).unwrap();
+        assert_ne!(
+            g.ino(),
+            fs::metadata(outside.join("f")).unwrap().ino(),
+            "round {round}: the later name is a link to the file outside the tree"
+        );
+        assert_eq!(fs::read_to_string(disk.join("b/g")).unwrap(), "data");
+    }
+}
+
+/// A directory the merge makes on disk is root's, mode 0700, until the walk
+/// leaves it: a walk that fails below it (here the upper file turns into a
+/// directory while it is copied) still gives it the upper one's owner and mode,
+/// for the application may be on its disk directory already. Whatever is planted
+/// at a temporary name of the merge (reserved) goes.
+#[test]
+fn a_failed_merge_still_gives_the_directories_it_made_their_owner_and_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    fs::create_dir(upper.join("new")).unwrap();
+    fs::write(upper.join("new/x"), "data").unwrap();
+    fs::write(upper.join("new/y"), "data").unwrap();
+    std::os::unix::fs::chown(upper.join("new"), Some(65_534), Some(65_534)).unwrap();
+    fs::set_permissions(upper.join("new"), fs::Permissions::from_mode(0o755)).unwrap();
+    let (u, planted) = (upper.join("new/y"), disk.join("new/.tmpfsctl-ovl.x/sub"));
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "x" {
+            fs::create_dir_all(&planted).unwrap();
+        } else if name == "y" {
+            fs::remove_file(&u).unwrap();
+            fs::create_dir(&u).unwrap();
+        }
+        false
+    };
+    let err = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act)
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("new/.tmpfsctl-ovl.y"), "{err:#}");
+    let md = fs::metadata(disk.join("new")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (65_534, 0o755));
+    assert_eq!(fs::read_to_string(disk.join("new/x")).unwrap(), "data");
+    assert!(!disk.join("new/.tmpfsctl-ovl.x").exists());
+}
+
 /// A directory the upper layer replaced by a file, in which the application made a
 /// name on disk after `down`'s switch: what it made stays (and so the directory,
 /// and the file is not put in its place), what the upper layer replaced goes.

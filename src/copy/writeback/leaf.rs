@@ -152,7 +152,7 @@ impl Syncer<'_, '_> {
         // The new link gives the group's inode a new ctime: no sign of the
         // application's change on its other names either.
         self.touched.insert(ino);
-        if !self.write_hard_link(stack, name, &first, d.as_ref())? {
+        if !self.write_hard_link(stack, name, (&first, ino), d.as_ref())? {
             self.reporter.stats.kept_disk += 1;
             return Ok(outcome);
         }
@@ -340,19 +340,20 @@ impl Syncer<'_, '_> {
         Ok(made.st_ino)
     }
 
-    /// Links a temporary name to the first copy of a hard-linked inode and renames it
-    /// over `name`; false if the disk got a missing name first.
+    /// Links a temporary name to the first copy of a hard-linked inode (its path and
+    /// disk inode) and renames it over `name`; false if the disk got a missing name
+    /// first.
     pub(super) fn write_hard_link(
         &mut self,
         stack: &[Frame],
         name: &CStr,
-        first: &[u8],
+        (first, ino): (&[u8], u64),
         d: Option<&FileStat>,
     ) -> Result<bool, Failed> {
         let dst_dir = stack.last().expect("the root frame stays").dst.fd.as_fd();
         let rel = self.rel.as_bytes();
         let (temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
-            link_to_first_copy(|i| stack[i].dst.fd.as_fd(), rel, first, dir, temp)
+            link_to_first_copy(|i| stack[i].dst.fd.as_fd(), rel, (first, Some(ino)), dir, temp)
         })?;
         self.replace(&stack.last().expect("the root frame stays").dst, temp, name, d)
     }
