@@ -131,12 +131,29 @@ mod tests {
 
     use super::*;
 
-    fn stat_of(p: &std::path::Path) -> FileStat {
-        stat::lstat(p).unwrap()
+    fn set_times(p: &std::path::Path, atime: TimeSpec, mtime: TimeSpec) {
+        stat::utimensat(
+            fcntl::AT_FDCWD,
+            p,
+            &atime,
+            &mtime,
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
     }
 
-    fn root() -> bool {
-        unistd::geteuid().is_root()
+    /// Gives `made` in `dir` (of `kind`) the metadata of `src` there.
+    fn copy_metadata(dir: &fs::File, src: &CStr, made: &CStr, kind: libc::mode_t) {
+        let (fd, _) = open_made(dir.as_fd(), made, kind).unwrap();
+        let st = stat::fstatat(dir.as_fd(), src, AtFlags::AT_SYMLINK_NOFOLLOW).unwrap();
+        set_made(
+            fd.as_fd(),
+            &Attrs::of(&st),
+            XattrTarget::At(dir.as_fd(), src),
+            &mut XattrBufs::default(),
+            true,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -145,25 +162,9 @@ mod tests {
         let dir = fs::File::open(d.path()).unwrap();
         let (src, made) = (d.path().join("src"), d.path().join("made"));
         unistd::mkfifo(&src, Mode::from_bits_truncate(0o640)).unwrap();
-        stat::utimensat(
-            fcntl::AT_FDCWD,
-            &src,
-            &TimeSpec::new(1_000, 1),
-            &TimeSpec::new(2_000, 2),
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .unwrap();
+        set_times(&src, TimeSpec::new(1_000, 1), TimeSpec::new(2_000, 2));
         unistd::mkfifo(&made, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
-        let (fd, _) = open_made(dir.as_fd(), c"made", libc::S_IFIFO).unwrap();
-        let mut bufs = XattrBufs::default();
-        set_made(
-            fd.as_fd(),
-            &Attrs::of(&stat_of(&src)),
-            XattrTarget::At(dir.as_fd(), c"src"),
-            &mut bufs,
-            true,
-        )
-        .unwrap();
+        copy_metadata(&dir, c"src", c"made", libc::S_IFIFO);
         let md = fs::symlink_metadata(&made).unwrap();
         assert_eq!(md.permissions().mode() & 0o7777, 0o640);
         assert_eq!((md.mtime(), md.mtime_nsec(), md.atime()), (2_000, 2, 1_000));
@@ -178,23 +179,12 @@ mod tests {
         let before = fs::metadata(&target).unwrap();
         symlink("target", d.path().join("src")).unwrap();
         symlink("target", d.path().join("made")).unwrap();
-        stat::utimensat(
-            fcntl::AT_FDCWD,
+        set_times(
             &d.path().join("src"),
-            &TimeSpec::new(1_000, 0),
-            &TimeSpec::new(3_000, 0),
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .unwrap();
-        let (fd, _) = open_made(dir.as_fd(), c"made", libc::S_IFLNK).unwrap();
-        set_made(
-            fd.as_fd(),
-            &Attrs::of(&stat_of(&d.path().join("src"))),
-            XattrTarget::At(dir.as_fd(), c"src"),
-            &mut XattrBufs::default(),
-            true,
-        )
-        .unwrap();
+            TimeSpec::new(1_000, 0),
+            TimeSpec::new(3_000, 0),
+        );
+        copy_metadata(&dir, c"src", c"made", libc::S_IFLNK);
         assert_eq!(
             fs::symlink_metadata(d.path().join("made")).unwrap().mtime(),
             3_000
@@ -220,7 +210,7 @@ mod tests {
         assert!(open_made(dir.as_fd(), c"hard", libc::S_IFREG).is_err());
         fs::remove_file(d.path().join("hard")).unwrap();
         assert!(open_made(dir.as_fd(), c"victim", libc::S_IFREG).is_ok());
-        if root() {
+        if unistd::geteuid().is_root() {
             // Another user's, moved to the name.
             unistd::mkfifo(&d.path().join("theirs"), Mode::S_IRUSR).unwrap();
             unistd::chown(&d.path().join("theirs"), Some(Uid::from_raw(65_534)), None).unwrap();

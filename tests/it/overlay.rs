@@ -429,6 +429,35 @@ fn whiteout(p: &Path) {
     .unwrap();
 }
 
+/// The application on its disk directory after `down`'s switch, when the merge
+/// asks whether it deleted `hook` (a name the disk lacks): it moves the disk
+/// directory `dir` to `moved` and plants a symlink to `outside` at its name.
+fn symlink_in_place_on<'a>(
+    hook: &'a str,
+    dir: PathBuf,
+    moved: PathBuf,
+    outside: &'a Path,
+) -> impl FnMut(&Path, &std::ffi::OsStr) -> bool + Send + 'a {
+    move |_, name| {
+        if name == hook && !moved.exists() {
+            fs::rename(&dir, &moved).unwrap();
+            std::os::unix::fs::symlink(outside, &dir).unwrap();
+        }
+        false
+    }
+}
+
+/// A file with names in two upper directories, `a/f` first, and `b/0_hook`, which
+/// the merge asks about before it writes `b/g`.
+fn hard_linked_across(upper: &Path) {
+    for d in ["a", "b"] {
+        fs::create_dir(upper.join(d)).unwrap();
+    }
+    fs::write(upper.join("a/f"), "data").unwrap();
+    fs::hard_link(upper.join("a/f"), upper.join("b/g")).unwrap();
+    fs::write(upper.join("b/0_hook"), "hook").unwrap();
+}
+
 /// The merge removes what the upper layer deleted after its copies. The application,
 /// on its disk directory after `down`'s switch, acts during the walk on what is still
 /// to be removed: it moves the directory holding a whited-out file away and plants a
@@ -560,17 +589,9 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
     fs::write(upper.join("m/a_hook"), "hook").unwrap();
     fs::write(upper.join("m/z_payload"), "payload").unwrap();
     let window = after_switch(switched);
-    let mut swapped = false;
-    let mut act = |_: &Path, name: &std::ffi::OsStr| {
-        if name == "a_hook" && !swapped {
-            swapped = true;
-            fs::rename(disk.join("m"), disk.join("m.moved")).unwrap();
-            std::os::unix::fs::symlink(&outside, disk.join("m")).unwrap();
-        }
-        false
-    };
+    let mut act = symlink_in_place_on("a_hook", disk.join("m"), disk.join("m.moved"), &outside);
     let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
-    assert!(swapped, "the walk did not ask about a_hook");
+    assert!(disk.join("m.moved").exists(), "the walk did not ask about a_hook");
     let outside_now: Vec<_> = fs::read_dir(&outside)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -604,25 +625,11 @@ fn the_merge_links_a_later_name_only_to_the_first_copy_it_wrote() {
     fs::write(outside.join("f"), "not the tree's").unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let switched = tmpfsctl::copy::baseline::now_after_tick();
-    for d in ["a", "b"] {
-        fs::create_dir(upper.join(d)).unwrap();
-    }
-    fs::write(upper.join("a/f"), "data").unwrap();
-    fs::hard_link(upper.join("a/f"), upper.join("b/g")).unwrap();
-    // Asked about before b/g is written (the disk lacks it).
-    fs::write(upper.join("b/0_hook"), "hook").unwrap();
+    hard_linked_across(&upper);
     let window = after_switch(switched);
-    let mut swapped = false;
-    let mut act = |_: &Path, name: &std::ffi::OsStr| {
-        if name == "0_hook" && !swapped {
-            swapped = true;
-            fs::rename(disk.join("a"), disk.join("a.moved")).unwrap();
-            std::os::unix::fs::symlink(&outside, disk.join("a")).unwrap();
-        }
-        false
-    };
+    let mut act = symlink_in_place_on("0_hook", disk.join("a"), disk.join("a.moved"), &outside);
     let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
-    assert!(swapped, "the walk did not ask about 0_hook");
+    assert!(disk.join("a.moved").exists(), "the walk did not ask about 0_hook");
     merged.unwrap();
     let theirs = fs::metadata(outside.join("f")).unwrap();
     assert_eq!(
@@ -648,12 +655,7 @@ fn the_merge_links_a_later_name_to_the_first_copy_whatever_is_swapped_in_meanwhi
         fs::write(outside.join("f"), "not the tree's").unwrap();
         std::thread::sleep(Duration::from_millis(2));
         let switched = tmpfsctl::copy::baseline::now_after_tick();
-        for d in ["a", "b"] {
-            fs::create_dir(upper.join(d)).unwrap();
-        }
-        fs::write(upper.join("a/f"), "data").unwrap();
-        fs::hard_link(upper.join("a/f"), upper.join("b/g")).unwrap();
-        fs::write(upper.join("b/0_hook"), "hook").unwrap();
+        hard_linked_across(&upper);
         let stop = Arc::new(AtomicBool::new(false));
         let mut racer = None;
         let mut act = |_: &Path, name: &std::ffi::OsStr| {
