@@ -339,7 +339,11 @@ pub fn finish_writeback(
         let stage = state.stage(&m.name);
         let window = overlay::after_switch(&stage)?;
         let merged = Some(held.as_path()).filter(|h| held_overlay(h));
-        overlay::pass(m, merged, &stage, state, window, deletions, by)?
+        let res = overlay::pass(m, merged, &stage, state, window, deletions, by)?;
+        if res.result == SyncOutcome::Synced {
+            overlay::mark_merged(&stage)?;
+        }
+        res
     } else {
         sync_one(m, &held, state, deletions, by, false)?
     };

@@ -37,7 +37,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use nix::errno::Errno;
-use nix::fcntl::AtFlags;
+use nix::fcntl::{self, AtFlags, OFlag};
 use nix::sys::stat::{self, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
@@ -174,14 +174,15 @@ fn no_space(e: &anyhow::Error) -> bool {
     })
 }
 
-/// A disk directory of the walk: `path` for messages, the fsync set and the
-/// deletion watch; `via`, `/proc/self/fd/N` of a descriptor opened relative to its
-/// parent's without following a symlink, for every system call in it. After
-/// `down`'s switch the application works in the disk directory: renaming a
+/// A directory of the walk, on either side: `path` for messages (and, on disk, the
+/// fsync set and the deletion watch); `via`, `/proc/self/fd/N` of a descriptor
+/// opened relative to its parent's without following a symlink, for every system
+/// call in it. The application changes both sides while the walk runs: the upper
+/// layer through the overlay, the disk directory after `down`'s switch. Renaming a
 /// directory the walk is in and planting a symlink at its name leads the walk
-/// nowhere else.
+/// nowhere else: not to read a file outside the tree, nor to write into one.
 #[derive(Clone, Copy)]
-struct DiskDir<'p> {
+struct Held<'p> {
     path: &'p Path,
     via: &'p Path,
 }
@@ -192,7 +193,7 @@ fn via(held: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()))
 }
 
-impl DiskDir<'_> {
+impl Held<'_> {
     /// The directory itself, again (`via` is a link to it, not a name in it).
     fn open(&self) -> Result<File> {
         File::open(self.via).with_context(|| ctx("opening", self.path))
@@ -211,7 +212,8 @@ struct Gone {
     /// Its birth time, where the filesystem keeps one: a directory made again at
     /// the name can have the same inode number.
     born: Option<std::time::SystemTime>,
-    /// The upper directory, whose metadata the disk one gets back after.
+    /// The upper directory, relative to the upper root, whose metadata the disk
+    /// one gets back after.
     upper: PathBuf,
 }
 
@@ -256,20 +258,24 @@ impl Merge<'_> {
         self.deferred.clear();
         // Copies of an earlier walk are no first names to link to.
         self.links.clear();
-        let held = open_dir(self.disk)?;
-        let via = via(&held);
-        let root = DiskDir {
+        let (held, upper) = (open_dir(self.disk)?, open_dir(self.upper)?);
+        let (via_disk, via_upper) = (via(&held), via(&upper));
+        let root = Held {
             path: self.disk,
-            via: &via,
+            via: &via_disk,
         };
-        self.dir(self.upper, root, false)?;
-        let md = fs::symlink_metadata(self.upper).context(ctx("stat", self.upper))?;
+        let upper_root = Held {
+            path: self.upper,
+            via: &via_upper,
+        };
+        self.dir(upper_root, root, false, false)?;
+        let md = upper.metadata().context(ctx("stat", self.upper))?;
         set_meta_fd(&md, &held).with_context(|| ctx("setting metadata of", self.disk))
     }
 
     /// Decides to remove the disk entry `md` at `name` in `d_dir`, which the upper
     /// directory `u_dir` deleted.
-    fn defer(&mut self, d_dir: DiskDir<'_>, u_dir: &Path, name: &OsStr, md: &fs::Metadata) -> Result<()> {
+    fn defer(&mut self, d_dir: Held<'_>, u_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> Result<()> {
         let dmd = fs::metadata(d_dir.via).with_context(|| ctx("stat", d_dir.path))?;
         self.deferred.push(Gone {
             dir: d_dir
@@ -282,7 +288,11 @@ impl Merge<'_> {
             ino: md.ino(),
             is_dir: md.is_dir(),
             born: md.created().ok(),
-            upper: u_dir.to_path_buf(),
+            upper: u_dir
+                .path
+                .strip_prefix(self.upper)
+                .expect("below the upper root")
+                .to_path_buf(),
         });
         Ok(())
     }
@@ -327,7 +337,7 @@ impl Merge<'_> {
                 }
             }
             if acted {
-                if let Some(md) = lstat_opt(&group[0].upper)?.filter(fs::Metadata::is_dir) {
+                if let Some(md) = self.upper_dir(&group[0].upper)? {
                     set_meta_fd(&md, &dir).with_context(|| ctx("setting metadata of", &d_dir))?;
                 }
                 unistd::fsync(&dir)
@@ -388,9 +398,10 @@ impl Merge<'_> {
     }
 
     /// Merges the upper directory `u` into the disk directory `d`; `opaque`: `u`
-    /// is the whole directory, and names only the disk has go.
-    fn dir(&mut self, u: &Path, d: DiskDir<'_>, opaque: bool) -> Result<()> {
-        let merged = self.merge_dir(u, d, opaque);
+    /// is the whole directory, and names only the disk has go; `all`: every entry
+    /// below is compared, whatever its ctime (see [`Self::entry`]).
+    fn dir(&mut self, u: Held<'_>, d: Held<'_>, opaque: bool, all: bool) -> Result<()> {
+        let merged = self.merge_dir(u, d, opaque, all);
         // Through the directory held (the application may have moved it, and put
         // anything at its name), failed or not: the removals after the walk wait
         // for the names made here.
@@ -403,18 +414,15 @@ impl Merge<'_> {
         merged.and(synced)
     }
 
-    fn merge_dir(&mut self, u: &Path, d: DiskDir<'_>, opaque: bool) -> Result<()> {
+    fn merge_dir(&mut self, u: Held<'_>, d: Held<'_>, opaque: bool, all: bool) -> Result<()> {
         let mut names = Vec::new();
-        for e in fs::read_dir(u).with_context(|| ctx("listing", u))? {
-            let name = e.with_context(|| ctx("listing", u))?.file_name();
+        for e in fs::read_dir(u.via).with_context(|| ctx("listing", u.path))? {
+            let name = e.with_context(|| ctx("listing", u.path))?.file_name();
             if !ours(&name) {
                 names.push(name);
-            } else if let Some(merged) = self.merged {
+            } else if let Ok(Some(dir)) = self.merged_dir(u.path) {
                 // A barrier left by a killed pass: the application sees it.
-                let b = merged
-                    .join(u.strip_prefix(self.upper).expect("below the upper root"))
-                    .join(&name);
-                let _ = fs::remove_file(b);
+                let _ = unistd::unlinkat(dir.as_fd(), cstr(&name)?.as_c_str(), UnlinkatFlags::NoRemoveDir);
             }
         }
         names.sort();
@@ -434,7 +442,7 @@ impl Merge<'_> {
         let mut fresh = Vec::new();
         let mut walked = Ok(());
         for name in names {
-            match self.entry(u, d, &name) {
+            match self.entry(u, d, &name, all) {
                 Ok(true) => fresh.push(name),
                 Ok(false) => {}
                 Err(e) => {
@@ -463,10 +471,10 @@ impl Merge<'_> {
     /// Removes again each name of `fresh` the merge wrote into the disk directory
     /// `d` that the application deleted from the upper directory `u` meanwhile
     /// (after the barrier: see the module's comment).
-    fn check_fresh(&mut self, u: &Path, d: DiskDir<'_>, fresh: Vec<OsString>) -> Result<()> {
-        self.barrier(u)?;
+    fn check_fresh(&mut self, u: Held<'_>, d: Held<'_>, fresh: Vec<OsString>) -> Result<()> {
+        self.barrier(u.path)?;
         for name in fresh {
-            if lstat_opt(&u.join(&name))?.is_none() {
+            if lstat_opt(&u.via.join(&name))?.is_none() {
                 self.remove(d, &name)?;
             }
         }
@@ -476,33 +484,78 @@ impl Merge<'_> {
     /// Waits for every unlink and rename in flight in the overlay's directory
     /// for the upper directory `u` (see the module's comment).
     fn barrier(&self, u: &Path) -> Result<()> {
-        let Some(merged) = self.merged else {
+        // The directory is gone from the overlay: so is every name in it.
+        let Some(dir) = self.merged_dir(u)? else {
             return Ok(());
         };
+        let name =
+            CString::new(format!("{TEMP_PREFIX}barrier.{}", std::process::id())).expect("no NUL in a number");
+        let shown = || {
+            let rel = u.strip_prefix(self.upper).expect("below the upper root");
+            self.merged
+                .unwrap_or(self.upper)
+                .join(rel)
+                .join(name.to_string_lossy().as_ref())
+        };
+        match fcntl::openat(
+            dir.as_fd(),
+            name.as_c_str(),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        ) {
+            Ok(_) => unistd::unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::NoRemoveDir)
+                .map_err(io::Error::from)
+                .with_context(|| ctx("removing", &shown())),
+            Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(io::Error::from(e)).with_context(|| ctx("creating", &shown())),
+        }
+    }
+
+    /// The overlay's directory for the upper directory `u`, reached from where the
+    /// overlay is mounted without following a symlink; `None` without an overlay,
+    /// or where that directory is gone from it.
+    fn merged_dir(&self, u: &Path) -> Result<Option<OwnedFd>> {
+        let Some(merged) = self.merged else {
+            return Ok(None);
+        };
         let rel = u.strip_prefix(self.upper).expect("below the upper root");
-        let b = merged
-            .join(rel)
-            .join(format!("{TEMP_PREFIX}barrier.{}", std::process::id()));
-        match File::create_new(&b) {
-            Ok(_) => fs::remove_file(&b).with_context(|| ctx("removing", &b)),
-            // The directory is gone from the overlay: so is every name in it.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e).context(ctx("creating", &b)),
+        let root = open_dir(merged)?;
+        match open_below(root.as_fd(), rel.as_os_str().as_bytes()) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+            Err(e) => Err(io::Error::from(e)).with_context(|| ctx("opening", &merged.join(rel))),
+        }
+    }
+
+    /// The metadata of the upper directory at `rel` (below the upper root), reached
+    /// without following a symlink; `None` where it is gone.
+    fn upper_dir(&self, rel: &Path) -> Result<Option<fs::Metadata>> {
+        let root = open_dir(self.upper)?;
+        match open_below(root.as_fd(), rel.as_os_str().as_bytes()) {
+            Ok(dir) => Ok(Some(
+                File::from(dir)
+                    .metadata()
+                    .context(ctx("stat", &self.upper.join(rel)))?,
+            )),
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+            Err(e) => Err(io::Error::from(e)).with_context(|| ctx("opening", &self.upper.join(rel))),
         }
     }
 
     /// Merges one upper entry; `true` when it put a name the disk directory
     /// did not have.
-    fn entry(&mut self, u_dir: &Path, d_dir: DiskDir<'_>, name: &OsStr) -> Result<bool> {
-        let u = u_dir.join(name);
+    fn entry(&mut self, u_dir: Held<'_>, d_dir: Held<'_>, name: &OsStr, all: bool) -> Result<bool> {
+        let (u, u_shown) = (u_dir.via.join(name), u_dir.path.join(name));
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let md = match fs::symlink_metadata(&u) {
             Ok(md) => md,
             // Deleted by the application since the listing: a later pass sees its whiteout.
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e).context(ctx("stat", &u)),
+            Err(e) => return Err(e).context(ctx("stat", &u_shown)),
         };
-        let changed = self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
+        // A directory changed since (`all` below it) may have been moved here,
+        // and moving it changes no ctime below it: its whole tree is compared.
+        let changed = all || self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
         let disk = lstat_opt(&d)?;
         if changed && self.disk_won(d_dir.via, name, disk.as_ref()) {
             self.stats.kept_disk += 1;
@@ -515,12 +568,23 @@ impl Merge<'_> {
             return Ok(false);
         }
         if md.is_dir() {
-            let mut opaque = xattr_get(&u, OPAQUE)?.as_deref() == Some(b"y".as_slice());
+            // Held from here on, on both sides: wherever the application moves
+            // them meanwhile, the walk goes on in them, and the disk one gets its
+            // metadata.
+            let uf = open_dir_as(&u, &u_shown)?;
+            let u_held = via(&uf);
+            let opaque_attr = CString::new(OPAQUE).expect("no NUL in the name");
+            let mut opaque = match xattrs::get_attr(uf.as_fd(), &opaque_attr) {
+                Ok(v) => v == b"y",
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
+                Err(e) => return Err(e).context(ctx(&format!("reading {OPAQUE} of"), &u_shown)),
+            };
             match &disk {
                 Some(dm) if dm.is_dir() => {}
                 _ => {
                     if !opaque {
-                        xattr_set(&u, OPAQUE, b"y")?;
+                        xattrs::set_attr(uf.as_fd(), &opaque_attr, b"y")
+                            .with_context(|| ctx(&format!("setting {OPAQUE} on"), &u_shown))?;
                         opaque = true;
                     }
                     if disk.is_some() {
@@ -535,22 +599,24 @@ impl Merge<'_> {
                     self.stats.dirs += 1;
                 }
             }
-            // Held from here on: wherever the application moves it meanwhile, the
-            // walk goes on in it, and it gets its metadata.
             let df = open_dir_as(&d, &shown)?;
             let held = via(&df);
             let walked = self.dir(
-                &u,
-                DiskDir {
+                Held {
+                    path: &u_shown,
+                    via: &u_held,
+                },
+                Held {
                     path: &shown,
                     via: &held,
                 },
                 opaque,
+                changed,
             );
             // Failed or not: one made here is root's and closed until it has them,
             // and the application may be on its disk directory already.
-            let meta = open_dir(&u).and_then(|uf| {
-                set_meta_fd(&md, &df).with_context(|| ctx("setting metadata of", &shown))?;
+            let meta = uf.metadata().context(ctx("stat", &u_shown)).and_then(|umd| {
+                set_meta_fd(&umd, &df).with_context(|| ctx("setting metadata of", &shown))?;
                 self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &shown)
             });
             walked.and(meta)?;
@@ -565,7 +631,7 @@ impl Merge<'_> {
             self.stats.unchanged += 1;
             return Ok(false);
         }
-        self.leaf(&md, &u, d_dir, name, disk.as_ref())?;
+        self.leaf(&md, u_dir, d_dir, name, disk.as_ref())?;
         Ok(disk.is_none())
     }
 
@@ -588,11 +654,12 @@ impl Merge<'_> {
     fn leaf(
         &mut self,
         md: &fs::Metadata,
-        u: &Path,
-        d_dir: DiskDir<'_>,
+        u_dir: Held<'_>,
+        d_dir: Held<'_>,
         name: &OsStr,
         disk: Option<&fs::Metadata>,
     ) -> Result<()> {
+        let (u, u_shown) = (u_dir.via.join(name), u_dir.path.join(name));
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let mut tmp_name = OsString::from(TEMP_PREFIX);
         tmp_name.push(name);
@@ -613,21 +680,32 @@ impl Merge<'_> {
         let made_ino = if let Some(ino) = linked {
             ino
         } else if ft.is_file() {
-            let mut src = match File::open(u) {
+            // Never a symlink or FIFO the application renamed over the name since
+            // its stat: the file is opened without following one or waiting.
+            let opened = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&u);
+            let mut src = match opened {
                 Ok(f) => f,
                 // Deleted through the overlay since its stat: a whiteout (a device
-                // node, which the tmpfs's nodev refuses to open) or nothing is there
-                // now, and a later pass sees it.
+                // node, which the tmpfs's nodev refuses to open), a symlink or
+                // nothing is there now, and a later pass sees it.
                 Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::EACCES | libc::ENXIO | libc::ENOENT))
-                        && !lstat_opt(u)?.is_some_and(|now| now.is_file()) =>
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::ENXIO | libc::ENOENT | libc::ELOOP)
+                    ) && !lstat_opt(&u)?.is_some_and(|now| now.is_file()) =>
                 {
                     return Ok(());
                 }
-                Err(e) => return Err(e).context(ctx("opening", u)),
+                Err(e) => return Err(e).context(ctx("opening", &u_shown)),
             };
             // The file opened may be a newer one renamed over the name since its stat.
-            let md = src.metadata().with_context(|| ctx("stat", u))?;
+            let md = src.metadata().with_context(|| ctx("stat", &u_shown))?;
+            if !md.is_file() {
+                return Ok(());
+            }
             // Only root may open it until its owner and mode are set.
             let mut dst = fs::OpenOptions::new()
                 .write(true)
@@ -649,7 +727,7 @@ impl Merge<'_> {
         } else {
             let kind = md.mode() & libc::S_IFMT;
             if ft.is_symlink() {
-                let target = fs::read_link(u).with_context(|| ctx("reading link", u))?;
+                let target = fs::read_link(&u).with_context(|| ctx("reading link", &u_shown))?;
                 unistd::symlinkat(target.as_os_str(), dir.as_fd(), tmp_c.as_c_str())
                     .map_err(io::Error::from)
                     .with_context(|| ctx("creating symlink", &tmp_shown))?;
@@ -667,7 +745,7 @@ impl Merge<'_> {
             }
             let at = |f: Failed| anyhow::Error::new(f.at(tmp_shown.clone()));
             let (made, st) = made::open_made(dir.as_fd(), &tmp_c, kind).map_err(at)?;
-            let (ud, un) = split(u)?;
+            let (ud, un) = (u_dir.open()?, cstr(name)?);
             made::set_made(
                 made.as_fd(),
                 &Attrs::of_metadata(md),
@@ -750,8 +828,8 @@ impl Merge<'_> {
             .map_err(|e| anyhow::Error::new(e.at(path.to_path_buf())))
     }
 
-    fn same_xattrs(&mut self, u_dir: &Path, d_dir: DiskDir<'_>, name: &OsStr) -> Result<bool> {
-        let (ud, dd, n) = (open_dir(u_dir)?, d_dir.open()?, cstr(name)?);
+    fn same_xattrs(&mut self, u_dir: Held<'_>, d_dir: Held<'_>, name: &OsStr) -> Result<bool> {
+        let (ud, dd, n) = (u_dir.open()?, d_dir.open()?, cstr(name)?);
         xattrs::same_xattrs(
             XattrTarget::At(ud.as_fd(), &n),
             XattrTarget::At(dd.as_fd(), &n),
@@ -762,7 +840,7 @@ impl Merge<'_> {
 
     /// Removes the merge's own temporary `name` from the disk directory (a killed
     /// pass's: reserved, whenever it was made), and all below it.
-    fn remove_ours(&mut self, d_dir: DiskDir<'_>, name: &OsStr) -> Result<()> {
+    fn remove_ours(&mut self, d_dir: Held<'_>, name: &OsStr) -> Result<()> {
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let gone = match lstat_opt(&d)? {
             None => return Ok(()),
@@ -784,7 +862,7 @@ impl Merge<'_> {
     /// descriptors: nothing followed, no other filesystem entered); once the
     /// application works there again (`disk_since`), what it changed since is
     /// kept, with the directories that lead to it.
-    fn remove(&mut self, d_dir: DiskDir<'_>, name: &OsStr) -> Result<()> {
+    fn remove(&mut self, d_dir: Held<'_>, name: &OsStr) -> Result<()> {
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let Some(md) = lstat_opt(&d)? else {
             return Ok(());
@@ -841,20 +919,6 @@ fn open_dir(p: &Path) -> Result<File> {
     open_dir_as(p, p)
 }
 
-/// The directory of `p`, open, and its last name. The directory's own last name is
-/// followed: it is one the walk holds (`/proc/self/fd/N`, see [`DiskDir`]) or in
-/// the upper layer.
-fn split(p: &Path) -> Result<(File, CString)> {
-    let parent = p.parent().context("a path with a parent")?;
-    let name = p.file_name().context("a path with a name")?;
-    let dir = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY)
-        .open(parent)
-        .with_context(|| ctx("opening", parent))?;
-    Ok((dir, cstr(name)?))
-}
-
 fn cstr(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes()).context("a name with a NUL byte")
 }
@@ -899,31 +963,5 @@ fn set_meta_fd(md: &fs::Metadata, entry: impl AsFd) -> io::Result<()> {
         &TimeSpec::new(md.atime(), md.atime_nsec()),
         &TimeSpec::new(md.mtime(), md.mtime_nsec()),
     )?;
-    Ok(())
-}
-
-fn xattr_get(p: &Path, name: &str) -> Result<Option<Vec<u8>>> {
-    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
-    let n = CString::new(name).expect("xattr names have no NUL");
-    let mut buf = [0u8; 16];
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENODATA) | Some(libc::ERANGE) => Ok(None),
-            _ => Err(e).context(ctx(&format!("reading {name} of"), p)),
-        };
-    }
-    Ok(Some(buf[..r as usize].to_vec()))
-}
-
-fn xattr_set(p: &Path, name: &str, value: &[u8]) -> Result<()> {
-    let c = CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte")?;
-    let n = CString::new(name).expect("xattr names have no NUL");
-    // SAFETY: valid C strings and a value of the given length.
-    if unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } != 0 {
-        return Err(io::Error::last_os_error()).context(ctx(&format!("setting {name} on"), p));
-    }
     Ok(())
 }

@@ -391,11 +391,13 @@ fn sync_pass(
                 crate::failpoint::hit("before-removals", "");
                 syncer.remove_deferred(dst_root.as_fd()).map(drop)
             }
-            // Out of space: the removals free some for another pass, even where the
-            // walk did not get as far as a moved file's new name (its data is then
-            // in RAM only, until that pass). Directories the walk did not finish
-            // got no `fsync` for the renames into them: one `syncfs` first.
+            // Out of space: the removals free some for another pass, but not of a
+            // file the RAM may have moved ([`Syncer::spare_moved`]). Directories
+            // the walk did not finish got no `fsync` for the renames into them: one
+            // `syncfs` first.
             Some(e) if space_only => {
+                let src_root = open_root_dir(src, true).ok().map(|(fd, _)| fd);
+                syncer.spare_moved(src_root, dst_root.as_fd());
                 let removed = nix::unistd::syncfs(dst_root.as_fd())
                     .map_err(|errno| dst_err("syncfs")(errno).at(PathBuf::from(".")))
                     .and_then(|()| syncer.remove_deferred(dst_root.as_fd()));

@@ -13,7 +13,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -37,6 +37,13 @@ const SWITCHED: &str = "switched";
 /// or a `down` comes.
 const SWITCHED_ATTR: &std::ffi::CStr = c"trusted.tmpfsctl.switched";
 
+/// Set once a pass after the switch merged the whole upper layer: the overlay is
+/// released next, and what is left of the tmpfs (a crash before it is unmounted)
+/// holds nothing more to write. A pass then would bring back what the application
+/// deleted on disk since, which no watch follows any more.
+const MERGED: &str = "merged";
+const MERGED_ATTR: &std::ffi::CStr = c"trusted.tmpfsctl.merged";
+
 /// One pass of the upper layer on the tmpfs at `stage` into the disk
 /// directory, recorded for `status` as every write-back is. `merged`: where
 /// the overlay is mounted, if it is.
@@ -50,6 +57,21 @@ pub fn pass(
     by: &str,
 ) -> Result<SyncResult> {
     let started = Instant::now();
+    if merged_already(stage) {
+        tracing::info!(
+            "{}: the upper layer was merged after the switch already; nothing to write",
+            m.name
+        );
+        return Ok(SyncResult {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            result: SyncOutcome::Synced,
+            reason: None,
+            stats: Some(SyncStats::default()),
+            whole_tree: None,
+            seconds: 0.0,
+        });
+    }
     let mut deleted = |dir: &Path, name: &OsStr| -> bool {
         let Some(d) = deletions else {
             return false;
@@ -147,6 +169,21 @@ pub fn rescue(m: &MountSpec, table: &MountTable, state: &State, by: &str) -> Res
     pass(m, None, &stage, state, after_switch(&stage)?, None, by).map(Some)
 }
 
+/// Records that a pass after the switch merged the whole upper layer (see
+/// [`MERGED`]).
+pub fn mark_merged(stage: &Path) -> Result<()> {
+    let on_root = File::open(stage).and_then(|root| copy::set_attr(root.as_fd(), MERGED_ATTR, b"1"));
+    match on_root {
+        Ok(()) => Ok(()),
+        Err(_) => crate::state::write_atomic(&stage.join(MERGED), b"1\n"),
+    }
+}
+
+fn merged_already(stage: &Path) -> bool {
+    File::open(stage).is_ok_and(|root| copy::get_attr(root.as_fd(), MERGED_ATTR).is_ok())
+        || stage.join(MERGED).exists()
+}
+
 /// Records, just before the switch, that the application is on its disk
 /// directory from now on, and when the pass before it began (`first_pass`).
 pub fn mark_switch(stage: &Path, first_pass: Time) -> Result<()> {
@@ -202,15 +239,44 @@ pub fn after_switch(stage: &Path) -> Result<Window> {
     })
 }
 
-/// The latest ctime in the tree at `dir`.
+/// The latest ctime in the tree at `dir`, walked by descriptors without following
+/// a symlink: the application changes the upper layer through the overlay.
 fn latest_ctime(dir: &Path) -> Result<Time> {
+    latest_below(&open_nofollow(dir, dir)?, dir)
+}
+
+fn open_nofollow(p: &Path, shown: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(p)
+        .with_context(|| format!("opening {}", shown.display()))
+}
+
+/// [`latest_ctime`] of the directory `held` (shown as `shown`).
+fn latest_below(held: &File, shown: &Path) -> Result<Time> {
     use std::os::unix::fs::MetadataExt;
-    let md = std::fs::symlink_metadata(dir).with_context(|| format!("stat {}", dir.display()))?;
-    let mut latest = (md.ctime(), md.ctime_nsec());
-    if md.is_dir() {
-        for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let e = e.with_context(|| format!("listing {}", dir.display()))?;
-            latest = latest.max(latest_ctime(&e.path())?);
+    let ctime = |md: &std::fs::Metadata| (md.ctime(), md.ctime_nsec());
+    let mut latest = ctime(
+        &held
+            .metadata()
+            .with_context(|| format!("stat {}", shown.display()))?,
+    );
+    let via = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
+    for e in std::fs::read_dir(&via).with_context(|| format!("listing {}", shown.display()))? {
+        let name = e
+            .with_context(|| format!("listing {}", shown.display()))?
+            .file_name();
+        let (p, shown) = (via.join(&name), shown.join(&name));
+        let md = match std::fs::symlink_metadata(&p) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("stat {}", shown.display())),
+        };
+        latest = latest.max(ctime(&md));
+        if md.is_dir() {
+            latest = latest.max(latest_below(&open_nofollow(&p, &shown)?, &shown)?);
         }
     }
     Ok(latest)

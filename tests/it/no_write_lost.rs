@@ -583,13 +583,37 @@ fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], act: impl FnMut(
 /// Runs `tmpfsctl VERB SPEC` with `TMPFSCTL_FAILPOINT=failpoint`, which stops it at
 /// each of `points`, running `act` with the point's index while it is stopped there;
 /// returns its exit code and output.
-fn stopped_at(
+pub(crate) fn stopped_at(
     sb: &Sandbox,
     verb: &str,
     spec: &Path,
     failpoint: &str,
     points: &[&str],
+    act: impl FnMut(usize),
+) -> (i32, String) {
+    run_stopped(sb, verb, spec, (failpoint, points), act, false)
+}
+
+/// [`stopped_at`], killed (`kill -9`) at the last of `points` once `act` is done
+/// there.
+pub(crate) fn killed_at_last(
+    sb: &Sandbox,
+    verb: &str,
+    spec: &Path,
+    failpoint: &str,
+    points: &[&str],
+    act: impl FnMut(usize),
+) {
+    run_stopped(sb, verb, spec, (failpoint, points), act, true);
+}
+
+fn run_stopped(
+    sb: &Sandbox,
+    verb: &str,
+    spec: &Path,
+    (failpoint, points): (&str, &[&str]),
     mut act: impl FnMut(usize),
+    kill_at_last: bool,
 ) -> (i32, String) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let mut c = sb.cmd();
@@ -613,6 +637,10 @@ fn stopped_at(
             let _ = apply.kill();
             let _ = apply.wait();
             std::panic::resume_unwind(panic);
+        }
+        if kill_at_last && i + 1 == points.len() {
+            apply.kill().unwrap();
+            break;
         }
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -337,6 +337,84 @@ fn a_killed_down_is_finished_by_the_next() {
             assert!(cache.join("disk").exists(), "{point}: {again}");
         }
         assert_eq!(ours_left(&sb), [], "{point}: left mounted");
+    }
+}
+
+/// A directory the application made in RAM, and one it had written back, moved
+/// through the overlay after `down`'s first pass began: moving a directory changes
+/// no ctime below it, so the pass after the switch compares the whole tree of a
+/// directory changed since, and the files arrive at their new names (they were
+/// on no name: the first pass had written none of them, or under the old name
+/// the whiteout removes).
+#[test]
+fn a_directory_moved_while_down_writes_back_keeps_its_files() {
+    for synced in [false, true] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::create_dir_all(cache.join("a/deep")).unwrap();
+        fs::write(cache.join("a/f"), "precious").unwrap();
+        fs::write(cache.join("a/deep/g"), "deep").unwrap();
+        if synced {
+            sb.run(["sync", spec.to_str().unwrap()]).code(0);
+        }
+        let (code, log) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-hold:cache",
+            &["after-hold"],
+            |_| {
+                // Still on the overlay, held, its first pass done.
+                fs::rename(cache.join("a"), cache.join("z")).unwrap();
+            },
+        );
+        assert_eq!(code, 0, "synced first: {synced}: {log}");
+        let want: BTreeMap<String, String> = [
+            ("z/".into(), String::new()),
+            ("z/deep/".into(), String::new()),
+            ("z/deep/g".into(), "deep".into()),
+            ("z/f".into(), "precious".into()),
+        ]
+        .into();
+        assert_eq!(tree(&cache), want, "synced first: {synced}");
+    }
+}
+
+/// `down` killed once the held overlay is released (its write-back done), after
+/// the application wrote a file in RAM during the first pass and deleted it on
+/// disk after the switch: the next `down` or `sync` finds the tmpfs with the upper
+/// layer, writes nothing more (it was all merged, and no watch follows the disk
+/// any more), and the deleted file stays deleted.
+#[test]
+fn a_down_killed_after_its_write_back_brings_nothing_back() {
+    for retry in ["down", "sync"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::write(cache.join("kept"), "kept").unwrap();
+        let points = ["after-hold", "after-release"];
+        crate::no_write_lost::killed_at_last(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-hold,after-release:cache",
+            &points,
+            |i| {
+                if i == 0 {
+                    fs::write(cache.join("late"), "late").unwrap();
+                } else {
+                    assert_eq!(fs::read_to_string(cache.join("late")).unwrap(), "late");
+                }
+            },
+        );
+        fs::remove_file(cache.join("late")).unwrap();
+        sb.run([retry, spec.to_str().unwrap()]).code(0);
+        assert!(!cache.join("late").exists(), "{retry}: a deletion came back");
+        assert_eq!(fs::read_to_string(cache.join("kept")).unwrap(), "kept", "{retry}");
+        assert_eq!(ours_left(&sb), [], "{retry}: left mounted");
     }
 }
 
@@ -692,38 +770,107 @@ fn the_merge_links_a_later_name_to_the_first_copy_whatever_is_swapped_in_meanwhi
 }
 
 /// A directory the merge makes on disk is root's, mode 0700, until the walk
-/// leaves it: a walk that fails below it (here the upper file turns into a
-/// directory while it is copied) still gives it the upper one's owner and mode,
-/// for the application may be on its disk directory already. Whatever is planted
-/// at a temporary name of the merge (reserved) goes.
+/// leaves it: a walk that fails below it (here the disk is full) still gives it
+/// the upper one's owner and mode, for the application may be on its disk
+/// directory already. Whatever is planted at a temporary name of the merge
+/// (reserved) goes.
 #[test]
 fn a_failed_merge_still_gives_the_directories_it_made_their_owner_and_mode() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    crate::common::in_private_mount_ns(|| {
+        let _small = crate::common_copy::mount_tmpfs(&disk, "size=1m");
+        std::thread::sleep(Duration::from_millis(20));
+        let switched = tmpfsctl::copy::baseline::now_after_tick();
+        fs::create_dir(upper.join("new")).unwrap();
+        fs::write(upper.join("new/x"), "data").unwrap();
+        fs::write(upper.join("new/y"), vec![1u8; 2 << 20]).unwrap();
+        std::os::unix::fs::chown(upper.join("new"), Some(65_534), Some(65_534)).unwrap();
+        fs::set_permissions(upper.join("new"), fs::Permissions::from_mode(0o755)).unwrap();
+        let planted = disk.join("new/.tmpfsctl-ovl.x/sub");
+        let mut act = |_: &Path, name: &std::ffi::OsStr| {
+            if name == "x" {
+                fs::create_dir_all(&planted).unwrap();
+            }
+            false
+        };
+        let err = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("No space left on device"), "{err:#}");
+        let md = fs::metadata(disk.join("new")).unwrap();
+        assert_eq!((md.uid(), md.mode() & 0o7777), (65_534, 0o755));
+        assert_eq!(fs::read_to_string(disk.join("new/x")).unwrap(), "data");
+        assert!(!disk.join("new/.tmpfsctl-ovl.x").exists());
+    });
+}
+
+/// The application changes the upper layer through the overlay while the merge
+/// reads it: it moves the directory the walk is in away and plants a symlink to a
+/// directory outside the tree at its name, renames a symlink to a file outside
+/// over a file the walk stated, and a FIFO over another. The walk goes on in the
+/// directory it holds, opens no symlink and waits on no FIFO: nothing of the
+/// directory outside is copied or marked, and the merge ends.
+#[test]
+fn the_merge_reads_the_upper_layer_only_where_it_holds_it() {
+    let (_at, [upper, disk, outside]) = scratch(["upper", "disk", "outside"]);
+    fs::write(outside.join("secret"), "not the tree's").unwrap();
+    fs::create_dir(outside.join("sub")).unwrap();
+    nix::unistd::mkfifo(
+        &outside.join("z_fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    fs::create_dir(disk.join("a")).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let switched = tmpfsctl::copy::baseline::now_after_tick();
-    fs::create_dir(upper.join("new")).unwrap();
-    fs::write(upper.join("new/x"), "data").unwrap();
-    fs::write(upper.join("new/y"), "data").unwrap();
-    std::os::unix::fs::chown(upper.join("new"), Some(65_534), Some(65_534)).unwrap();
-    fs::set_permissions(upper.join("new"), fs::Permissions::from_mode(0o755)).unwrap();
-    let (u, planted) = (upper.join("new/y"), disk.join("new/.tmpfsctl-ovl.x/sub"));
-    let mut act = |_: &Path, name: &std::ffi::OsStr| {
-        if name == "x" {
-            fs::create_dir_all(&planted).unwrap();
-        } else if name == "y" {
-            fs::remove_file(&u).unwrap();
-            fs::create_dir(&u).unwrap();
+    fs::create_dir_all(upper.join("a/sub")).unwrap();
+    for f in ["a/a_hook", "a/secret", "a/z_fifo", "b_hook", "c_hook"] {
+        fs::write(upper.join(f), "the tree's").unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (u, d, o) = (upper.clone(), disk.clone(), outside.clone());
+    std::thread::spawn(move || {
+        let mut parent = symlink_in_place_on("a_hook", u.join("a"), u.join("a.moved"), &o);
+        let mut act = |dir: &Path, name: &std::ffi::OsStr| {
+            if name == "b_hook" {
+                std::os::unix::fs::symlink(o.join("secret"), u.join("link")).unwrap();
+                fs::rename(u.join("link"), u.join("b_hook")).unwrap();
+            } else if name == "c_hook" {
+                nix::unistd::mkfifo(&u.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600))
+                    .unwrap();
+                fs::rename(u.join("fifo"), u.join("c_hook")).unwrap();
+            }
+            parent(dir, name)
+        };
+        let merged = tmpfsctl::copy::overlay::merge_upper(&u, &d, None, after_switch(switched), &mut act);
+        tx.send(merged.map_err(|e| format!("{e:#}"))).unwrap();
+    });
+    let Ok(merged) = rx.recv_timeout(Duration::from_secs(20)) else {
+        // Let a merge blocked on a FIFO go, so that the test ends.
+        for fifo in [outside.join("z_fifo"), upper.join("c_hook")] {
+            let _ = fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo);
         }
-        false
+        panic!("the merge hangs on a FIFO the application put in the upper layer");
     };
-    let err = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act)
-        .unwrap_err();
-    assert!(format!("{err:#}").contains("new/.tmpfsctl-ovl.y"), "{err:#}");
-    let md = fs::metadata(disk.join("new")).unwrap();
-    assert_eq!((md.uid(), md.mode() & 0o7777), (65_534, 0o755));
-    assert_eq!(fs::read_to_string(disk.join("new/x")).unwrap(), "data");
-    assert!(!disk.join("new/.tmpfsctl-ovl.x").exists());
+    assert!(
+        upper.join("a.moved").exists(),
+        "the walk did not ask about a_hook"
+    );
+    assert_eq!(fs::read_to_string(disk.join("a/secret")).unwrap(), "the tree's");
+    assert!(xattr::get(outside.join("sub"), "trusted.overlay.opaque")
+        .unwrap()
+        .is_none());
+    merged.unwrap();
+    assert_eq!(fs::read_to_string(disk.join("a/z_fifo")).unwrap(), "the tree's");
+    for leaf in ["b_hook", "c_hook"] {
+        assert!(
+            fs::read_to_string(disk.join(leaf)).is_err(),
+            "{leaf}: a symlink or FIFO renamed over the file was followed"
+        );
+    }
 }
 
 /// A directory the upper layer replaced by a file, in which the application made a
@@ -748,11 +895,12 @@ fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since()
     assert_eq!(tree(&disk), want);
 }
 
-/// The walk holds one descriptor and one stack frame per level: a tree as deep as
-/// paths go (1,500 levels, past the usual 1,024 descriptors) is merged, and one
-/// deeper than `PATH_MAX` fails with an error, not a crash.
+/// The walk holds two descriptors and one stack frame per level, and makes its
+/// system calls through the descriptors: a tree 1,500 levels deep (past the usual
+/// 1,024 descriptors, and a stack overflow for a thread's usual 2 MiB), then one
+/// 2,500 deep (past `PATH_MAX`), is merged.
 #[test]
-fn the_merge_goes_as_deep_as_paths_go() {
+fn the_merge_goes_as_deep_as_the_tree_goes() {
     use nix::fcntl::{openat, OFlag};
     use nix::sys::stat::{mkdirat, Mode};
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
@@ -767,13 +915,10 @@ fn the_merge_goes_as_deep_as_paths_go() {
         mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
         fd = openat(&fd, "d", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
     }
-    let err =
+    let stats =
         tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false)
-            .unwrap_err();
-    assert!(
-        format!("{err:#}").ends_with("File name too long (os error 36)"),
-        "{err:#}"
-    );
+            .unwrap();
+    assert_eq!(stats.dirs, 1000, "{stats:?}");
     // Too long a path for `remove_dir_all` of the scratch directory.
     let rm = std::process::Command::new("rm")
         .arg("-rf")

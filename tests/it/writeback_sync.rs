@@ -584,57 +584,65 @@ fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
 
 /// The disk fills up while a pass writes: a worker's copy fails, and the walk may
 /// have gone on by then, past the name a file the RAM moved across directories had
-/// on disk, and removed it. The file's copy at its new name, queued before the
-/// failure, is still put in place: the data stays on some disk name (else it would
-/// be in RAM only until a later pass succeeds, and a power cut would lose it).
+/// on disk (or stopped before its new name). The pass then removes what the RAM
+/// deleted, to make room for the next, but not that name: the data stays on some
+/// disk name (else it would be in RAM only until a later pass succeeds, and a power
+/// cut would lose it). Both orders: the new name walked before the old one, and
+/// after it, past the file that does not fit.
 #[test]
 fn a_full_disk_keeps_the_data_of_a_file_moved_across_directories() {
-    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
-    let disk_at = tempfile::tempdir_in("/tmp").expect("tempdir");
-    crate::common::in_private_mount_ns(|| {
-        let _tmpfs = mount_tmpfs(ram.path(), "size=64m,mode=0755");
-        let disk = crate::common::LoopFs::new(disk_at.path(), 24, "defaults");
-        let (src, dst) = (ram.path(), disk.mount_point.join("cache"));
-        fs::create_dir(&dst).unwrap();
-        fs::create_dir(src.join("a_new")).unwrap();
-        fs::create_dir(src.join("z_old")).unwrap();
-        for i in 0..16 {
-            fs::write(src.join(format!("a_new/f{i:02}")), noise(64 << 10, i)).unwrap();
-        }
-        fs::write(src.join("z_old/big"), noise(1 << 20, 99)).unwrap();
-        for i in 0..100 {
-            fs::write(src.join(format!("a_new/i{i:02}")), "i").unwrap();
-        }
-        let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
-            .expect("first pass")
-            .baseline;
-        fill_leaving(&disk.mount_point, 2 << 20);
-        tick();
-        // Many copies for the workers, one that cannot fit, and the move, whose new
-        // name the walk reaches before the old one.
-        for i in 0..16 {
-            fs::write(src.join(format!("a_new/f{i:02}")), noise(64 << 10, 100 + i)).unwrap();
-        }
-        fs::write(src.join("a_new/huge"), noise(6 << 20, 7)).unwrap();
-        for i in 0..100 {
-            fs::write(src.join(format!("a_new/i{i:02}")), "j").unwrap();
-        }
-        fs::rename(src.join("z_old/big"), src.join("a_new/zbig")).unwrap();
-        tick();
-        assert!(
-            plain_pass(src, &dst, &base).is_err(),
-            "the disk was full: the pass must fail"
-        );
-        let want = noise(1 << 20, 99);
-        let held: Vec<_> = ["z_old/big", "a_new/zbig"]
-            .iter()
-            .filter(|p| fs::read(dst.join(p)).ok().as_ref() == Some(&want))
-            .collect();
-        assert!(
-            !held.is_empty(),
-            "after the failed pass no disk name holds the moved file's data"
-        );
-    });
+    for (from, to) in [("z_old/big", "a_new/zbig"), ("a_old/big", "z_new/big")] {
+        let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let disk_at = tempfile::tempdir_in("/tmp").expect("tempdir");
+        crate::common::in_private_mount_ns(|| {
+            let _tmpfs = mount_tmpfs(ram.path(), "size=64m,mode=0755");
+            let disk = crate::common::LoopFs::new(disk_at.path(), 24, "defaults");
+            let (src, dst) = (ram.path(), disk.mount_point.join("cache"));
+            fs::create_dir(&dst).unwrap();
+            for d in [
+                "m_mid",
+                from.split('/').next().unwrap(),
+                to.split('/').next().unwrap(),
+            ] {
+                fs::create_dir_all(src.join(d)).unwrap();
+            }
+            for i in 0..16 {
+                fs::write(src.join(format!("m_mid/f{i:02}")), noise(64 << 10, i)).unwrap();
+            }
+            fs::write(src.join(from), noise(1 << 20, 99)).unwrap();
+            for i in 0..100 {
+                fs::write(src.join(format!("m_mid/i{i:02}")), "i").unwrap();
+            }
+            let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
+                .expect("first pass")
+                .baseline;
+            fill_leaving(&disk.mount_point, 2 << 20);
+            tick();
+            // Many copies for the workers, one that cannot fit, and the move.
+            for i in 0..16 {
+                fs::write(src.join(format!("m_mid/f{i:02}")), noise(64 << 10, 100 + i)).unwrap();
+            }
+            fs::write(src.join("m_mid/huge"), noise(6 << 20, 7)).unwrap();
+            for i in 0..100 {
+                fs::write(src.join(format!("m_mid/i{i:02}")), "j").unwrap();
+            }
+            fs::rename(src.join(from), src.join(to)).unwrap();
+            tick();
+            assert!(
+                plain_pass(src, &dst, &base).is_err(),
+                "the disk was full: the pass must fail"
+            );
+            let want = noise(1 << 20, 99);
+            let held: Vec<_> = [from, to]
+                .into_iter()
+                .filter(|p| fs::read(dst.join(p)).ok().as_ref() == Some(&want))
+                .collect();
+            assert!(
+                !held.is_empty(),
+                "{from} -> {to}: after the failed pass no disk name holds the moved file's data"
+            );
+        });
+    }
 }
 
 /// Fills the filesystem at `mount` with a file, leaving `room` bytes free.

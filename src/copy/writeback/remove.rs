@@ -8,6 +8,7 @@
 //! is durable ([`Syncer::remove_deferred`]): the RAM may have moved its data to a
 //! name the walk reaches later, and a power cut in between would leave it on none.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -26,6 +27,35 @@ use crate::copy::scan::{read_names, Name};
 use crate::copy::temp::{is_temp, TempNames};
 
 use super::{rel_path, Syncer};
+
+fn size_and_mtime(st: &FileStat) -> (i64, Time) {
+    (st.st_size, (st.st_mtime, st.st_mtime_nsec))
+}
+
+/// Calls `found` with the stat of each regular file below the directory `dir`,
+/// walked by descriptors without following a symlink (an unreadable directory is
+/// passed over), until it returns true; returns whether it did.
+fn files_below(dir: OwnedFd, found: &mut dyn FnMut(&FileStat) -> bool) -> bool {
+    let mut stack = vec![dir];
+    while let Some(dir) = stack.pop() {
+        let Ok(names) = read_names(&dir) else { continue };
+        for n in names {
+            let Ok(st) = stat::fstatat(&dir, n.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            match file_type(&st) {
+                libc::S_IFREG if found(&st) => return true,
+                libc::S_IFDIR => {
+                    if let Ok(sub) = open_dst_dir(dir.as_fd(), &n.name) {
+                        stack.push(sub);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    false
+}
 
 /// A removal the walk decided of a name the RAM deleted, made after it.
 pub(super) struct Deferred {
@@ -116,6 +146,31 @@ impl Syncer<'_, '_> {
             }
         }
         Ok(removed)
+    }
+
+    /// Out of space, the removals free room for the pass that follows, but this one
+    /// may have stopped before it wrote the new name of a file the RAM moved, or
+    /// failed to write it, and then a power cut before that pass would leave the
+    /// data on no name. So a name the RAM deleted stays when a RAM file has its size
+    /// and mtime (a move keeps both), and so does a directory holding one, until a
+    /// pass succeeds. `src_root`: the RAM root; `None` (it cannot be read) keeps all.
+    pub(super) fn spare_moved(&mut self, src_root: Option<OwnedFd>, dst_root: BorrowedFd<'_>) {
+        let Some(src_root) = src_root else {
+            self.deferred.clear();
+            return;
+        };
+        let mut in_ram = HashSet::new();
+        files_below(src_root, &mut |st| {
+            in_ram.insert(size_and_mtime(st));
+            false
+        });
+        self.deferred.retain(|item| match &item.what {
+            Removal::Entry(d) => file_type(d) != libc::S_IFREG || !in_ram.contains(&size_and_mtime(d)),
+            Removal::Dir(..) => match open_below(dst_root, &item.path) {
+                Ok(dir) => !files_below(dir, &mut |st| in_ram.contains(&size_and_mtime(st))),
+                Err(_) => false,
+            },
+        });
     }
 
     /// One deferred removal in its directory `dir`: how many entries went and how
