@@ -115,10 +115,10 @@ pub fn merge_upper(
     })
 }
 
-/// The walk recurses once per directory level, and the paths it works by bound
-/// the depth (about 2,000 levels fit in `PATH_MAX`): room for that, in the
-/// merge's own thread (only what is touched is memory).
-const WALK_STACK: usize = 64 << 20;
+/// The walk recurses once per directory level and holds two descriptors per level,
+/// which bound the depth (32,768 levels under 65,536 descriptors): room for that,
+/// in the merge's own thread (only what is touched is memory).
+const WALK_STACK: usize = 256 << 20;
 
 fn merge(
     upper: &Path,
