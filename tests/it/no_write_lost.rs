@@ -594,17 +594,11 @@ pub(crate) fn stopped_at(
     run_stopped(sb, verb, spec, (failpoint, points), act, false)
 }
 
-/// [`stopped_at`], killed (`kill -9`) at the last of `points` once `act` is done
-/// there.
-pub(crate) fn killed_at_last(
-    sb: &Sandbox,
-    verb: &str,
-    spec: &Path,
-    failpoint: &str,
-    points: &[&str],
-    act: impl FnMut(usize),
-) {
-    run_stopped(sb, verb, spec, (failpoint, points), act, true);
+/// [`stopped_at`] the `points` of the mount `cache`, killed (`kill -9`) at the last
+/// once `act` is done there.
+pub(crate) fn killed_at_last(sb: &Sandbox, verb: &str, spec: &Path, points: &[&str], act: impl FnMut(usize)) {
+    let failpoint = format!("stop={}:cache", points.join(","));
+    run_stopped(sb, verb, spec, (&failpoint, points), act, true);
 }
 
 fn run_stopped(

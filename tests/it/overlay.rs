@@ -396,20 +396,13 @@ fn a_down_killed_after_its_write_back_brings_nothing_back() {
         sb.run(["apply", spec.to_str().unwrap()]).code(0);
         fs::write(cache.join("kept"), "kept").unwrap();
         let points = ["after-hold", "after-release"];
-        crate::no_write_lost::killed_at_last(
-            &sb,
-            "down",
-            &spec,
-            "stop=after-hold,after-release:cache",
-            &points,
-            |i| {
-                if i == 0 {
-                    fs::write(cache.join("late"), "late").unwrap();
-                } else {
-                    assert_eq!(fs::read_to_string(cache.join("late")).unwrap(), "late");
-                }
-            },
-        );
+        crate::no_write_lost::killed_at_last(&sb, "down", &spec, &points, |i| {
+            if i == 0 {
+                fs::write(cache.join("late"), "late").unwrap();
+            } else {
+                assert_eq!(fs::read_to_string(cache.join("late")).unwrap(), "late");
+            }
+        });
         fs::remove_file(cache.join("late")).unwrap();
         sb.run([retry, spec.to_str().unwrap()]).code(0);
         assert!(!cache.join("late").exists(), "{retry}: a deletion came back");
