@@ -557,7 +557,10 @@ impl Merge<'_> {
         // and moving it changes no ctime below it: its whole tree is compared.
         let changed = all || self.window.upper_since.is_none_or(|t| ctime(&md) >= t);
         let disk = lstat_opt(&d)?;
-        if changed && self.disk_won(d_dir.via, name, disk.as_ref()) {
+        // A name the disk lacks is asked about whatever its ctime: a directory
+        // the first pass wrote and the application deleted or moved on disk
+        // since the switch must not be made again (with what changed in it).
+        if (changed || disk.is_none()) && self.disk_won(d_dir.via, name, disk.as_ref()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }

@@ -382,6 +382,47 @@ fn a_directory_moved_while_down_writes_back_keeps_its_files() {
     }
 }
 
+/// A directory the first pass of `down` wrote (the application changed a file in
+/// it before and during that pass) that the application deletes, or moves, on its
+/// disk directory after the switch: the pass after the switch makes neither it nor
+/// anything in it again, whatever the directory's own ctime.
+#[test]
+fn a_directory_deleted_on_disk_after_the_switch_stays_deleted() {
+    for moved in [false, true] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir_all(cache.join("d/e")).unwrap();
+        fs::write(cache.join("d/e/f"), "disk").unwrap();
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::write(cache.join("d/e/f"), "ram1").unwrap();
+        let (code, log) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-hold,after-switch:cache",
+            &["after-hold", "after-switch"],
+            |i| {
+                if i == 0 {
+                    fs::write(cache.join("d/e/f"), "ram2").unwrap();
+                } else if moved {
+                    fs::rename(cache.join("d"), cache.join("moved")).unwrap();
+                } else {
+                    fs::remove_dir_all(cache.join("d")).unwrap();
+                }
+            },
+        );
+        assert_eq!(code, 0, "moved: {moved}: {log}");
+        let names: Vec<_> = tree(&cache).into_keys().collect();
+        let want: &[&str] = if moved {
+            &["moved/", "moved/e/", "moved/e/f"]
+        } else {
+            &[]
+        };
+        assert_eq!(names, want, "moved: {moved}");
+    }
+}
+
 /// `down` killed once the held overlay is released (its write-back done), after
 /// the application wrote a file in RAM during the first pass and deleted it on
 /// disk after the switch: the next `down` or `sync` finds the tmpfs with the upper
