@@ -115,10 +115,12 @@ pub fn merge_upper(
     })
 }
 
-/// The walk recurses once per directory level and holds two descriptors per level,
-/// which bound the depth (32,768 levels under 65,536 descriptors): room for that,
-/// in the merge's own thread (only what is touched is memory).
+/// The walk recurses once per directory level, and holds two descriptors per level:
+/// [`MAX_DEPTH`] levels at most, and a stack with room for them, in the merge's own
+/// thread (only what is touched is memory; a level takes about 2 KiB of it in a
+/// release build).
 const WALK_STACK: usize = 256 << 20;
+const MAX_DEPTH: usize = 16_384;
 
 fn merge(
     upper: &Path,
@@ -137,6 +139,7 @@ fn merge(
         merged,
         xattrs: XattrBufs::default(),
         deferred: Vec::new(),
+        depth: 0,
         disk,
     };
     let mut walked = m.walk();
@@ -212,9 +215,12 @@ struct Gone {
     /// Its birth time, where the filesystem keeps one: a directory made again at
     /// the name can have the same inode number.
     born: Option<std::time::SystemTime>,
-    /// The upper directory, relative to the upper root, whose metadata the disk
-    /// one gets back after.
+    /// The upper directory the walk held, relative to the upper root, and its
+    /// device and inode then, whose metadata the disk one gets back after: the
+    /// application may move it away through the overlay and put another (its
+    /// own) at the path.
     upper: PathBuf,
+    upper_id: (u64, u64),
 }
 
 struct Merge<'a> {
@@ -232,7 +238,18 @@ struct Merge<'a> {
     xattrs: XattrBufs,
     /// What the upper layer deleted, removed from the disk after the walk.
     deferred: Vec<Gone>,
+    /// Directories the walk is in.
+    depth: usize,
     disk: &'a Path,
+}
+
+/// A barrier's name: one the application cannot guess and make first.
+fn barrier_name() -> CString {
+    use std::hash::{BuildHasher, Hasher};
+    // Each `RandomState` has keys of its own, from the kernel's random source.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    CString::new(format!("{TEMP_PREFIX}barrier.{:016x}", h.finish())).expect("no NUL in a hex name")
 }
 
 fn ctx(op: &str, p: &Path) -> String {
@@ -277,6 +294,7 @@ impl Merge<'_> {
     /// directory `u_dir` deleted.
     fn defer(&mut self, d_dir: Held<'_>, u_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> Result<()> {
         let dmd = fs::metadata(d_dir.via).with_context(|| ctx("stat", d_dir.path))?;
+        let umd = fs::metadata(u_dir.via).with_context(|| ctx("stat", u_dir.path))?;
         self.deferred.push(Gone {
             dir: d_dir
                 .path
@@ -293,6 +311,7 @@ impl Merge<'_> {
                 .strip_prefix(self.upper)
                 .expect("below the upper root")
                 .to_path_buf(),
+            upper_id: (umd.dev(), umd.ino()),
         });
         Ok(())
     }
@@ -337,7 +356,7 @@ impl Merge<'_> {
                 }
             }
             if acted {
-                if let Some(md) = self.upper_dir(&group[0].upper)? {
+                if let Some(md) = self.upper_dir(&group[0].upper, group[0].upper_id)? {
                     set_meta_fd(&md, &dir).with_context(|| ctx("setting metadata of", &d_dir))?;
                 }
                 unistd::fsync(&dir)
@@ -401,7 +420,15 @@ impl Merge<'_> {
     /// is the whole directory, and names only the disk has go; `all`: every entry
     /// below is compared, whatever its ctime (see [`Self::entry`]).
     fn dir(&mut self, u: Held<'_>, d: Held<'_>, opaque: bool, all: bool) -> Result<()> {
+        if self.depth == MAX_DEPTH {
+            anyhow::bail!(
+                "{} holds directories nested more than {MAX_DEPTH} deep: not merged",
+                self.upper.display()
+            );
+        }
+        self.depth += 1;
         let merged = self.merge_dir(u, d, opaque, all);
+        self.depth -= 1;
         // Through the directory held (the application may have moved it, and put
         // anything at its name), failed or not: the removals after the walk wait
         // for the names made here.
@@ -421,8 +448,15 @@ impl Merge<'_> {
             if !ours(&name) {
                 names.push(name);
             } else if let Ok(Some(dir)) = self.merged_dir(u.path) {
-                // A barrier left by a killed pass: the application sees it.
-                let _ = unistd::unlinkat(dir.as_fd(), cstr(&name)?.as_c_str(), UnlinkatFlags::NoRemoveDir);
+                // A barrier left by a killed pass, or anything made at a reserved
+                // name: the application sees it.
+                let n = cstr(&name)?;
+                if unistd::unlinkat(dir.as_fd(), n.as_c_str(), UnlinkatFlags::NoRemoveDir)
+                    == Err(Errno::EISDIR)
+                {
+                    let dir = File::from(dir);
+                    let _ = fs::remove_dir_all(via(&dir).join(&name));
+                }
             }
         }
         names.sort();
@@ -488,26 +522,33 @@ impl Merge<'_> {
         let Some(dir) = self.merged_dir(u)? else {
             return Ok(());
         };
-        let name =
-            CString::new(format!("{TEMP_PREFIX}barrier.{}", std::process::id())).expect("no NUL in a number");
-        let shown = || {
+        let shown = |name: &CStr| {
             let rel = u.strip_prefix(self.upper).expect("below the upper root");
             self.merged
                 .unwrap_or(self.upper)
                 .join(rel)
                 .join(name.to_string_lossy().as_ref())
         };
-        match fcntl::openat(
-            dir.as_fd(),
-            name.as_c_str(),
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        ) {
-            Ok(_) => unistd::unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::NoRemoveDir)
-                .map_err(io::Error::from)
-                .with_context(|| ctx("removing", &shown())),
-            Err(Errno::ENOENT) => Ok(()),
-            Err(e) => Err(io::Error::from(e)).with_context(|| ctx("creating", &shown())),
+        let mut attempts = 0;
+        loop {
+            let name = barrier_name();
+            let made = fcntl::openat(
+                dir.as_fd(),
+                name.as_c_str(),
+                OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::S_IRUSR | Mode::S_IWUSR,
+            );
+            return match made {
+                Ok(_) => unistd::unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::NoRemoveDir)
+                    .map_err(io::Error::from)
+                    .with_context(|| ctx("removing", &shown(&name))),
+                Err(Errno::ENOENT) => Ok(()),
+                Err(Errno::EEXIST) if attempts < 8 => {
+                    attempts += 1;
+                    continue;
+                }
+                Err(e) => Err(io::Error::from(e)).with_context(|| ctx("creating", &shown(&name))),
+            };
         }
     }
 
@@ -528,15 +569,17 @@ impl Merge<'_> {
     }
 
     /// The metadata of the upper directory at `rel` (below the upper root), reached
-    /// without following a symlink; `None` where it is gone.
-    fn upper_dir(&self, rel: &Path) -> Result<Option<fs::Metadata>> {
+    /// without following a symlink; `None` where it is gone, or is not the one the
+    /// walk held (`id`) any more.
+    fn upper_dir(&self, rel: &Path, id: (u64, u64)) -> Result<Option<fs::Metadata>> {
         let root = open_dir(self.upper)?;
         match open_below(root.as_fd(), rel.as_os_str().as_bytes()) {
-            Ok(dir) => Ok(Some(
-                File::from(dir)
+            Ok(dir) => {
+                let md = File::from(dir)
                     .metadata()
-                    .context(ctx("stat", &self.upper.join(rel)))?,
-            )),
+                    .context(ctx("stat", &self.upper.join(rel)))?;
+                Ok(Some(md).filter(|md| (md.dev(), md.ino()) == id))
+            }
             Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
             Err(e) => Err(io::Error::from(e)).with_context(|| ctx("opening", &self.upper.join(rel))),
         }

@@ -240,9 +240,37 @@ pub fn after_switch(stage: &Path) -> Result<Window> {
 }
 
 /// The latest ctime in the tree at `dir`, walked by descriptors without following
-/// a symlink: the application changes the upper layer through the overlay.
+/// a symlink (the application changes the upper layer through the overlay), with a
+/// stack of its own (the tree may be deeper than the thread's would allow).
 fn latest_ctime(dir: &Path) -> Result<Time> {
-    latest_below(&open_nofollow(dir, dir)?, dir)
+    use std::os::unix::fs::MetadataExt;
+    let ctime = |md: &std::fs::Metadata| (md.ctime(), md.ctime_nsec());
+    let root = open_nofollow(dir, dir)?;
+    let mut latest = ctime(
+        &root
+            .metadata()
+            .with_context(|| format!("stat {}", dir.display()))?,
+    );
+    let mut stack = vec![(root, dir.to_path_buf())];
+    while let Some((held, shown)) = stack.pop() {
+        let via = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
+        for e in std::fs::read_dir(&via).with_context(|| format!("listing {}", shown.display()))? {
+            let name = e
+                .with_context(|| format!("listing {}", shown.display()))?
+                .file_name();
+            let (p, shown) = (via.join(&name), shown.join(&name));
+            let md = match std::fs::symlink_metadata(&p) {
+                Ok(md) => md,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("stat {}", shown.display())),
+            };
+            latest = latest.max(ctime(&md));
+            if md.is_dir() {
+                stack.push((open_nofollow(&p, &shown)?, shown));
+            }
+        }
+    }
+    Ok(latest)
 }
 
 fn open_nofollow(p: &Path, shown: &Path) -> Result<File> {
@@ -252,32 +280,4 @@ fn open_nofollow(p: &Path, shown: &Path) -> Result<File> {
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(p)
         .with_context(|| format!("opening {}", shown.display()))
-}
-
-/// [`latest_ctime`] of the directory `held` (shown as `shown`).
-fn latest_below(held: &File, shown: &Path) -> Result<Time> {
-    use std::os::unix::fs::MetadataExt;
-    let ctime = |md: &std::fs::Metadata| (md.ctime(), md.ctime_nsec());
-    let mut latest = ctime(
-        &held
-            .metadata()
-            .with_context(|| format!("stat {}", shown.display()))?,
-    );
-    let via = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
-    for e in std::fs::read_dir(&via).with_context(|| format!("listing {}", shown.display()))? {
-        let name = e
-            .with_context(|| format!("listing {}", shown.display()))?
-            .file_name();
-        let (p, shown) = (via.join(&name), shown.join(&name));
-        let md = match std::fs::symlink_metadata(&p) {
-            Ok(md) => md,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e).with_context(|| format!("stat {}", shown.display())),
-        };
-        latest = latest.max(ctime(&md));
-        if md.is_dir() {
-            latest = latest.max(latest_below(&open_nofollow(&p, &shown)?, &shown)?);
-        }
-    }
-    Ok(latest)
 }

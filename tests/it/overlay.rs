@@ -907,6 +907,60 @@ fn the_merge_reads_the_upper_layer_only_where_it_holds_it() {
     }
 }
 
+/// A disk directory that lost names gets the metadata of the upper directory the
+/// walk held, not of whatever is at that path when the removals come: a user who
+/// may rename a root-owned 0700 directory of the upper layer (its parent is
+/// theirs) puts their own 0777 one at its name after the walk passed it. Root's
+/// disk directory, holding root's files, stays root's and 0700.
+#[test]
+fn the_removals_restore_a_directory_from_the_upper_one_the_walk_held() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    fs::create_dir(disk.join("a")).unwrap();
+    fs::write(disk.join("a/old"), "old").unwrap();
+    fs::write(disk.join("a/key"), "root's").unwrap();
+    mode(&disk.join("a"), 0o700);
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    fs::create_dir(upper.join("a")).unwrap();
+    xattr::set(upper.join("a"), "trusted.overlay.opaque", b"y").unwrap();
+    fs::write(upper.join("a/key"), "root's").unwrap();
+    mode(&upper.join("a"), 0o700);
+    fs::write(upper.join("z_new"), "new").unwrap();
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "z_new" && !upper.join("a.x").exists() {
+            fs::rename(upper.join("a"), upper.join("a.x")).unwrap();
+            fs::create_dir(upper.join("a")).unwrap();
+            std::os::unix::fs::chown(upper.join("a"), Some(65_534), Some(65_534)).unwrap();
+            mode(&upper.join("a"), 0o777);
+        }
+        false
+    };
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act).unwrap();
+    assert!(upper.join("a.x").exists(), "the walk did not ask about z_new");
+    assert!(!disk.join("a/old").exists());
+    let md = fs::metadata(disk.join("a")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o700));
+}
+
+/// Whatever the application makes at a reserved name in the overlay (here a
+/// directory, where the merge's barrier goes) is removed, and stops no write-back.
+#[test]
+fn a_reserved_name_in_the_overlay_stops_no_write_back() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = overlay_spec(&sb, &cache, "");
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    let planted = cache.join(format!("{}barrier.x", tmpfsctl::copy::overlay::TEMP_PREFIX));
+    fs::create_dir_all(planted.join("sub")).unwrap();
+    fs::write(cache.join("new"), "new").unwrap();
+    sb.run(["sync", spec.to_str().unwrap()]).code(0);
+    assert!(!planted.exists());
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    assert_eq!(tree(&cache).into_keys().collect::<Vec<_>>(), ["new"]);
+}
+
 /// A directory the upper layer replaced by a file, in which the application made a
 /// name on disk after `down`'s switch: what it made stays (and so the directory,
 /// and the file is not put in its place), what the upper layer replaced goes.
