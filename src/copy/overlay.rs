@@ -243,13 +243,32 @@ struct Merge<'a> {
     disk: &'a Path,
 }
 
-/// A barrier's name: one the application cannot guess and make first.
-fn barrier_name() -> CString {
+/// Makes an entry under a fresh temporary name in `d_dir` (`make` gets the name):
+/// one the application cannot guess, and another if it made that one first.
+fn fresh_temp<T>(d_dir: Held<'_>, mut make: impl FnMut(&CStr) -> io::Result<T>) -> Result<(CString, T)> {
+    let mut attempts = 0;
+    loop {
+        let name = random_name("");
+        match make(&name) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
+            made => {
+                let shown = || d_dir.path.join(OsStr::from_bytes(name.to_bytes()));
+                return made
+                    .map(|t| (name.clone(), t))
+                    .with_context(|| ctx("creating", &shown()));
+            }
+        }
+    }
+}
+
+/// `TEMP_PREFIX`, `kind` and 16 random hex digits: a name the application cannot
+/// guess and make first.
+fn random_name(kind: &str) -> CString {
     use std::hash::{BuildHasher, Hasher};
     // Each `RandomState` has keys of its own, from the kernel's random source.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
-    CString::new(format!("{TEMP_PREFIX}barrier.{:016x}", h.finish())).expect("no NUL in a hex name")
+    CString::new(format!("{TEMP_PREFIX}{kind}{:016x}", h.finish())).expect("no NUL in a hex name")
 }
 
 fn ctx(op: &str, p: &Path) -> String {
@@ -401,13 +420,7 @@ impl Merge<'_> {
             }
             None if is_dir => Some(remove_entry(dir, &name)?),
             Some(since) if (now.st_ctime, now.st_ctime_nsec) >= since => None,
-            Some(_) => {
-                let mut temp = OsString::from(TEMP_PREFIX);
-                temp.push("rm.");
-                temp.push(&gone.name);
-                let temp = CString::new(temp.as_bytes()).map_err(|_| io::Error::from(Errno::EINVAL))?;
-                remove_seen(dir, &name, Seen::of(&now), &temp)?.then_some(1)
-            }
+            Some(_) => remove_seen(dir, &name, Seen::of(&now), &random_name("rm."))?.then_some(1),
             None => match unistd::unlinkat(dir, name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) => Some(1),
                 Err(Errno::ENOENT) => Some(0),
@@ -531,7 +544,7 @@ impl Merge<'_> {
         };
         let mut attempts = 0;
         loop {
-            let name = barrier_name();
+            let name = random_name("barrier.");
             let made = fcntl::openat(
                 dir.as_fd(),
                 name.as_c_str(),
@@ -707,24 +720,19 @@ impl Merge<'_> {
     ) -> Result<()> {
         let (u, u_shown) = (u_dir.via.join(name), u_dir.path.join(name));
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
-        let mut tmp_name = OsString::from(TEMP_PREFIX);
-        tmp_name.push(name);
-        let (tmp, tmp_shown) = (d_dir.via.join(&tmp_name), d_dir.path.join(&tmp_name));
-        // A killed pass's, or anything planted at the name (reserved).
-        self.remove_ours(d_dir, &tmp_name)?;
         let key = (md.dev(), md.ino());
         let ft = md.file_type();
         let dir = d_dir.open()?;
-        let tmp_c = cstr(&tmp_name)?;
         let first = self.links.get(&key).filter(|_| md.nlink() > 1);
         let linked = match first {
-            Some(first) => self
-                .link_first(first, dir.as_fd(), &tmp_c)
-                .with_context(|| ctx("linking", &tmp_shown))?,
+            Some(first) => {
+                let (t, ino) = fresh_temp(d_dir, |t| self.link_first(first, dir.as_fd(), t))?;
+                ino.map(|ino| (t, ino))
+            }
             None => None,
         };
-        let made_ino = if let Some(ino) = linked {
-            ino
+        let (tmp_name, made_ino) = if let Some(made) = linked {
+            made
         } else if ft.is_file() {
             // Never a symlink or FIFO the application renamed over the name since
             // its stat: the file is opened without following one or waiting.
@@ -753,12 +761,14 @@ impl Merge<'_> {
                 return Ok(());
             }
             // Only root may open it until its owner and mode are set.
-            let mut dst = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .with_context(|| ctx("creating", &tmp_shown))?;
+            let (t, mut dst) = fresh_temp(d_dir, |t| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(d_dir.via.join(OsStr::from_bytes(t.to_bytes())))
+            })?;
+            let tmp_shown = d_dir.path.join(OsStr::from_bytes(t.to_bytes()));
             self.stats.bytes +=
                 io::copy(&mut src, &mut dst).with_context(|| ctx("copying into", &tmp_shown))?;
             dst.flush().with_context(|| ctx("writing", &tmp_shown))?;
@@ -769,28 +779,31 @@ impl Merge<'_> {
                 &tmp_shown,
             )?;
             dst.sync_all().with_context(|| ctx("fsync", &tmp_shown))?;
-            dst.metadata().with_context(|| ctx("stat", &tmp_shown))?.ino()
+            let ino = dst.metadata().with_context(|| ctx("stat", &tmp_shown))?.ino();
+            (t, ino)
         } else {
             let kind = md.mode() & libc::S_IFMT;
-            if ft.is_symlink() {
+            let (t, ()) = if ft.is_symlink() {
                 let target = fs::read_link(&u).with_context(|| ctx("reading link", &u_shown))?;
-                unistd::symlinkat(target.as_os_str(), dir.as_fd(), tmp_c.as_c_str())
-                    .map_err(io::Error::from)
-                    .with_context(|| ctx("creating symlink", &tmp_shown))?;
+                fresh_temp(d_dir, |t| {
+                    unistd::symlinkat(target.as_os_str(), dir.as_fd(), t).map_err(io::Error::from)
+                })?
             } else {
                 // Only root's until its owner and mode are set.
-                stat::mknodat(
-                    dir.as_fd(),
-                    tmp_c.as_c_str(),
-                    SFlag::from_bits_truncate(kind),
-                    Mode::S_IRUSR | Mode::S_IWUSR,
-                    md.rdev(),
-                )
-                .map_err(io::Error::from)
-                .with_context(|| ctx("mknod", &tmp_shown))?;
-            }
+                fresh_temp(d_dir, |t| {
+                    stat::mknodat(
+                        dir.as_fd(),
+                        t,
+                        SFlag::from_bits_truncate(kind),
+                        Mode::S_IRUSR | Mode::S_IWUSR,
+                        md.rdev(),
+                    )
+                    .map_err(io::Error::from)
+                })?
+            };
+            let tmp_shown = d_dir.path.join(OsStr::from_bytes(t.to_bytes()));
             let at = |f: Failed| anyhow::Error::new(f.at(tmp_shown.clone()));
-            let (made, st) = made::open_made(dir.as_fd(), &tmp_c, kind).map_err(at)?;
+            let (made, st) = made::open_made(dir.as_fd(), &t, kind).map_err(at)?;
             let (ud, un) = (u_dir.open()?, cstr(name)?);
             made::set_made(
                 made.as_fd(),
@@ -800,8 +813,10 @@ impl Merge<'_> {
                 true,
             )
             .map_err(at)?;
-            st.st_ino
+            (t, st.st_ino)
         };
+        let tmp_os = OsStr::from_bytes(tmp_name.to_bytes());
+        let (tmp, tmp_shown) = (d_dir.via.join(tmp_os), d_dir.path.join(tmp_os));
         let mut disk = disk;
         if disk.is_some_and(|dm| dm.is_dir()) {
             self.remove(d_dir, name)?;
@@ -809,12 +824,12 @@ impl Merge<'_> {
         }
         if self.window.disk_since.is_some() {
             let dir = d_dir.open()?;
-            let (t, n) = (cstr(&tmp_name)?, cstr(name)?);
+            let (t, n) = (tmp_name.as_c_str(), cstr(name)?);
             let how = match disk {
                 Some(dm) => Place::Over(Seen::of_metadata(dm)),
                 None => Place::Free,
             };
-            let placed = put_in_place(dir.as_fd(), &t, &n, how)
+            let placed = put_in_place(dir.as_fd(), t, &n, how)
                 .with_context(|| format!("renaming {} to {}", tmp_shown.display(), shown.display()))?;
             if placed != Placed::Yes {
                 match fs::remove_file(&tmp) {
@@ -928,10 +943,7 @@ impl Merge<'_> {
             }
             .with_context(|| ctx("removing", &shown))?
         } else if self.window.disk_since.is_some() {
-            let mut temp = OsString::from(TEMP_PREFIX);
-            temp.push("rm.");
-            temp.push(name);
-            let gone = remove_seen(dir.as_fd(), &n, Seen::of_metadata(&md), &cstr(&temp)?)
+            let gone = remove_seen(dir.as_fd(), &n, Seen::of_metadata(&md), &random_name("rm."))
                 .with_context(|| ctx("removing", &shown))?;
             u64::from(gone)
         } else {

@@ -372,6 +372,7 @@ fn sync_pass(
             waiting: HashMap::new(),
             linked_changed: false,
             deferred: Vec::new(),
+            deferred_meta: Vec::new(),
         };
         syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
@@ -389,7 +390,10 @@ fn sync_pass(
             failed if !complete => failed.map_or(Ok(()), Err),
             None => {
                 crate::failpoint::hit("before-removals", "");
-                syncer.remove_deferred(dst_root.as_fd()).map(drop)
+                syncer.remove_deferred(dst_root.as_fd()).and_then(|_| {
+                    let (src_root, _) = open_root_dir(src, true)?;
+                    syncer.apply_deferred_meta(src_root.as_fd(), dst_root.as_fd())
+                })
             }
             // Out of space: the removals free some for another pass, but not of a
             // file the RAM may have moved ([`Syncer::spare_moved`]). Directories
@@ -643,6 +647,9 @@ struct Syncer<'p, 'b> {
     linked_changed: bool,
     /// Names the RAM deleted, removed once the walk's copies are durable.
     deferred: Vec<remove::Deferred>,
+    /// Directories' owner and mode that would open what the removals take away,
+    /// applied after them.
+    deferred_meta: Vec<remove::DeferredMeta>,
 }
 
 /// What syncing one step did to the parent directory and where the walk goes next.

@@ -18,6 +18,7 @@ mod copy_parity;
 mod crash_phases;
 mod diskbench;
 mod examples;
+mod hostile_copy;
 mod hostile_state;
 mod no_write_lost;
 mod output;

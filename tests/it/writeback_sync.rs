@@ -220,18 +220,28 @@ const ROUNDS: &[Round] = &[
         replaced: &["big.bin"],
     },
     Round {
-        what: "chmod only",
+        what: "chmod only, letting no one more in",
         change: |s| {
-            fs::set_permissions(s.join("bin/sgid"), fs::Permissions::from_mode(0o750)).expect("chmod")
+            fs::set_permissions(s.join("bin/sgid"), fs::Permissions::from_mode(0o700)).expect("chmod")
         },
         counters: [0, 1, 0, 0, 0, 0, 0],
         replaced: &[],
     },
+    // Nothing tells the RAM file is the one copied from the disk inode (a user's
+    // own of the same size and mtime would look the same): written anew.
+    Round {
+        what: "chmod only, letting more in",
+        change: |s| {
+            fs::set_permissions(s.join("bin/sgid"), fs::Permissions::from_mode(0o750)).expect("chmod")
+        },
+        counters: [1, 0, 0, 0, 0, 0, 0],
+        replaced: &["bin/sgid"],
+    },
     Round {
         what: "chown only",
         change: |s| std::os::unix::fs::lchown(s.join("plain.txt"), Some(4321), Some(5432)).expect("chown"),
-        counters: [0, 1, 0, 0, 0, 0, 0],
-        replaced: &[],
+        counters: [1, 0, 0, 0, 0, 0, 0],
+        replaced: &["plain.txt"],
     },
     Round {
         what: "xattr changed and removed",

@@ -266,7 +266,7 @@ impl Syncer<'_, '_> {
             if left.ram_meta {
                 let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
                 same = same_xattrs && same_meta(s, &now);
-                if !same {
+                if !same && !self.defer_meta(&left.rel, s, &now) {
                     self.transfer.set_metadata(src, dst, s, true)?;
                     now = stat::fstat(dst).map_err(dst_err("stat"))?;
                 }

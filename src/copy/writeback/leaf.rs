@@ -19,6 +19,7 @@ use crate::copy::place::{put_in_place, Place, Placed, Seen};
 use crate::copy::temp::{create_temp, create_temp_file, Temp};
 
 use super::compare::{compare_stats, decide, reuse, Diff, FileAction, Reuse};
+use super::remove::opens_up;
 use super::{ctime, vanished, Frame, Group, Stepped, Syncer};
 
 impl Syncer<'_, '_> {
@@ -218,6 +219,13 @@ impl Syncer<'_, '_> {
         let now = stat::fstat(&path_fd).map_err(dst_err("stat"))?;
         let same_inode = (now.st_dev, now.st_ino, now.st_nlink) == (d.st_dev, d.st_ino, 1);
         if file_type(&s) != libc::S_IFREG || file_type(&now) != libc::S_IFREG || !same_inode {
+            return Ok(Some(None));
+        }
+        // Nothing tells that the RAM file is the one copied from this disk inode: a
+        // user may have put their own there, of the same size and mtime. Another
+        // owner, group or permission bit on the disk's data is a rewrite, the RAM
+        // file's data with it (in place, a root 0600 file was given to the user).
+        if opens_up(&s, &now) {
             return Ok(Some(None));
         }
         // Reopening the checked inode through /proc cannot land on another one.

@@ -20,7 +20,7 @@ use nix::unistd::{self, UnlinkatFlags};
 
 use crate::copy::baseline::{self, Disk, Mark, Ram, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
-use crate::copy::error::{dst_err, CopyError, Failed};
+use crate::copy::error::{dst_err, src_err, CopyError, Failed};
 use crate::copy::ops::{atime, file_type, mtime, open_below, open_dst_dir, split_parent};
 use crate::copy::place::{remove_seen, Seen};
 use crate::copy::scan::{read_names, Name};
@@ -55,6 +55,23 @@ fn files_below(dir: OwnedFd, found: &mut dyn FnMut(&FileStat) -> bool) -> bool {
         }
     }
     false
+}
+
+/// A directory's owner and mode (the RAM's, `s`) held back until the removals below
+/// it are made: the disk directory (inode `dst_ino` at `rel`) still holds what the
+/// RAM deleted from it, which they would open (a directory the RAM made anew in
+/// place of a root 0700 one, given to its user and mode 0777, exposed the old one's
+/// files until the removals).
+pub(super) struct DeferredMeta {
+    rel: Vec<u8>,
+    dst_ino: u64,
+    s: FileStat,
+}
+
+/// Whether giving `now` the owner and mode of `s` lets anyone more in: another owner
+/// or group, or a permission bit `now` lacks.
+pub(super) fn opens_up(s: &FileStat, now: &FileStat) -> bool {
+    (s.st_uid, s.st_gid) != (now.st_uid, now.st_gid) || s.st_mode & !now.st_mode & 0o7777 != 0
 }
 
 /// A removal the walk decided of a name the RAM deleted, made after it.
@@ -171,6 +188,58 @@ impl Syncer<'_, '_> {
                 Err(_) => false,
             },
         });
+    }
+
+    /// Holds back the directory's metadata `s` (the RAM's) for the disk directory
+    /// `now` at `rel` when it opens it up while removals below it wait; true if it
+    /// did.
+    pub(super) fn defer_meta(&mut self, rel: &[u8], s: &FileStat, now: &FileStat) -> bool {
+        let below = |p: &[u8]| rel.is_empty() || (p.starts_with(rel) && p.get(rel.len()) == Some(&b'/'));
+        if !opens_up(s, now) || !self.deferred.iter().any(|d| below(&d.path)) {
+            return false;
+        }
+        self.deferred_meta.push(DeferredMeta {
+            rel: rel.to_vec(),
+            dst_ino: now.st_ino,
+            s: *s,
+        });
+        true
+    }
+
+    /// Applies the metadata [`Self::defer_meta`] held back, once the removals are
+    /// made: each directory reached again from the roots without following a
+    /// symlink, on both sides the one compared (else it is left for the next pass).
+    pub(super) fn apply_deferred_meta(
+        &mut self,
+        src_root: BorrowedFd<'_>,
+        dst_root: BorrowedFd<'_>,
+    ) -> Result<(), CopyError> {
+        for item in std::mem::take(&mut self.deferred_meta) {
+            let at = |f: Failed| f.at(rel_path(&item.rel));
+            let (Ok(src), Ok(dst)) = (open_below(src_root, &item.rel), open_below(dst_root, &item.rel))
+            else {
+                continue;
+            };
+            let (s, d) = (
+                stat::fstat(&src).map_err(src_err("stat")).map_err(at)?,
+                stat::fstat(&dst).map_err(dst_err("stat")).map_err(at)?,
+            );
+            if (s.st_dev, s.st_ino) != (item.s.st_dev, item.s.st_ino) || d.st_ino != item.dst_ino {
+                continue;
+            }
+            self.transfer
+                .set_metadata(src.as_fd(), dst.as_fd(), &item.s, true)
+                .map_err(at)?;
+            let now = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at)?;
+            if !item.rel.is_empty() {
+                self.record(item.rel.clone(), &now);
+            }
+            self.durable.submit(Job::FsyncDir {
+                dir: DstDir::new(dst, Vec::new()),
+                rel: rel_path(&item.rel),
+            });
+        }
+        Ok(())
     }
 
     /// One deferred removal in its directory `dir`: how many entries went and how
