@@ -140,6 +140,7 @@ fn merge(
         xattrs: XattrBufs::default(),
         deferred: Vec::new(),
         depth: 0,
+        deferred_meta: Vec::new(),
         disk,
     };
     let mut walked = m.walk();
@@ -163,6 +164,7 @@ fn merge(
     }
     walked?;
     m.remove_deferred()?;
+    m.apply_deferred_meta()?;
     Ok(m.stats)
 }
 
@@ -203,6 +205,23 @@ impl Held<'_> {
     }
 }
 
+/// A disk directory's metadata held back until the removals below it are made (a
+/// directory the user made in the overlay in place of root's 0700 one would give
+/// root's files in it to the user until then): both directories relative to their
+/// roots, and their device and inode when decided.
+struct HeldMeta {
+    disk: PathBuf,
+    disk_id: (u64, u64),
+    upper: PathBuf,
+    upper_id: (u64, u64),
+}
+
+/// Whether giving `d` the owner and mode of `u` lets anyone more in: another owner
+/// or group, or a permission bit `d` lacks.
+fn opens_up(u: &fs::Metadata, d: &fs::Metadata) -> bool {
+    (u.uid(), u.gid()) != (d.uid(), d.gid()) || u.mode() & !d.mode() & 0o7777 != 0
+}
+
 /// A name the upper layer deleted, as the walk found it on disk: removed after it.
 struct Gone {
     /// Its disk directory, relative to the disk root, and that directory's device
@@ -240,6 +259,9 @@ struct Merge<'a> {
     deferred: Vec<Gone>,
     /// Directories the walk is in.
     depth: usize,
+    /// Disk directories' owner and mode that let more in, held back until the
+    /// removals below them are made.
+    deferred_meta: Vec<HeldMeta>,
     disk: &'a Path,
 }
 
@@ -292,6 +314,7 @@ impl Merge<'_> {
     /// The walk of the whole upper layer; what it deleted waits in `deferred`.
     fn walk(&mut self) -> Result<()> {
         self.deferred.clear();
+        self.deferred_meta.clear();
         // Copies of an earlier walk are no first names to link to.
         self.links.clear();
         let (held, upper) = (open_dir(self.disk)?, open_dir(self.upper)?);
@@ -384,6 +407,40 @@ impl Merge<'_> {
             }
         }
         Ok(removed)
+    }
+
+    /// Whether a removal waits at or below the disk directory `dir` (its path).
+    fn removals_below(&self, dir: &Path) -> bool {
+        self.deferred
+            .iter()
+            .any(|g| self.disk.join(&g.dir).starts_with(dir))
+    }
+
+    /// Applies the metadata held back for after the removals ([`HeldMeta`]): each
+    /// directory reached again from its root without following a symlink, on both
+    /// sides the one decided on (else it is left as it is).
+    fn apply_deferred_meta(&mut self) -> Result<()> {
+        let (disk_root, upper_root) = (open_dir(self.disk)?, open_dir(self.upper)?);
+        for held in std::mem::take(&mut self.deferred_meta) {
+            let shown = self.disk.join(&held.disk);
+            let opened = (
+                open_below(disk_root.as_fd(), held.disk.as_os_str().as_bytes()),
+                open_below(upper_root.as_fd(), held.upper.as_os_str().as_bytes()),
+            );
+            let (Ok(d), Ok(u)) = opened else { continue };
+            let (d, u) = (File::from(d), File::from(u));
+            let (dmd, umd) = (
+                d.metadata().context(ctx("stat", &shown))?,
+                u.metadata().context(ctx("stat", &self.upper.join(&held.upper)))?,
+            );
+            if (dmd.dev(), dmd.ino()) != held.disk_id || (umd.dev(), umd.ino()) != held.upper_id {
+                continue;
+            }
+            set_meta_fd(&umd, &d).with_context(|| ctx("setting metadata of", &shown))?;
+            self.sync_xattrs(XattrTarget::Fd(u.as_fd()), XattrTarget::Fd(d.as_fd()), &shown)?;
+            d.sync_all().with_context(|| ctx("fsync", &shown))?;
+        }
+        Ok(())
     }
 
     /// One removal in its directory `dir`: how many entries went, or `None` where the
@@ -675,6 +732,22 @@ impl Merge<'_> {
             // Failed or not: one made here is root's and closed until it has them,
             // and the application may be on its disk directory already.
             let meta = uf.metadata().context(ctx("stat", &u_shown)).and_then(|umd| {
+                let dmd = df.metadata().context(ctx("stat", &shown))?;
+                if opens_up(&umd, &dmd) && self.removals_below(&shown) {
+                    self.deferred_meta.push(HeldMeta {
+                        disk: shown
+                            .strip_prefix(self.disk)
+                            .expect("below the disk root")
+                            .to_path_buf(),
+                        disk_id: (dmd.dev(), dmd.ino()),
+                        upper: u_shown
+                            .strip_prefix(self.upper)
+                            .expect("below the upper root")
+                            .to_path_buf(),
+                        upper_id: (umd.dev(), umd.ino()),
+                    });
+                    return Ok(());
+                }
                 set_meta_fd(&umd, &df).with_context(|| ctx("setting metadata of", &shown))?;
                 self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), &shown)
             });

@@ -938,6 +938,46 @@ fn the_removals_restore_a_directory_from_the_upper_one_the_walk_held() {
     assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o700));
 }
 
+/// Root's 0700 directory holding a 0644 file, which the user replaced in the
+/// overlay by its own 0777 one (opaque: the file is gone from it). Until the merge
+/// has removed the file from the disk directory, that directory stays root's and
+/// 0700 (looked at when the merge asks about a later name); then it is the
+/// user's.
+#[test]
+fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    fs::create_dir(disk.join("private")).unwrap();
+    fs::write(disk.join("private/key"), "root's").unwrap();
+    fs::set_permissions(disk.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir(upper.join("private")).unwrap();
+    xattr::set(upper.join("private"), "trusted.overlay.opaque", b"y").unwrap();
+    std::os::unix::fs::chown(upper.join("private"), Some(65_534), Some(65_534)).unwrap();
+    fs::set_permissions(upper.join("private"), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(upper.join("z_later"), "later").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    let owner_mode = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.uid(), md.mode() & 0o7777)
+    };
+    let seen = std::sync::Mutex::new(None);
+    let mut act = |_: &Path, name: &std::ffi::OsStr| {
+        if name == "z_later" {
+            *seen.lock().unwrap() = Some(owner_mode(&disk.join("private")));
+        }
+        false
+    };
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act).unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((0, 0o700)),
+        "the user's before the removals"
+    );
+    assert!(!disk.join("private/key").exists());
+    assert_eq!(owner_mode(&disk.join("private")), (65_534, 0o777));
+}
+
 /// Whatever the application makes at a reserved name in the overlay (here a
 /// directory, where the merge's barrier goes) is removed, and stops no write-back.
 #[test]
