@@ -398,7 +398,13 @@ impl Merge<'_> {
                 }
             }
             if acted {
-                if let Some(md) = self.upper_dir(&group[0].upper, group[0].upper_id)? {
+                // What lets more in waits for every removal below ([`HeldMeta`]).
+                let now = File::from(dir.try_clone().context(ctx("opening", &d_dir))?).metadata();
+                let now = now.with_context(|| ctx("stat", &d_dir))?;
+                if let Some(md) = self
+                    .upper_dir(&group[0].upper, group[0].upper_id)?
+                    .filter(|md| !opens_up(md, &now))
+                {
                     set_meta_fd(&md, &dir).with_context(|| ctx("setting metadata of", &d_dir))?;
                 }
                 unistd::fsync(&dir)
@@ -546,7 +552,7 @@ impl Merge<'_> {
         let mut fresh = Vec::new();
         let mut walked = Ok(());
         for name in names {
-            match self.entry(u, d, &name, all) {
+            match self.entry(u, d, &name, all, opaque) {
                 Ok(true) => fresh.push(name),
                 Ok(false) => {}
                 Err(e) => {
@@ -657,7 +663,14 @@ impl Merge<'_> {
 
     /// Merges one upper entry; `true` when it put a name the disk directory
     /// did not have.
-    fn entry(&mut self, u_dir: Held<'_>, d_dir: Held<'_>, name: &OsStr, all: bool) -> Result<bool> {
+    fn entry(
+        &mut self,
+        u_dir: Held<'_>,
+        d_dir: Held<'_>,
+        name: &OsStr,
+        all: bool,
+        below_opaque: bool,
+    ) -> Result<bool> {
         let (u, u_shown) = (u_dir.via.join(name), u_dir.path.join(name));
         let (d, shown) = (d_dir.via.join(name), d_dir.path.join(name));
         let md = match fs::symlink_metadata(&u) {
@@ -690,11 +703,14 @@ impl Merge<'_> {
             let uf = open_dir_as(&u, &u_shown)?;
             let u_held = via(&uf);
             let opaque_attr = CString::new(OPAQUE).expect("no NUL in the name");
-            let mut opaque = match xattrs::get_attr(uf.as_fd(), &opaque_attr) {
-                Ok(v) => v == b"y",
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
-                Err(e) => return Err(e).context(ctx(&format!("reading {OPAQUE} of"), &u_shown)),
-            };
+            // Below an opaque directory the overlay looks in no lower layer: a
+            // directory there is the whole directory too, marked or not.
+            let mut opaque = below_opaque
+                || match xattrs::get_attr(uf.as_fd(), &opaque_attr) {
+                    Ok(v) => v == b"y",
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
+                    Err(e) => return Err(e).context(ctx(&format!("reading {OPAQUE} of"), &u_shown)),
+                };
             match &disk {
                 Some(dm) if dm.is_dir() => {}
                 _ => {
@@ -733,7 +749,14 @@ impl Merge<'_> {
             // and the application may be on its disk directory already.
             let meta = uf.metadata().context(ctx("stat", &u_shown)).and_then(|umd| {
                 let dmd = df.metadata().context(ctx("stat", &shown))?;
-                if opens_up(&umd, &dmd) && self.removals_below(&shown) {
+                // An access ACL is permission bits too.
+                let attrs_differ = !xattrs::same_xattrs(
+                    XattrTarget::Fd(uf.as_fd()),
+                    XattrTarget::Fd(df.as_fd()),
+                    &mut self.xattrs,
+                )
+                .map_err(|e| anyhow::Error::new(e.at(shown.clone())))?;
+                if (opens_up(&umd, &dmd) || attrs_differ) && self.removals_below(&shown) {
                     self.deferred_meta.push(HeldMeta {
                         disk: shown
                             .strip_prefix(self.disk)

@@ -125,3 +125,59 @@ fn a_directory_made_in_place_of_roots_is_the_users_only_once_emptied() {
     assert_eq!((aside.uid(), aside.mode() & 0o7777), (0, 0o700));
     assert_eq!(fs::read_to_string(cache.join("aside/key")).unwrap(), "ROOT-KEY");
 }
+
+/// An access ACL is permission bits too. Root's file `a`, readable by the user
+/// through its ACL, and root's `b`, which it may not read, of the same size, mode
+/// and mtime: the user renames `a` over `b` in RAM. The disk's `b` must not get
+/// `a`'s ACL with `b`'s data in it.
+#[test]
+fn an_acl_moved_over_a_name_does_not_open_its_disk_data() {
+    let (sb, cache, spec) = users_cache();
+    let acl = {
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (0x01u16, 6u16, u32::MAX),
+            (0x02, 4, 65_534),
+            (0x04, 4, u32::MAX),
+            (0x10, 4, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&id.to_le_bytes());
+        }
+        acl
+    };
+    let (a, b) = (cache.join("a"), cache.join("b"));
+    fs::write(&a, "AAAA").unwrap();
+    fs::write(&b, "BBBB").unwrap();
+    mode(&a, 0o640);
+    mode(&b, 0o640);
+    xattr::set(&a, "system.posix_acl_access", &acl).unwrap();
+    let when = nix::sys::time::TimeSpec::new(1_700_000_000, 0);
+    for p in [&a, &b] {
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            p.as_path(),
+            &when,
+            &when,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+    }
+    assert!(!as_nobody(&format!("cat {}", b.display())).contains("BBBB"));
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    as_nobody(&format!(
+        "rm {} && mv {} {}",
+        b.display(),
+        a.display(),
+        b.display()
+    ));
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    let read = as_nobody(&format!("cat {}", b.display()));
+    assert!(
+        !read.contains("BBBB"),
+        "the user read root's b through a's ACL: {read:?}"
+    );
+    assert_eq!(fs::read_to_string(&b).unwrap(), "AAAA");
+}

@@ -978,6 +978,75 @@ fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
     assert_eq!(owner_mode(&disk.join("private")), (65_534, 0o777));
 }
 
+/// Root's 0700 `private` holding `key` and `sub/x` on disk; in the overlay the user
+/// made its own `private/sub` in place of it (`rm -rf private; mkdir -p
+/// private/sub`): `private` is opaque, `sub` unmarked, and the overlay looks in no
+/// lower layer below an opaque directory. So `sub/x` is gone from the user's view
+/// and goes from the disk too, before `sub` is the user's.
+#[test]
+fn a_directory_below_an_opaque_one_is_the_whole_directory_too() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    fs::create_dir_all(disk.join("private/sub")).unwrap();
+    fs::write(disk.join("private/key"), "root's").unwrap();
+    fs::write(disk.join("private/sub/x"), "root's").unwrap();
+    mode(&disk.join("private"), 0o700);
+    fs::create_dir_all(upper.join("private/sub")).unwrap();
+    xattr::set(upper.join("private"), "trusted.overlay.opaque", b"y").unwrap();
+    for p in ["private", "private/sub"] {
+        std::os::unix::fs::chown(upper.join(p), Some(65_534), Some(65_534)).unwrap();
+        mode(&upper.join(p), 0o777);
+    }
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false).unwrap();
+    assert_eq!(
+        tree(&disk).into_keys().collect::<Vec<_>>(),
+        ["private/", "private/sub/"]
+    );
+    let md = fs::metadata(disk.join("private/sub")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (65_534, 0o777));
+}
+
+/// The same with both marked opaque, and `sub/x` immutable, so that its removal
+/// fails: `private`'s own removals were made, but it stays root's and 0700 while
+/// root's `sub/x` is still below it.
+#[test]
+fn a_directory_is_opened_only_once_every_removal_below_it_is_made() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    fs::create_dir_all(disk.join("private/sub")).unwrap();
+    fs::write(disk.join("private/key"), "root's").unwrap();
+    fs::write(disk.join("private/sub/x"), "root's").unwrap();
+    mode(&disk.join("private"), 0o700);
+    fs::create_dir_all(upper.join("private/sub")).unwrap();
+    for p in ["private", "private/sub"] {
+        xattr::set(upper.join(p), "trusted.overlay.opaque", b"y").unwrap();
+        std::os::unix::fs::chown(upper.join(p), Some(65_534), Some(65_534)).unwrap();
+        mode(&upper.join(p), 0o777);
+    }
+    let x = disk.join("private/sub/x");
+    let chattr = |f: &str| {
+        let done = std::process::Command::new("chattr")
+            .arg(f)
+            .arg(&x)
+            .status()
+            .unwrap();
+        assert!(done.success(), "chattr {f}");
+    };
+    chattr("+i");
+    let merged =
+        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false);
+    chattr("-i");
+    assert!(merged.is_err(), "the immutable file was removed");
+    assert!(
+        !disk.join("private/key").exists(),
+        "private's own removals were made"
+    );
+    let md = fs::metadata(disk.join("private")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o700));
+}
+
 /// Whatever the application makes at a reserved name in the overlay (here a
 /// directory, where the merge's barrier goes) is removed, and stops no write-back.
 #[test]

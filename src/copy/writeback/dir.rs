@@ -266,7 +266,8 @@ impl Syncer<'_, '_> {
             if left.ram_meta {
                 let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
                 same = same_xattrs && same_meta(s, &now);
-                if !same && !self.defer_meta(&left.rel, s, &now) {
+                // An access ACL is permission bits too (the attributes differ).
+                if !same && !self.defer_meta(&left.rel, s, &now, !same_xattrs) {
                     self.transfer.set_metadata(src, dst, s, true)?;
                     now = stat::fstat(dst).map_err(dst_err("stat"))?;
                 }

@@ -21,6 +21,7 @@ use crate::copy::temp::{create_temp, create_temp_file, Temp};
 use super::compare::{compare_stats, decide, reuse, Diff, FileAction, Reuse};
 use super::remove::opens_up;
 use super::{ctime, vanished, Frame, Group, Stepped, Syncer};
+use crate::copy::xattrs::get_attr;
 
 impl Syncer<'_, '_> {
     /// A non-directory the RAM side won: written, updated or kept. `same_details`: for
@@ -232,6 +233,11 @@ impl Syncer<'_, '_> {
         let proc = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
         let dst = fcntl::open(proc.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(dst_err("open"))?;
+        // An access ACL is permission bits too: another one is a rewrite as well.
+        let acl = |fd| get_attr(fd, c"system.posix_acl_access").ok();
+        if acl(src.as_fd()) != acl(dst.as_fd()) {
+            return Ok(Some(None));
+        }
         self.transfer.set_metadata(src.as_fd(), dst.as_fd(), &s, true)?;
         let after = stat::fstat(&dst).map_err(dst_err("stat"))?;
         self.durable.submit(Job::FsyncFile {

@@ -191,11 +191,18 @@ impl Syncer<'_, '_> {
     }
 
     /// Holds back the directory's metadata `s` (the RAM's) for the disk directory
-    /// `now` at `rel` when it opens it up while removals below it wait; true if it
-    /// did.
-    pub(super) fn defer_meta(&mut self, rel: &[u8], s: &FileStat, now: &FileStat) -> bool {
+    /// `now` at `rel` when it may open it up (owner, mode, or its attributes, an
+    /// access ACL among them: `attrs_differ`) while removals below it wait; true if
+    /// it did.
+    pub(super) fn defer_meta(
+        &mut self,
+        rel: &[u8],
+        s: &FileStat,
+        now: &FileStat,
+        attrs_differ: bool,
+    ) -> bool {
         let below = |p: &[u8]| rel.is_empty() || (p.starts_with(rel) && p.get(rel.len()) == Some(&b'/'));
-        if !opens_up(s, now) || !self.deferred.iter().any(|d| below(&d.path)) {
+        if !(opens_up(s, now) || attrs_differ) || !self.deferred.iter().any(|d| below(&d.path)) {
             return false;
         }
         self.deferred_meta.push(DeferredMeta {
