@@ -133,21 +133,7 @@ fn a_directory_made_in_place_of_roots_is_the_users_only_once_emptied() {
 #[test]
 fn an_acl_moved_over_a_name_does_not_open_its_disk_data() {
     let (sb, cache, spec) = users_cache();
-    let acl = {
-        let mut acl = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [
-            (0x01u16, 6u16, u32::MAX),
-            (0x02, 4, 65_534),
-            (0x04, 4, u32::MAX),
-            (0x10, 4, u32::MAX),
-            (0x20, 0, u32::MAX),
-        ] {
-            acl.extend_from_slice(&tag.to_le_bytes());
-            acl.extend_from_slice(&perm.to_le_bytes());
-            acl.extend_from_slice(&id.to_le_bytes());
-        }
-        acl
-    };
+    let acl = crate::common_copy::acl_granting(65_534, 4);
     let (a, b) = (cache.join("a"), cache.join("b"));
     fs::write(&a, "AAAA").unwrap();
     fs::write(&b, "BBBB").unwrap();

@@ -978,6 +978,31 @@ fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
     assert_eq!(owner_mode(&disk.join("private")), (65_534, 0o777));
 }
 
+/// Root's 0700 `private` on disk holding `key` and `sub/x`, and in the upper layer
+/// the user's 0777 `private/sub` in its place: `private` opaque, and `sub` too if
+/// `sub_opaque`.
+fn users_private_over_roots(upper: &Path, disk: &Path, sub_opaque: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    fs::create_dir_all(disk.join("private/sub")).unwrap();
+    fs::write(disk.join("private/key"), "root's").unwrap();
+    fs::write(disk.join("private/sub/x"), "root's").unwrap();
+    mode(&disk.join("private"), 0o700);
+    fs::create_dir_all(upper.join("private/sub")).unwrap();
+    let marked: &[&str] = if sub_opaque {
+        &["private", "private/sub"]
+    } else {
+        &["private"]
+    };
+    for p in marked {
+        xattr::set(upper.join(p), "trusted.overlay.opaque", b"y").unwrap();
+    }
+    for p in ["private", "private/sub"] {
+        std::os::unix::fs::chown(upper.join(p), Some(65_534), Some(65_534)).unwrap();
+        mode(&upper.join(p), 0o777);
+    }
+}
+
 /// Root's 0700 `private` holding `key` and `sub/x` on disk; in the overlay the user
 /// made its own `private/sub` in place of it (`rm -rf private; mkdir -p
 /// private/sub`): `private` is opaque, `sub` unmarked, and the overlay looks in no
@@ -985,19 +1010,9 @@ fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
 /// and goes from the disk too, before `sub` is the user's.
 #[test]
 fn a_directory_below_an_opaque_one_is_the_whole_directory_too() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    use std::os::unix::fs::MetadataExt;
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
-    fs::create_dir_all(disk.join("private/sub")).unwrap();
-    fs::write(disk.join("private/key"), "root's").unwrap();
-    fs::write(disk.join("private/sub/x"), "root's").unwrap();
-    mode(&disk.join("private"), 0o700);
-    fs::create_dir_all(upper.join("private/sub")).unwrap();
-    xattr::set(upper.join("private"), "trusted.overlay.opaque", b"y").unwrap();
-    for p in ["private", "private/sub"] {
-        std::os::unix::fs::chown(upper.join(p), Some(65_534), Some(65_534)).unwrap();
-        mode(&upper.join(p), 0o777);
-    }
+    users_private_over_roots(&upper, &disk, false);
     tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false).unwrap();
     assert_eq!(
         tree(&disk).into_keys().collect::<Vec<_>>(),
@@ -1012,19 +1027,9 @@ fn a_directory_below_an_opaque_one_is_the_whole_directory_too() {
 /// root's `sub/x` is still below it.
 #[test]
 fn a_directory_is_opened_only_once_every_removal_below_it_is_made() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    use std::os::unix::fs::MetadataExt;
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
-    fs::create_dir_all(disk.join("private/sub")).unwrap();
-    fs::write(disk.join("private/key"), "root's").unwrap();
-    fs::write(disk.join("private/sub/x"), "root's").unwrap();
-    mode(&disk.join("private"), 0o700);
-    fs::create_dir_all(upper.join("private/sub")).unwrap();
-    for p in ["private", "private/sub"] {
-        xattr::set(upper.join(p), "trusted.overlay.opaque", b"y").unwrap();
-        std::os::unix::fs::chown(upper.join(p), Some(65_534), Some(65_534)).unwrap();
-        mode(&upper.join(p), 0o777);
-    }
+    users_private_over_roots(&upper, &disk, true);
     let x = disk.join("private/sub/x");
     let chattr = |f: &str| {
         let done = std::process::Command::new("chattr")

@@ -116,12 +116,18 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 /// POSIX ACL in the kernel's xattr encoding: owner rw-, user 1234 r-x, group r--,
 /// mask r-x, other ---.
 pub fn acl_xattr() -> Vec<u8> {
+    acl_granting(1234, 5)
+}
+
+/// An access ACL (as `system.posix_acl_access` holds it) granting the user `uid`
+/// the permissions `perm` (rwx bits), with a mask that lets them through.
+pub fn acl_granting(uid: u32, perm: u16) -> Vec<u8> {
     let mut acl = 2u32.to_le_bytes().to_vec();
     for (tag, perm, id) in [
         (0x01u16, 6u16, u32::MAX),
-        (0x02, 5, 1234),
+        (0x02, perm, uid),
         (0x04, 4, u32::MAX),
-        (0x10, 5, u32::MAX),
+        (0x10, perm, u32::MAX),
         (0x20, 0, u32::MAX),
     ] {
         acl.extend_from_slice(&tag.to_le_bytes());
