@@ -298,11 +298,18 @@ impl Agent {
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
         let failed = match down::down_one(&self.spec, &name, &self.host, &self.state, action) {
-            Ok(r) if r.result == DownOutcome::Refused => {
+            // Nothing switched (an overlay's first pass failed, say): nothing was
+            // taken out, and nothing must count as done.
+            Ok(r) if matches!(r.result, DownOutcome::Refused | DownOutcome::Failed) => {
                 for s in &r.syncs {
                     self.record_sync(i, s);
                 }
-                format!("{called} refused, {stays}: {}", r.reason.unwrap_or_default())
+                let how = if r.result == DownOutcome::Refused {
+                    "refused"
+                } else {
+                    "failed"
+                };
+                format!("{called} {how}, {stays}: {}", r.reason.unwrap_or_default())
             }
             Ok(r) => {
                 for s in &r.syncs {

@@ -680,6 +680,46 @@ fn evict_on_an_overlay_writes_the_upper_layer_back_and_starts_it_afresh() {
     down_loses_nothing(&sb, &spec, &cache, app, "evict on an overlay");
 }
 
+/// An overlay's eviction whose write-back fails (its disk is full): nothing was
+/// switched, the overlay stays with everything in it, and the agent says the
+/// eviction failed; it counts none.
+#[test]
+fn an_overlay_eviction_that_cannot_write_back_counts_for_nothing() {
+    let sb = Sandbox::new();
+    let mnt = sb.path("disk");
+    fs::create_dir_all(&mnt).unwrap();
+    let _disk = common::LoopFs::new(&mnt, 16, "defaults");
+    let cache = mnt.join("cache");
+    fs::create_dir(&cache).unwrap();
+    let free = nix::sys::statvfs::statvfs(&cache).unwrap();
+    let room = free.blocks_available() * free.fragment_size();
+    fs::write(cache.join("filler"), vec![7u8; (room - (1 << 20)) as usize]).unwrap();
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: evict }\n",
+    );
+    sb.run(["apply", spec.to_str().unwrap()]).code(0);
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fill(&cache, "big", 5, MIB as usize);
+    let deadline = Instant::now() + DEADLINE;
+    while !agent.log().contains("eviction failed") {
+        assert!(Instant::now() < deadline, "no failed eviction\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(agent.metrics().actions("c", "evict"), 0.0, "{}", agent.log());
+    assert!(!agent.log().contains("started afresh"), "{}", agent.log());
+    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
+    assert_eq!(fs::read(cache.join("big004")).unwrap(), vec![0x5a; MIB as usize]);
+    // With room again, the agent's own write-back at its stop, and `down`, succeed.
+    let disk_side = sb.state.join("lower/c");
+    fs::remove_file(disk_side.join("filler")).unwrap();
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    assert_eq!(fs::read(cache.join("big004")).unwrap(), vec![0x5a; MIB as usize]);
+}
+
 /// `fallback` on a `seed: overlay` mount: past `high` the agent writes the upper
 /// layer back and leaves the application on its disk directory, with everything
 /// the application wrote there; `apply` offloads it again, as an overlay.
