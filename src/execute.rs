@@ -188,7 +188,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut seed_started = None;
     let mut deletions = None;
     let mut seed_deletions = None;
-    let mut switched_at = None;
+    let mut switched = None;
     let mut late_drops = Vec::new();
     for step in &mp.steps {
         let started = Instant::now();
@@ -227,7 +227,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             // The few deletions since the first look, as close to the switch as can be.
             late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
             crate::failpoint::hit("before-switch", &m.name);
-            switched_at = b.taken;
+            switched = Some(b);
         }
         match run_step(step, &m.name, state, opts, &mut undo, &mut pinned) {
             Ok(stats) => {
@@ -244,8 +244,9 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 if let Step::MoveIntoPlace { .. } = step {
                     crate::failpoint::hit("seed-switched", &m.name);
                     // What was deleted on disk between the last look and the switch.
-                    if let (Some(mut w), Some(taken)) = (seed_deletions.take(), switched_at) {
-                        if let Err(e) = w.drop_after_switch(&m.path, taken) {
+                    if let (Some(mut w), Some(b)) = (seed_deletions.take(), switched.take()) {
+                        let taken = b.taken.expect("set before the switch");
+                        if let Err(e) = w.drop_after_switch(&m.path, taken, &b) {
                             tracing::warn!(
                                 "{}: dropping what the application deleted on disk during the seed: {e:#}",
                                 m.name

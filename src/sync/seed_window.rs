@@ -237,10 +237,13 @@ impl SeedDeletions {
     /// works, what was deleted on disk between the last [`Self::drop_deleted`] and
     /// the switch, each file only while it is still the seed's copy (changed before
     /// `taken`, a time before the application could see the tmpfs); of a directory,
-    /// its copies, and the directory if that empties it. What this misses (a
-    /// directory deleted and made again, a deletion still running at the switch) is
-    /// taken out by the merge that follows ([`catch_up`]), by the seed's records.
-    pub fn drop_after_switch(&mut self, path: &Path, taken: Time) -> anyhow::Result<u64> {
+    /// its copies, and the directory if that empties it. A directory the disk deleted
+    /// and made again (`seeded`: what the seed recorded copying) counts as deleted:
+    /// the application sees its new contents once the merge brings them in, never the
+    /// old ones again. What this misses (a deletion still running at the switch, a
+    /// copy the application changed in the moment since) is taken out by the merge
+    /// that follows ([`catch_up`]), by the seed's records.
+    pub fn drop_after_switch(&mut self, path: &Path, taken: Time, seeded: &Baseline) -> anyhow::Result<u64> {
         let gone = self.watch.drain();
         if gone.is_empty() {
             return Ok(0);
@@ -256,8 +259,12 @@ impl SeedDeletions {
         .with_context(|| format!("opening {}", path.display()))?;
         let mut dropped = 0;
         for Gone { dir, name, .. } in gone {
-            let Now::Gone(rel, name) = self.lacking(disk_root.as_fd(), &root_path, dir, name) else {
-                continue;
+            let (rel, name) = match self.lacking(disk_root.as_fd(), &root_path, dir, name) {
+                Now::Gone(rel, name) => (rel, name),
+                Now::Again(rel, name, st) if replaced_dir(seeded, &join(&rel, name.as_bytes()), &st) => {
+                    (rel, name)
+                }
+                Now::Again(..) | Now::Elsewhere => continue,
             };
             let Ok(dir) = open_dir_beneath(live.as_fd(), &rel) else {
                 continue;
@@ -366,12 +373,8 @@ impl SeedDeletions {
     ) -> anyhow::Result<u64> {
         let (rel, name) = match self.lacking(disk_root, root_path, handle, name) {
             Now::Gone(rel, name) => (rel, name),
-            Now::Again(rel, name, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
-                let copied = seeded.get(&join(&rel, name.as_bytes()));
-                match copied {
-                    Some(Mark::Entry(sig)) if sig.is_dir() && sig.ino != Sig::of(&st).ino => (rel, name),
-                    _ => return Ok(0),
-                }
+            Now::Again(rel, name, st) if replaced_dir(seeded, &join(&rel, name.as_bytes()), &st) => {
+                (rel, name)
             }
             Now::Again(..) | Now::Elsewhere => return Ok(0),
         };
@@ -390,6 +393,14 @@ impl SeedDeletions {
         }
         Ok(removed)
     }
+}
+
+/// Whether the disk entry `now` at `path` is a directory other than the one the seed
+/// copied there (`seeded`: what it recorded): everything in the copied one was
+/// deleted, or moved away with it.
+fn replaced_dir(seeded: &Baseline, path: &[u8], now: &FileStat) -> bool {
+    now.st_mode & libc::S_IFMT == libc::S_IFDIR
+        && matches!(seeded.get(path), Some(Mark::Entry(sig)) if sig.is_dir() && sig.ino != Sig::of(now).ino)
 }
 
 /// `base` without its records of `dropped` and of everything below them.

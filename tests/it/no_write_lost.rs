@@ -517,8 +517,9 @@ fn contents(dir: &Path) -> std::collections::BTreeMap<String, String> {
 /// renamed away, stayed in RAM with the seed's copies of its files: the application
 /// saw, and deleted again, files it had deleted. What went from the disk goes from
 /// the tmpfs as soon as it is in place (stopped again there, before the merge of
-/// what the disk got during the seed), but a directory made again, whose old copies
-/// that merge takes out.
+/// what the disk got during the seed), a directory made again too: its old copies
+/// went with the old one (as htcacheclean removes a directory Apache makes again at
+/// once; left to that merge, which takes a while, they were seen and deleted again).
 #[test]
 fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
     let sb = Sandbox::new();
@@ -561,7 +562,7 @@ fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
     assert_eq!(fs_then.as_deref(), Some("tmpfs"), "in place at the second stop");
     let early: Vec<&String> = once_in_place
         .keys()
-        .filter(|k| !at_switch.contains_key(*k) && !k.starts_with("d1/"))
+        .filter(|k| !at_switch.contains_key(*k))
         .collect();
     assert!(
         early.is_empty(),
