@@ -70,15 +70,16 @@ rc=$?
 deb=$(ls "$W"/deb/tmpfsctl_*.deb 2>/dev/null | head -1)
 check "cargo deb built a .deb" '[ $rc -eq 0 ] && [ -n "$deb" ]' "$(tail -20 "$W/deb.log")"
 deb_files=$(dpkg-deb --contents "$deb" 2>/dev/null | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|' \
-    | grep -v "^/usr/share/doc/tmpfsctl/\(copyright\|changelog\.Debian\.gz\)$" | sort)
+    | grep -v "^/usr/share/doc/tmpfsctl/\(copyright\|changelog\.Debian\.gz\)$\|^/usr/share/lintian/overrides/tmpfsctl$" | sort)
 missing=$(comm -23 <(echo "$expected") <(echo "$deb_files"))
 extra=$(comm -13 <(echo "$expected") <(echo "$deb_files"))
 check "dpkg-deb --contents lists every expected path, and nothing else" '[ -z "$missing" ] && [ -z "$extra" ]' \
     "missing: $missing
 extra: $extra"
 contents=$(dpkg-deb --contents "$deb" 2>&1)
-check ".deb has copyright and changelog" \
-    'grep -q "/usr/share/doc/tmpfsctl/copyright$" <<<"$contents" && grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$" <<<"$contents"' "$contents"
+check ".deb has copyright, changelog and its lintian overrides" \
+    'grep -q "/usr/share/doc/tmpfsctl/copyright$" <<<"$contents" && grep -q "/usr/share/doc/tmpfsctl/changelog.Debian.gz$" <<<"$contents" &&
+     grep -q "/usr/share/lintian/overrides/tmpfsctl$" <<<"$contents"' "$contents"
 check "/etc/tmpfsctl/cache.yaml is a conffile" \
     '[ "$(dpkg-deb --info "$deb" conffiles 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(dpkg-deb --info "$deb" conffiles 2>&1)"
 check "the packaged schema is the binary's own (tmpfsctl schema)" \
@@ -101,9 +102,15 @@ check "rpm -qlp lists the same set as the .deb" '[ -n "$rpm_files" ] && [ "$rpm_
 rpm_bin_size=$(rpm -qp --queryformat '[%{FILENAMES} %{FILESIZES}\n]' "$rpmf" 2>/dev/null | sed -n 's|^/usr/bin/tmpfsctl ||p')
 check "rpm: the binary is stripped" '[ "$rpm_bin_size" = "$(stat -c %s "$target/release/pkg/tmpfsctl")" ]' \
     "rpm has $rpm_bin_size bytes, the stripped binary $(stat -c %s "$target/release/pkg/tmpfsctl")"
-check "rpm: scriptlets only daemon-reload" \
-    '[ "$(rpm -qp --scripts "$rpmf" 2>/dev/null | grep -v scriptlet: | sort -u)" = "if [ -d /run/systemd/system ]; then systemctl daemon-reload >/dev/null 2>&1 || :; fi" ]' \
+# What the scriptlets do is checked in the booted container below; here, that
+# they name no unit but the agent (an apply or down unit started by a package
+# would offload or take down the mounts).
+check "rpm: scriptlets reload systemd and touch only the agent's unit" \
+    '[ "$(rpm -qp --qf "%{POSTIN}" "$rpmf")" = "if [ -d /run/systemd/system ]; then systemctl daemon-reload >/dev/null 2>&1 || :; fi" ] &&
+     [ "$(rpm -qp --scripts "$rpmf" 2>/dev/null | grep -o "tmpfsctl-[a-z]*\.service" | sort -u)" = tmpfsctl-agent.service ]' \
     "$(rpm -qp --scripts "$rpmf" 2>&1)"
+rpm -qp --qf '%{PREUN}' "$rpmf" > "$W/rpm-preun" 2>/dev/null
+rpm -qp --qf '%{POSTUN}' "$rpmf" > "$W/rpm-postun" 2>/dev/null
 check "rpm: /etc/tmpfsctl/cache.yaml is a config file" \
     '[ "$(rpm -qcp "$rpmf" 2>/dev/null)" = /etc/tmpfsctl/cache.yaml ]' "$(rpm -qcp "$rpmf" 2>&1)"
 # The rpm's helper is a script (no symlinks in cargo-generate-rpm); the
@@ -162,6 +169,72 @@ check "container: the .rpm's helper script mounts the same way" 'grep -qx "rpm h
 check "container: no unit enabled by the package" \
     '[ "$(grep -c "^enabled .*: disabled$" <<<"$log")" = 3 ]' "$log"
 check "container: dpkg -r removes the binary" 'grep -qx "removed: yes" <<<"$log"' "$log"
+
+# --- upgrade and removal with systemd running (a booted container) ---------
+# The agent runs the binary it was started with: an upgrade that did not
+# restart it would leave the old one watching the mounts (and refusing the
+# newer state the new commands write), a removal one whose binary is gone.
+# Booted like tests/boot-nspawn.sh, with the host's /usr under a tmpfs overlay;
+# a unit runs the steps and powers off.
+mkdir -p "$W/units/multi-user.target.wants" "$W/report"
+echo 0123456789abcdef0123456789abcdef > "$W/machine-id"
+cat > "$W/upgrade-steps" <<'STEPS'
+set -x
+agent() { echo "$(systemctl is-active tmpfsctl-agent.service) $(systemctl show -P MainPID tmpfsctl-agent.service)"; }
+mkdir -p /var/lib
+cp -a /mnt/host-dpkg /var/lib/dpkg
+dpkg -r tmpfsctl >/dev/null 2>&1 || true
+dpkg -i /mnt/tmpfsctl.deb
+echo "installed: $(agent)"
+systemctl start tmpfsctl-agent.service
+echo "started: $(agent)"
+dpkg -i /mnt/tmpfsctl.deb
+echo "deb upgraded: $(agent)"
+sh /mnt/rpm-postun 1
+echo "rpm upgraded: $(agent)"
+sh /mnt/rpm-preun 0
+echo "rpm erased: $(agent)"
+systemctl start tmpfsctl-agent.service
+echo "started again: $(agent)"
+dpkg -r tmpfsctl
+echo "deb removed: $(agent)"
+STEPS
+cat > "$W/units/upgrade-check.service" <<'UNIT'
+[Unit]
+Description=Install, upgrade and remove tmpfsctl with its agent running, then power off
+After=multi-user.target
+[Service]
+Type=oneshot
+StandardOutput=file:/mnt/report/steps.log
+StandardError=inherit
+ExecStart=/bin/sh /mnt/upgrade-steps
+ExecStopPost=/bin/systemctl poweroff
+UNIT
+ln -sf ../upgrade-check.service "$W/units/multi-user.target.wants/upgrade-check.service"
+timeout 180 systemd-nspawn --quiet --boot --directory=/ --volatile=yes --overlay=/usr::/usr --register=no --keep-unit \
+    --machine=tmpfsctl-pkg-upgrade \
+    --bind-ro="$W/machine-id:/etc/machine-id" \
+    --bind-ro="$W/units:/etc/systemd/system" \
+    --bind-ro="$W/tmpfsctl.deb:/mnt/tmpfsctl.deb" \
+    --bind-ro="$W/rpm-preun:/mnt/rpm-preun" --bind-ro="$W/rpm-postun:/mnt/rpm-postun" \
+    --bind-ro="$W/upgrade-steps:/mnt/upgrade-steps" \
+    --bind-ro=/var/lib/dpkg:/mnt/host-dpkg --bind-ro=/etc/passwd --bind-ro=/etc/group --bind-ro=/etc/dpkg \
+    --bind="$W/report:/mnt/report" > "$W/boot.log" 2>&1
+rc=$?
+steps=$(cat "$W/report/steps.log" 2>/dev/null)
+log="$steps
+--- console (last 40 lines)
+$(tail -40 "$W/boot.log")"
+pid_at() { sed -n "s/^$1: active \([0-9][0-9]*\)$/\1/p" <<<"$steps"; }
+check "booted container: ran the steps and powered off" '[ $rc -eq 0 ] && grep -q "^deb removed: " <<<"$steps"' "$log"
+check "booted container: installing starts no agent" 'grep -qx "installed: inactive 0" <<<"$steps"' "$log"
+check "booted container: a .deb upgrade restarts the running agent" \
+    '[ -n "$(pid_at started)" ] && [ -n "$(pid_at "deb upgraded")" ] && [ "$(pid_at started)" != "$(pid_at "deb upgraded")" ]' "$log"
+check "booted container: an .rpm upgrade (the old package's %postun) restarts it" \
+    '[ -n "$(pid_at "rpm upgraded")" ] && [ "$(pid_at "deb upgraded")" != "$(pid_at "rpm upgraded")" ]' "$log"
+check "booted container: an .rpm erase (%preun) stops it" 'grep -qx "rpm erased: inactive 0" <<<"$steps"' "$log"
+check "booted container: dpkg -r stops it" \
+    '[ -n "$(pid_at "started again")" ] && grep -qx "deb removed: inactive 0" <<<"$steps"' "$log"
 
 echo "1..$n"
 echo "# $((n - fails)) passed, $fails failed"
