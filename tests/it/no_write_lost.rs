@@ -574,6 +574,62 @@ fn what_the_disk_deleted_right_before_the_switch_is_not_in_ram() {
     assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
 }
 
+/// Two directories the application swaps on disk (atomically, as
+/// `RENAME_EXCHANGE` does) after the seed's last look for deletions and before
+/// the switch: once in place, the tmpfs shows each name with what it holds on
+/// disk now, subdirectories included, never the other one's old subdirectories
+/// (the merge after the switch fixed only the names directly in them, and a
+/// subdirectory deleted in RAM then took the disk's only copy of what moved
+/// there). After `down`, the disk holds what the application left.
+#[test]
+fn two_directories_swapped_right_before_the_switch_are_seen_as_they_are() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    for d in ["a", "b"] {
+        fs::create_dir_all(cache.join(d).join(format!("{d}-sub"))).unwrap();
+        fs::write(cache.join(d).join("top"), format!("{d}/top")).unwrap();
+        fs::write(
+            cache.join(d).join(format!("{d}-sub/deep")),
+            format!("{d}-sub/deep"),
+        )
+        .unwrap();
+    }
+    let spec = spec(&sb, &[("cache", &cache)]);
+    let (mut at_switch, mut once_in_place) = Default::default();
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "after-move-into-place"], |i| {
+        if i == 1 {
+            once_in_place = contents(&cache);
+            return;
+        }
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &cache.join("a"),
+            nix::fcntl::AT_FDCWD,
+            &cache.join("b"),
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
+        at_switch = contents(&cache);
+    });
+    assert_eq!(code, 0, "{log}");
+    let wrong: Vec<&String> = once_in_place
+        .keys()
+        .filter(|k| !at_switch.contains_key(*k))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "not on disk at the switch, in the tmpfs once in place: {wrong:?}\n{log}"
+    );
+    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    // The application acts on what it sees: b now holds a's old subdirectory.
+    fs::remove_file(cache.join("b/a-sub/deep")).unwrap();
+    fs::write(cache.join("a/b-sub/deep"), "b-sub/deep, rewritten").unwrap();
+    let want = contents(&cache);
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), want, "on disk after down\n{down}");
+}
+
 /// Stops `apply` at each of `points` (`TMPFSCTL_FAILPOINT=stop=…`), running `act`
 /// with the point's index while it is stopped there; returns its exit code and output.
 fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], act: impl FnMut(usize)) -> (i32, String) {
