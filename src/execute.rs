@@ -189,7 +189,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut deletions = None;
     let mut seed_deletions = None;
     let mut switched = None;
-    let mut late_drops = Vec::new();
+    let mut late_drops = seed_window::Dropped::default();
     for step in &mp.steps {
         let started = Instant::now();
         if let Step::Seed { from, .. } = step {
@@ -302,7 +302,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
 }
 
 /// Drops from the stage what the application deleted on disk after the seed copied it;
-/// returns the paths dropped, whose records in the seed's baseline no longer hold.
+/// returns what was dropped, whose records in the seed's baseline no longer hold.
 /// A failure leaves those names in RAM until the merge after the switch takes them
 /// out by the seed's records: a warning, and no more looks.
 fn drop_deleted_during_seed(
@@ -310,9 +310,9 @@ fn drop_deleted_during_seed(
     stage: &Path,
     seeded: &copy::Baseline,
     name: &str,
-) -> Vec<Vec<u8>> {
+) -> seed_window::Dropped {
     let Some(w) = watch.as_mut() else {
-        return Vec::new();
+        return seed_window::Dropped::default();
     };
     match w.drop_deleted(stage, seeded) {
         Ok(0) => {}
@@ -333,7 +333,7 @@ fn drop_deleted_during_seed(
 /// copies of what the disk deleted, dropped after the baseline was saved). Failing
 /// that, a name the application makes again in RAM may count as one the disk deleted
 /// later, and not be written back: a warning.
-fn forget_in_baseline(state: &State, name: &str, dropped: &[Vec<u8>]) {
+fn forget_in_baseline(state: &State, name: &str, dropped: &seed_window::Dropped) {
     let forgotten = state
         .baseline(name)
         .and_then(|b| state.save_baseline(name, &seed_window::forget(&b, dropped)));

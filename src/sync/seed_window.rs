@@ -31,8 +31,8 @@
 //! name brought in and then deleted (or renamed away) by the application in RAM would
 //! be the disk's own to the next write-back, which keeps it.
 
-use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ffi::{CStr, CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -45,7 +45,7 @@ use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
-use crate::host::deletions::{Deletions, Gone};
+use crate::host::deletions::Deletions;
 use crate::host::fanotify::{fd_path, open_handle, Handle};
 use crate::progress::Progress;
 use crate::spec::MountSpec;
@@ -169,9 +169,9 @@ pub struct SeedDeletions {
     disk: PathBuf,
     /// Deleted names the disk had again when last looked at: looked at again.
     again: Vec<(Handle, Vec<u8>)>,
-    /// What was dropped (relative paths; a directory with everything below it) since
-    /// [`Self::take_dropped`]: the seed's records of it no longer hold.
-    dropped: Vec<Vec<u8>>,
+    /// What was dropped since [`Self::take_dropped`]: the seed's records of it no
+    /// longer hold.
+    dropped: Dropped,
 }
 
 impl SeedDeletions {
@@ -182,7 +182,7 @@ impl SeedDeletions {
                 watch,
                 disk: disk.to_path_buf(),
                 again: Vec::new(),
-                dropped: Vec::new(),
+                dropped: Dropped::default(),
             }),
             Err(e) => {
                 tracing::info!(
@@ -237,14 +237,20 @@ impl SeedDeletions {
     /// works, what was deleted on disk between the last [`Self::drop_deleted`] and
     /// the switch, each file only while it is still the seed's copy (changed before
     /// `taken`, a time before the application could see the tmpfs); of a directory,
-    /// its copies, and the directory if that empties it. A directory the disk deleted
-    /// and made again (`seeded`: what the seed recorded copying) counts as deleted:
-    /// the application sees its new contents once the merge brings them in, never the
-    /// old ones again. What this misses (a deletion still running at the switch, a
-    /// copy the application changed in the moment since) is taken out by the merge
-    /// that follows ([`catch_up`]), by the seed's records.
+    /// its copies, and the directory if that empties it. A name the disk has again as
+    /// another directory than the one the seed copied, or as another type of entry
+    /// (`seeded`: what the seed recorded copying), counts as deleted: the application
+    /// sees what the disk holds there once the merge brings it in, never the old
+    /// copy again. So do the names the last look found there again, which a second
+    /// deletion does not report anew. What this misses (a deletion still running at
+    /// the switch, a copy the application changed in the moment since) is taken out
+    /// by the merge that follows ([`catch_up`]), by the seed's records.
     pub fn drop_after_switch(&mut self, path: &Path, taken: Time, seeded: &Baseline) -> anyhow::Result<u64> {
-        let gone = self.watch.drain();
+        let again = std::mem::take(&mut self.again);
+        let gone: Vec<(Handle, Vec<u8>)> = again
+            .into_iter()
+            .chain(self.watch.drain().into_iter().map(|g| (g.dir, g.name)))
+            .collect();
         if gone.is_empty() {
             return Ok(0);
         }
@@ -258,10 +264,14 @@ impl SeedDeletions {
         )
         .with_context(|| format!("opening {}", path.display()))?;
         let mut dropped = 0;
-        for Gone { dir, name, .. } in gone {
+        // Directories of which only part went: the copies left keep their records.
+        let mut partly = Vec::new();
+        for (dir, name) in gone {
             let (rel, name) = match self.lacking(disk_root.as_fd(), &root_path, dir, name) {
                 Now::Gone(rel, name) => (rel, name),
-                Now::Again(rel, name, st) if replaced_dir(seeded, &join(&rel, name.as_bytes()), &st) => {
+                Now::Again(rel, name, st, born)
+                    if replaced(seeded, &join(&rel, name.as_bytes()), &st, born) =>
+                {
                     (rel, name)
                 }
                 Now::Again(..) | Now::Elsewhere => continue,
@@ -272,19 +282,21 @@ impl SeedDeletions {
             let Ok(st) = stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            let what = || {
-                format!(
-                    "removing {}",
-                    path.join(OsStr::from_bytes(&join(&rel, name.as_bytes())))
-                        .display()
-                )
-            };
+            let here = join(&rel, name.as_bytes());
+            let what = || format!("removing {}", path.join(OsStr::from_bytes(&here)).display());
             if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 // Its copies go; what the application made in it since keeps it.
                 let went = copy::remove_older(dir.as_fd(), &name, taken).with_context(what)?;
+                tracing::debug!(
+                    "seed: {} deleted on disk right before the switch: {went} of its copies dropped",
+                    String::from_utf8_lossy(&here)
+                );
                 if went > 0 {
                     dropped += went;
-                    self.dropped.push(join(&rel, name.as_bytes()));
+                    match stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                        Err(Errno::ENOENT) => self.dropped.trees.push(here),
+                        _ => partly.push(here),
+                    }
                 }
                 continue;
             }
@@ -293,14 +305,18 @@ impl SeedDeletions {
             }
             if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(what)? {
                 dropped += 1;
-                self.dropped.push(join(&rel, name.as_bytes()));
+                self.dropped.trees.push(here);
             }
+        }
+        if !partly.is_empty() {
+            let went = no_copies_below(live.as_fd(), seeded, &partly, taken);
+            self.dropped.names.extend(went);
         }
         Ok(dropped)
     }
 
-    /// The paths dropped since the last call.
-    pub fn take_dropped(&mut self) -> Vec<Vec<u8>> {
+    /// What was dropped since the last call.
+    pub fn take_dropped(&mut self) -> Dropped {
         std::mem::take(&mut self.dropped)
     }
 
@@ -353,7 +369,8 @@ impl SeedDeletions {
             Ok(st) => {
                 tracing::debug!("seed: {} deleted on disk during the seed, there again", path());
                 self.again.push((handle, name));
-                Now::Again(rel, c_name, st)
+                let born = born(on_disk.as_fd(), &c_name);
+                Now::Again(rel, c_name, st, born)
             }
             Err(_) => Now::Elsewhere,
         }
@@ -373,7 +390,7 @@ impl SeedDeletions {
     ) -> anyhow::Result<u64> {
         let (rel, name) = match self.lacking(disk_root, root_path, handle, name) {
             Now::Gone(rel, name) => (rel, name),
-            Now::Again(rel, name, st) if replaced_dir(seeded, &join(&rel, name.as_bytes()), &st) => {
+            Now::Again(rel, name, st, born) if replaced(seeded, &join(&rel, name.as_bytes()), &st, born) => {
                 (rel, name)
             }
             Now::Again(..) | Now::Elsewhere => return Ok(0),
@@ -389,29 +406,114 @@ impl SeedDeletions {
             )
         })?;
         if removed > 0 {
-            self.dropped.push(path);
+            self.dropped.trees.push(path);
         }
         Ok(removed)
     }
 }
 
-/// Whether the disk entry `now` at `path` is a directory other than the one the seed
-/// copied there (`seeded`: what it recorded): everything in the copied one was
-/// deleted, or moved away with it.
-fn replaced_dir(seeded: &Baseline, path: &[u8], now: &FileStat) -> bool {
-    now.st_mode & libc::S_IFMT == libc::S_IFDIR
-        && matches!(seeded.get(path), Some(Mark::Entry(sig)) if sig.is_dir() && sig.ino != Sig::of(now).ino)
+/// Whether the disk entry `now` at `path`, born at `born` (if known), is another
+/// entry than the one the seed copied there (`seeded`: what it recorded): another
+/// type, or another directory: another inode, or one born after the copied one's
+/// last change (rmdir and mkdir often give the new one the old one's inode
+/// number). Everything in a copied directory was deleted then, or moved away with
+/// it. (A file made again is left to the merge: the newer of the two wins.)
+fn replaced(seeded: &Baseline, path: &[u8], now: &FileStat, born: Option<Time>) -> bool {
+    let Some(Mark::Entry(was)) = seeded.get(path) else {
+        return false;
+    };
+    let now = Sig::of(now);
+    if was.is_dir() != now.is_dir() {
+        return true;
+    }
+    was.is_dir() && (was.ino != now.ino || born.is_some_and(|b| b > was.ctime))
 }
 
-/// `base` without its records of `dropped` and of everything below them.
-pub fn forget(base: &Baseline, dropped: &[Vec<u8>]) -> Baseline {
-    let dropped: std::collections::HashSet<&[u8]> = dropped.iter().map(Vec::as_slice).collect();
+/// When `name` in `dir` was born (`statx`'s `STATX_BTIME`), where the filesystem
+/// records it.
+fn born(dir: BorrowedFd<'_>, name: &CStr) -> Option<Time> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `name` is NUL-terminated and `stx` is a writable statx buffer that
+    // outlives the call; the kernel writes at most its size.
+    let r = unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
+    // field is initialised either way).
+    let stx = unsafe { stx.assume_init() };
+    (stx.stx_mask & libc::STATX_BTIME != 0)
+        .then_some((stx.stx_btime.tv_sec, i64::from(stx.stx_btime.tv_nsec)))
+}
+
+/// The paths the seed recorded copying below the directories `partly` (relative
+/// paths) that the tmpfs at `live` no longer has as the seed's copy: gone, or a
+/// non-directory changed since `taken` (by the application, in the moment after
+/// the switch). Their records no longer hold: the disk's entry is gone, so a record
+/// would make the application's change a conflict with a deletion the disk made
+/// before it. The copies left keep theirs, so that the write-back does not take
+/// them for the application's; the directories left do not (each record alone:
+/// the copies below keep theirs), or the disk's deletion of one would count against
+/// what the application wrote in it.
+fn no_copies_below(live: BorrowedFd<'_>, seeded: &Baseline, partly: &[Vec<u8>], taken: Time) -> Vec<Vec<u8>> {
+    let partly: std::collections::HashSet<&[u8]> = partly.iter().map(Vec::as_slice).collect();
+    let below = |path: &[u8]| {
+        path.iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'/' && partly.contains(&path[..i]))
+    };
+    let copy = |path: &[u8]| {
+        stat_beneath(live, path).is_ok_and(|st| {
+            st.st_mode & libc::S_IFMT != libc::S_IFDIR && (st.st_ctime, st.st_ctime_nsec) < taken
+        })
+    };
+    seeded
+        .marks
+        .iter()
+        .filter(|(p, _)| below(p) && !copy(p))
+        .map(|(p, _)| p.to_vec())
+        .collect()
+}
+
+/// Records of the seed's baseline that no longer hold (relative paths).
+#[derive(Debug, Default)]
+pub struct Dropped {
+    /// Each with everything below it.
+    pub trees: Vec<Vec<u8>>,
+    /// Each alone.
+    pub names: Vec<Vec<u8>>,
+}
+
+impl Dropped {
+    pub fn is_empty(&self) -> bool {
+        self.trees.is_empty() && self.names.is_empty()
+    }
+
+    pub fn extend(&mut self, more: Dropped) {
+        self.trees.extend(more.trees);
+        self.names.extend(more.names);
+    }
+}
+
+/// `base` without its records of `dropped`.
+pub fn forget(base: &Baseline, dropped: &Dropped) -> Baseline {
+    let names: std::collections::HashSet<&[u8]> = dropped.names.iter().map(Vec::as_slice).collect();
+    let trees: std::collections::HashSet<&[u8]> = dropped.trees.iter().map(Vec::as_slice).collect();
     let gone = |path: &[u8]| {
-        dropped.contains(path)
+        names.contains(path)
+            || trees.contains(path)
             || path
                 .iter()
                 .enumerate()
-                .any(|(i, &b)| b == b'/' && dropped.contains(&path[..i]))
+                .any(|(i, &b)| b == b'/' && trees.contains(&path[..i]))
     };
     let mut marks = copy::baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes());
     for (path, mark) in base.marks.iter().filter(|(p, _)| !gone(p)) {
@@ -430,7 +532,8 @@ enum Now {
     /// The disk lacks it (its directory relative to the disk directory, and the name).
     Gone(Vec<u8>, CString),
     /// The disk has it again, as this.
-    Again(Vec<u8>, CString, FileStat),
+    /// The disk has it again, as this, born then (where the filesystem says).
+    Again(Vec<u8>, CString, FileStat, Option<Time>),
 }
 
 /// `path` relative to `root` (both absolute), if it is `root` or below it.
@@ -470,12 +573,12 @@ fn same_inode(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{below, forget};
+    use super::{below, forget, Dropped};
     use crate::copy::baseline::{Mark, Sig};
     use crate::copy::Baseline;
 
     #[test]
-    fn forget_takes_out_what_was_dropped_and_what_is_below_it_only() {
+    fn forget_takes_out_what_was_dropped_and_what_is_below_a_tree_only() {
         let sig = Sig {
             ino: 1,
             mode: 0o100644,
@@ -490,16 +593,29 @@ mod tests {
         for p in ["a", "a/b", "a/b/c", "a/bc", "ab", "x/a/b"] {
             base.marks.insert(p.as_bytes(), Mark::Entry(sig));
         }
-        let left = forget(&base, &[b"a/b".to_vec()]);
-        let mut paths: Vec<_> = left
-            .marks
-            .iter()
-            .map(|(p, _)| String::from_utf8_lossy(p).into_owned())
-            .collect();
-        paths.sort();
-        assert_eq!(paths, ["a", "a/bc", "ab", "x/a/b"]);
-        assert_eq!(left.taken, Some((5, 0)));
-        assert_eq!(forget(&base, &[]).marks.len(), 6);
+        let paths = |dropped: Dropped| {
+            let left = forget(&base, &dropped);
+            assert_eq!(left.taken, Some((5, 0)));
+            let mut paths: Vec<_> = left
+                .marks
+                .iter()
+                .map(|(p, _)| String::from_utf8_lossy(p).into_owned())
+                .collect();
+            paths.sort();
+            paths
+        };
+        let tree = |p: &str| Dropped {
+            trees: vec![p.as_bytes().to_vec()],
+            names: Vec::new(),
+        };
+        assert_eq!(paths(tree("a/b")), ["a", "a/bc", "ab", "x/a/b"]);
+        // A name alone keeps what is below it.
+        let alone = Dropped {
+            trees: Vec::new(),
+            names: vec![b"a".to_vec(), b"a/b/c".to_vec()],
+        };
+        assert_eq!(paths(alone), ["a/b", "a/bc", "ab", "x/a/b"]);
+        assert_eq!(paths(Dropped::default()).len(), 6);
     }
 
     #[test]

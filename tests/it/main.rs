@@ -27,6 +27,7 @@ mod power_cut;
 mod progress;
 mod residency;
 mod schema;
+mod seed_window;
 mod writeback_crash;
 mod writeback_listing;
 mod writeback_symlinks;

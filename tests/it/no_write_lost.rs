@@ -488,7 +488,7 @@ fn deletions_during_one_write_back(n: usize) {
 
 /// Every file (its contents) and directory (a trailing slash) below `dir`, by
 /// relative path, but the write-back's own.
-fn contents(dir: &Path) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn contents(dir: &Path) -> std::collections::BTreeMap<String, String> {
     fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, String>) {
         for e in fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
@@ -632,7 +632,12 @@ fn two_directories_swapped_right_before_the_switch_are_seen_as_they_are() {
 
 /// Stops `apply` at each of `points` (`TMPFSCTL_FAILPOINT=stop=…`), running `act`
 /// with the point's index while it is stopped there; returns its exit code and output.
-fn apply_stopped_at(sb: &Sandbox, spec: &Path, points: &[&str], act: impl FnMut(usize)) -> (i32, String) {
+pub(crate) fn apply_stopped_at(
+    sb: &Sandbox,
+    spec: &Path,
+    points: &[&str],
+    act: impl FnMut(usize),
+) -> (i32, String) {
     let failpoint = format!("stop={}:cache", points.join(","));
     stopped_at(sb, "apply", spec, &failpoint, points, act)
 }

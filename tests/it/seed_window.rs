@@ -1,0 +1,217 @@
+//! What the application does on disk in the last moments of `apply`'s seed (after
+//! the seed's last look for deletions, stopped at `before-switch`; or before any
+//! look, at `after-seed`) and in RAM right after the switch (`seed-switched`):
+//! once the tmpfs is in place it shows nothing the disk no longer had, and after
+//! `down` the disk holds what the application left, no more, no less.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::common::Sandbox;
+use crate::no_write_lost::{apply_stopped_at, contents};
+
+fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
+    sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
+            cache.display()
+        ),
+    )
+}
+
+/// The names in `seen` that `then` lacks.
+fn extra(seen: &BTreeMap<String, String>, then: &BTreeMap<String, String>) -> Vec<String> {
+    seen.keys().filter(|k| !then.contains_key(*k)).cloned().collect()
+}
+
+/// A directory the disk deleted right before the switch, one of whose
+/// subdirectories the application writes in right after it: the copies go but
+/// the ones in that subdirectory, which is the application's now (it may have
+/// moved it there: a moved directory keeps its files' ctimes); those stay in RAM
+/// (docs/writeback.md, "What is not covered") and `down` does not write them
+/// back: they keep their records (all the directory's records were forgotten once
+/// any of it went, and `down` wrote the copies back as new).
+#[test]
+fn a_directory_partly_dropped_after_the_switch_keeps_no_copy_for_down() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("d/sub")).unwrap();
+    fs::write(cache.join("d/f"), "d/f").unwrap();
+    fs::write(cache.join("d/sub/g"), "d/sub/g").unwrap();
+    fs::create_dir(cache.join("k")).unwrap();
+    fs::write(cache.join("k/f"), "k/f").unwrap();
+    let spec = spec(&sb, &cache);
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |i| {
+        if i == 0 {
+            fs::remove_dir_all(cache.join("d")).unwrap();
+            return;
+        }
+        fs::write(cache.join("d/sub/new"), "d/sub/new").unwrap();
+    });
+    assert_eq!(code, 0, "{log}");
+    let mut want = contents(&cache);
+    assert_eq!(want.get("d/sub/new").map(String::as_str), Some("d/sub/new"));
+    assert!(!want.contains_key("d/f"), "{want:?}\n{log}");
+    want.remove("d/sub/g");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), want, "on disk after down\n{log}\n{down}");
+}
+
+/// A file the disk deleted and made again before the seed's first look, and a
+/// directory moved away and back then, each deleted once more after its last
+/// look: a second deletion of a name is not reported anew, so the names the look
+/// found there again are looked at after the switch as well.
+#[test]
+fn a_name_deleted_twice_during_the_seed_is_not_in_ram_once_in_place() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    for d in ["d", "e", "k"] {
+        fs::create_dir(cache.join(d)).unwrap();
+        for f in ["f", "g"] {
+            fs::write(cache.join(d).join(f), format!("{d}/{f} v1")).unwrap();
+        }
+    }
+    let spec = spec(&sb, &cache);
+    let (mut at_switch, mut once_in_place) = Default::default();
+    let (code, log) = apply_stopped_at(
+        &sb,
+        &spec,
+        &["after-seed", "before-switch", "after-move-into-place"],
+        |i| match i {
+            0 => {
+                fs::remove_file(cache.join("d/f")).unwrap();
+                fs::write(cache.join("d/f"), "d/f v2").unwrap();
+                fs::rename(cache.join("e"), cache.join("k/e")).unwrap();
+                fs::rename(cache.join("k/e"), cache.join("e")).unwrap();
+            }
+            1 => {
+                fs::remove_file(cache.join("d/f")).unwrap();
+                fs::remove_dir_all(cache.join("e")).unwrap();
+                at_switch = contents(&cache);
+            }
+            _ => once_in_place = contents(&cache),
+        },
+    );
+    assert_eq!(code, 0, "{log}");
+    let early = extra(&once_in_place, &at_switch);
+    assert!(
+        early.is_empty(),
+        "deleted before the switch, in RAM once in place: {early:?}\n{log}"
+    );
+    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+}
+
+/// A file the disk made a directory, and a directory it made a file, before any
+/// look for deletions and after the last one: once in place the tmpfs shows
+/// neither old entry.
+#[test]
+fn a_name_whose_type_changed_during_the_seed_is_seen_as_it_is() {
+    for point in ["after-seed", "before-switch"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir(cache.join("d")).unwrap();
+        fs::write(cache.join("d/g"), "d/g").unwrap();
+        fs::write(cache.join("f"), "f").unwrap();
+        fs::write(cache.join("k"), "k").unwrap();
+        let spec = spec(&sb, &cache);
+        let (mut at_switch, mut once_in_place) = Default::default();
+        let (code, log) = apply_stopped_at(&sb, &spec, &[point, "after-move-into-place"], |i| {
+            if i == 1 {
+                once_in_place = contents(&cache);
+                return;
+            }
+            fs::remove_file(cache.join("f")).unwrap();
+            fs::create_dir(cache.join("f")).unwrap();
+            fs::write(cache.join("f/x"), "f/x").unwrap();
+            fs::remove_dir_all(cache.join("d")).unwrap();
+            fs::write(cache.join("d"), "d as a file").unwrap();
+            at_switch = contents(&cache);
+        });
+        assert_eq!(code, 0, "{point}: {log}");
+        let early = extra(&once_in_place, &at_switch);
+        assert!(
+            early.is_empty(),
+            "{point}: gone at the switch, in RAM once in place: {early:?}\n{log}"
+        );
+        assert_eq!(contents(&cache), at_switch, "{point}: in RAM\n{log}");
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        assert_eq!(contents(&cache), at_switch, "{point}: on disk after down\n{down}");
+    }
+}
+
+/// What the application does in RAM right after the switch in a directory the
+/// disk deleted and made again (with a new file) right before it: a new file, a
+/// new directory, an old copy rewritten, a file written in an old subdirectory
+/// all stay, in RAM and on disk after `down`; the other old copies go.
+#[test]
+fn the_applications_changes_in_a_directory_made_again_stay() {
+    for variant in 0..4 {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir_all(cache.join("d/sub")).unwrap();
+        for f in 0..4 {
+            fs::write(cache.join(format!("d/f{f}")), format!("d/f{f} old")).unwrap();
+            fs::write(cache.join(format!("d/sub/g{f}")), format!("d/sub/g{f} old")).unwrap();
+        }
+        let spec = spec(&sb, &cache);
+        let mut want: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut want_in_ram = BTreeMap::new();
+        for f in 0..4 {
+            want.insert(format!("d/f{f}"), None);
+            want.insert(format!("d/sub/g{f}"), None);
+        }
+        want.insert("d/new".into(), Some("d/new".into()));
+        let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |i| {
+            if i == 0 {
+                fs::remove_dir_all(cache.join("d")).unwrap();
+                fs::create_dir(cache.join("d")).unwrap();
+                fs::write(cache.join("d/new"), "d/new").unwrap();
+                return;
+            }
+            let (name, body) = match variant {
+                0 => ("d/app", "d/app"),
+                1 => {
+                    fs::create_dir(cache.join("d/appdir")).unwrap();
+                    ("d/appdir/x", "d/appdir/x")
+                }
+                2 => ("d/f1", "d/f1 rewritten"),
+                _ => {
+                    // The subdirectory is the application's now, with the copies in
+                    // it: they stay in RAM, and `down` does not write them back.
+                    for f in 0..4 {
+                        let old = format!("d/sub/g{f}");
+                        want_in_ram.insert(old.clone(), Some(format!("{old} old")));
+                    }
+                    ("d/sub/app", "d/sub/app")
+                }
+            };
+            fs::write(cache.join(name), body).unwrap();
+            want.insert(name.into(), Some(body.into()));
+        });
+        assert_eq!(code, 0, "v{variant}: {log}");
+        let in_ram = contents(&cache);
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        let on_disk = contents(&cache);
+        for (k, w) in &want {
+            let in_ram_wanted = want_in_ram.get(k).unwrap_or(w);
+            assert_eq!(
+                in_ram.get(k),
+                in_ram_wanted.as_ref(),
+                "v{variant}: {k} in RAM\n{log}"
+            );
+            assert_eq!(
+                on_disk.get(k),
+                w.as_ref(),
+                "v{variant}: {k} on disk after down\n{log}\n{down}"
+            );
+        }
+    }
+}
