@@ -186,10 +186,9 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut baseline = None;
     let mut pinned = None;
     let mut seed_started = None;
-    let mut deletions = None;
+    let mut deletions: Option<crate::host::deletions::Deletions> = None;
     let mut seed_deletions = None;
     let mut switched = None;
-    let mut late_drops = seed_window::Dropped::default();
     for step in &mp.steps {
         let started = Instant::now();
         if let Step::Seed { from, .. } = step {
@@ -203,29 +202,43 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             // every copy and before the application can see the tmpfs (its changes
             // come after it).
             let mut b: copy::Baseline = baseline.take().unwrap_or_default();
-            let dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
-            if !dropped.is_empty() {
-                b = seed_window::forget(&b, &dropped);
+            let mut dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
+            // A second look, for the deletions made while the baseline was saved, as
+            // close to the switch as can be. What it drops changes the ctimes of other
+            // names of the files it removes: the baseline's time is taken, and the
+            // baseline saved, again after it.
+            for look in 0..2 {
+                if look == 1 {
+                    dropped = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
+                    if dropped.is_empty() {
+                        break;
+                    }
+                }
+                if !dropped.is_empty() {
+                    b = seed_window::forget(&b, &dropped);
+                }
+                let taken = copy::baseline::now_after_tick();
+                b.taken = Some(taken);
+                if let Some(w) = deletions.as_mut() {
+                    w.since(taken);
+                } else if seed_started.is_some() && look == 0 {
+                    // What the application deletes in the tmpfs from now on, for the
+                    // merge of what it wrote on disk during the seed (see
+                    // `sync::seed_window`).
+                    deletions = crate::host::deletions::Deletions::watch(stage).ok().map(|mut w| {
+                        w.since(taken);
+                        w
+                    });
+                }
+                if let Err(e) = state.save_baseline(&m.name, &b) {
+                    let rollback = roll_back(std::mem::take(&mut undo));
+                    let reason = match rollback {
+                        Ok(()) => format!("{e:#}"),
+                        Err(re) => format!("{e:#}; rollback failed: {re:#}"),
+                    };
+                    return failed(reason);
+                }
             }
-            b.taken = Some(copy::baseline::now_after_tick());
-            if seed_started.is_some() {
-                // What the application deletes in the tmpfs from now on, for the merge
-                // of what it wrote on disk during the seed (see `sync::seed_window`).
-                deletions = crate::host::deletions::Deletions::watch(stage).ok().map(|mut w| {
-                    w.since(b.taken.expect("set just above"));
-                    w
-                });
-            }
-            if let Err(e) = state.save_baseline(&m.name, &b) {
-                let rollback = roll_back(std::mem::take(&mut undo));
-                let reason = match rollback {
-                    Ok(()) => format!("{e:#}"),
-                    Err(re) => format!("{e:#}; rollback failed: {re:#}"),
-                };
-                return failed(reason);
-            }
-            // The few deletions since the first look, as close to the switch as can be.
-            late_drops = drop_deleted_during_seed(&mut seed_deletions, stage, &b, &m.name);
             crate::failpoint::hit("before-switch", &m.name);
             switched = Some(b);
         }
@@ -252,10 +265,10 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                                 m.name
                             );
                         }
-                        late_drops.extend(w.take_dropped());
-                    }
-                    if !late_drops.is_empty() {
-                        forget_in_baseline(state, &m.name, &std::mem::take(&mut late_drops));
+                        let late_drops = w.take_dropped();
+                        if !late_drops.is_empty() {
+                            forget_in_baseline(state, &m.name, &late_drops);
+                        }
                     }
                 }
                 failpoint(step, &m.name);

@@ -42,15 +42,15 @@ pub fn remove_entry(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::CStr) -> 
 }
 
 /// Removes from the directory `name` in `dir`, where an application works, what was
-/// last changed before `before`, and the directories that end up empty (see
-/// `remove::remove_older`); returns how many entries went.
+/// last changed before `before` but files with another name, and the directories
+/// that end up empty (see `remove::remove_older`); returns how many entries went.
 pub fn remove_older(
     dir: std::os::fd::BorrowedFd<'_>,
     name: &std::ffi::CStr,
     before: baseline::Time,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, None).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (None, true)).map_err(|f| f.err)
 }
 
 /// [`remove_older`] of the directory `name` the application deleted as a whole before
@@ -64,7 +64,7 @@ pub fn remove_older_deleted(
     before: baseline::Time,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, Some(ino)).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (Some(ino), false)).map_err(|f| f.err)
 }
 
 /// Removes the non-directory `name` from `dir`, where an application works, if it is

@@ -242,9 +242,11 @@ impl SeedDeletions {
     /// (`seeded`: what the seed recorded copying), counts as deleted: the application
     /// sees what the disk holds there once the merge brings it in, never the old
     /// copy again. So do the names the last look found there again, which a second
-    /// deletion does not report anew. What this misses (a deletion still running at
-    /// the switch, a copy the application changed in the moment since) is taken out
-    /// by the merge that follows ([`catch_up`]), by the seed's records.
+    /// deletion does not report anew. What this leaves (a deletion still running at
+    /// the switch, a copy the application changed in the moment since, a file with
+    /// another name, anything below a directory the application changed since: it
+    /// may have moved it there) is taken out by the merge that follows
+    /// ([`catch_up`]), by the seed's records.
     pub fn drop_after_switch(&mut self, path: &Path, taken: Time, seeded: &Baseline) -> anyhow::Result<u64> {
         let again = std::mem::take(&mut self.again);
         let gone: Vec<(Handle, Vec<u8>)> = again
@@ -266,6 +268,9 @@ impl SeedDeletions {
         let mut dropped = 0;
         // Directories of which only part went: the copies left keep their records.
         let mut partly = Vec::new();
+        // The directories these removals changed (inodes): their ctimes are not the
+        // application's.
+        let mut ours = std::collections::HashSet::new();
         for (dir, name) in gone {
             let (rel, name) = match self.lacking(disk_root.as_fd(), &root_path, dir, name) {
                 Now::Gone(rel, name) => (rel, name),
@@ -276,9 +281,15 @@ impl SeedDeletions {
                 }
                 Now::Again(..) | Now::Elsewhere => continue,
             };
+            // A directory on the way changed since the switch may be one the
+            // application moved there, with older files of its own at that path.
+            if !unchanged_since(live.as_fd(), &rel, taken, &ours) {
+                continue;
+            }
             let Ok(dir) = open_dir_beneath(live.as_fd(), &rel) else {
                 continue;
             };
+            let dir_ino = stat::fstat(&dir).map(|st| st.st_ino).unwrap_or(0);
             let Ok(st) = stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 continue;
             };
@@ -293,18 +304,25 @@ impl SeedDeletions {
                 );
                 if went > 0 {
                     dropped += went;
+                    ours.insert(dir_ino);
                     match stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                         Err(Errno::ENOENT) => self.dropped.trees.push(here),
-                        _ => partly.push(here),
+                        left => {
+                            ours.extend(left.ok().map(|st| st.st_ino));
+                            partly.push(here);
+                        }
                     }
                 }
                 continue;
             }
-            if (st.st_ctime, st.st_ctime_nsec) >= taken {
+            // A file with another name is left to the merge, which knows the ctime
+            // its removal gives the other name for its own.
+            if (st.st_ctime, st.st_ctime_nsec) >= taken || st.st_nlink > 1 {
                 continue;
             }
             if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(what)? {
                 dropped += 1;
+                ours.insert(dir_ino);
                 self.dropped.trees.push(here);
             }
         }
@@ -427,6 +445,28 @@ fn replaced(seeded: &Baseline, path: &[u8], now: &FileStat, born: Option<Time>) 
         return true;
     }
     was.is_dir() && (was.ino != now.ino || born.is_some_and(|b| b > was.ctime))
+}
+
+/// Whether every directory from below `root` down to `rel` (a relative path, empty
+/// for `root` itself) last changed before `taken`, or is one of `ours` (inodes this
+/// process changed): none was moved there, or had a name made or removed in it by
+/// the application, since.
+fn unchanged_since(
+    root: BorrowedFd<'_>,
+    rel: &[u8],
+    taken: Time,
+    ours: &std::collections::HashSet<u64>,
+) -> bool {
+    let ends = rel
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == b'/')
+        .map(|(i, _)| i)
+        .chain((!rel.is_empty()).then_some(rel.len()));
+    ends.into_iter().all(|end| {
+        stat_beneath(root, &rel[..end])
+            .is_ok_and(|st| (st.st_ctime, st.st_ctime_nsec) < taken || ours.contains(&st.st_ino))
+    })
 }
 
 /// When `name` in `dir` was born (`statx`'s `STATX_BTIME`), where the filesystem

@@ -215,3 +215,131 @@ fn the_applications_changes_in_a_directory_made_again_stay() {
         }
     }
 }
+
+/// Writes `files` (path, contents) below `dir`, making the directories on the way.
+fn fill(dir: &Path, files: &[(&str, &str)]) {
+    for (p, c) in files {
+        let p = dir.join(p);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, c).unwrap();
+    }
+}
+
+/// A directory removed and made again right before the switch on an ext4 that
+/// gives the new one the old one's inode number (once the journal committed the
+/// removal): told apart by its birth time, its old copies are not in RAM once in
+/// place.
+#[test]
+fn a_directory_made_again_with_the_old_inode_number_is_told_apart() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let _disk = crate::common::LoopFs::new(&sb.path("disk"), 64, "defaults");
+    let cache = sb.path("disk/cache");
+    fs::create_dir(&cache).unwrap();
+    fill(
+        &cache,
+        &[("d1/f0", "d1/f0"), ("d1/sub/g0", "d1/sub/g0"), ("d2/x", "d2/x")],
+    );
+    let spec = spec(&sb, &cache);
+    let (mut at_switch, mut once_in_place, mut inos) = (BTreeMap::new(), BTreeMap::new(), (0, 0));
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "after-move-into-place"], |i| {
+        if i == 1 {
+            once_in_place = contents(&cache);
+            return;
+        }
+        let before = fs::metadata(cache.join("d1")).unwrap().ino();
+        fs::remove_dir_all(cache.join("d1")).unwrap();
+        nix::unistd::sync();
+        fs::create_dir(cache.join("d1")).unwrap();
+        fs::write(cache.join("d1/new"), "d1/new").unwrap();
+        inos = (before, fs::metadata(cache.join("d1")).unwrap().ino());
+        at_switch = contents(&cache);
+    });
+    assert_eq!(code, 0, "{log}");
+    let early = extra(&once_in_place, &at_switch);
+    assert!(
+        early.is_empty(),
+        "inodes {inos:?}: in RAM once in place: {early:?}\n{log}"
+    );
+    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+}
+
+/// The disk replaces `p/d1` right before the switch; right after it the application
+/// moves `q` to `p` in RAM. `p/d1` is then `q`'s, whose files keep their older
+/// ctimes: it is not taken for the seed's copy of the directory the disk replaced,
+/// and nothing in it goes.
+#[test]
+fn a_directory_the_application_moves_over_a_replaced_one_keeps_what_it_holds() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("p/d1/x", "p/d1/x"), ("q/d1/y", "q/d1/y")]);
+    let spec = spec(&sb, &cache);
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |i| {
+        if i == 1 {
+            fs::rename(cache.join("p"), cache.join("p.old")).unwrap();
+            fs::rename(cache.join("q"), cache.join("p")).unwrap();
+            return;
+        }
+        fs::create_dir(cache.join("p/d1.n")).unwrap();
+        fs::remove_dir_all(cache.join("p/d1")).unwrap();
+        fs::rename(cache.join("p/d1.n"), cache.join("p/d1")).unwrap();
+    });
+    assert_eq!(code, 0, "{log}");
+    let in_ram = contents(&cache);
+    assert_eq!(
+        in_ram.get("p/d1/y").map(String::as_str),
+        Some("q/d1/y"),
+        "{in_ram:?}\n{log}"
+    );
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    let on_disk = contents(&cache);
+    assert_eq!(
+        on_disk.get("p/d1/y").map(String::as_str),
+        Some("q/d1/y"),
+        "{on_disk:?}\n{down}"
+    );
+}
+
+/// `d1/f0` and `e/g` are one file with two names. Right before the switch the disk
+/// rewrites `e/g` (a new file renamed over it) and deletes `d1/f0`, or replaces
+/// `d1` whole. Removing the copy of `d1/f0` from RAM changed the ctime of the copy
+/// at `e/g`, which then passed for a change of the application's and won over the
+/// disk's rewrite: lost, in RAM and on disk after `down`. The same with two files
+/// held.
+#[test]
+fn the_disk_rewrite_of_a_hard_linked_file_is_not_lost() {
+    for (replaced, linked) in [(false, true), (true, true), (false, false), (true, false)] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(&cache, &[("e/g", "old"), ("d1/f1", "d1/f1")]);
+        if linked {
+            fs::hard_link(cache.join("e/g"), cache.join("d1/f0")).unwrap();
+        } else {
+            fs::write(cache.join("d1/f0"), "old").unwrap();
+        }
+        let spec = spec(&sb, &cache);
+        let mut at_switch = BTreeMap::new();
+        let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch"], |_| {
+            fs::write(cache.join("e/g.tmp"), "new, written on disk").unwrap();
+            fs::rename(cache.join("e/g.tmp"), cache.join("e/g")).unwrap();
+            if replaced {
+                fs::create_dir(cache.join("d1.n")).unwrap();
+                fs::remove_dir_all(cache.join("d1")).unwrap();
+                fs::rename(cache.join("d1.n"), cache.join("d1")).unwrap();
+            } else {
+                fs::remove_file(cache.join("d1/f0")).unwrap();
+            }
+            at_switch = contents(&cache);
+        });
+        let case = format!("replaced {replaced}, linked {linked}");
+        assert_eq!(code, 0, "{case}: {log}");
+        assert_eq!(contents(&cache), at_switch, "{case}: in RAM\n{log}");
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        assert_eq!(contents(&cache), at_switch, "{case}: on disk after down\n{down}");
+    }
+}

@@ -588,18 +588,21 @@ impl Rule for Tree {
 /// `decided`: the inode of the directory `name` where the caller decided on it as
 /// a whole (a deletion the application made before `before`): entered whatever its
 /// own ctime, while it is that directory; what is in it is decided as above.
+/// `keep_linked`: a file with another name stays (removing a name changes the
+/// inode's ctime, which the other name would then show as a change of its own).
 pub(super) fn remove_older(
     parent: BorrowedFd<'_>,
     name: &CStr,
     before: Time,
     dev: u64,
-    decided: Option<u64>,
+    (decided, keep_linked): (Option<u64>, bool),
 ) -> Result<u64, Failed> {
     let mut rule = Older {
         before,
         dev,
         temps: TempNames::new(),
         decided,
+        keep_linked,
     };
     remove_walk(parent, name, b"", &mut rule).map(|(removed, _)| removed)
 }
@@ -612,6 +615,7 @@ struct Older {
     /// The top directory's inode, if decided on (see [`remove_older`]); taken by its
     /// `enter`.
     decided: Option<u64>,
+    keep_linked: bool,
 }
 
 impl Rule for Older {
@@ -641,7 +645,7 @@ impl Rule for Older {
         if file_type(&d) == libc::S_IFDIR {
             return Ok(Step::Enter);
         }
-        if (d.st_ctime, d.st_ctime_nsec) < self.before {
+        if (d.st_ctime, d.st_ctime_nsec) < self.before && !(self.keep_linked && d.st_nlink > 1) {
             Ok(Step::RemoveSeen(d, self.temps.next()))
         } else {
             Ok(Step::Keep)
