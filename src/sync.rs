@@ -171,24 +171,28 @@ pub fn sync_one(
     }
     let started = Instant::now();
     let mut whole_tree = None;
-    let (mut again, mut freed, mut deleted_before) = (0, false, 0);
+    let (mut raced, mut freed, mut deleted_before) = (std::collections::HashSet::new(), false, 0);
     let res = loop {
         let whole = if full {
             Some("asked for (--full)")
         } else if freed {
             Some("a pass that ran out of space starts again")
-        } else if again > 0 {
+        } else if !raced.is_empty() {
             Some("the application changed the disk directory under the last pass")
         } else {
             None
         };
         let res = pass(m, src, state, deletions, whole, &mut whole_tree);
         match res {
-            Err(e) if again < PASSES_AFTER_A_RACE && copy_error(&e, copy::CopyError::is_gone_in_copy) => {
-                again += 1;
+            Err(e)
+                if raced.len() < PASSES_AFTER_A_RACE
+                    && copy_error(&e, copy::CopyError::is_gone_in_copy)
+                    && raced.insert(format!("{e:#}")) =>
+            {
                 tracing::info!(
-                    "{}: {e:#}: the application changed the disk directory under the write-back, which starts again ({again} of {PASSES_AFTER_A_RACE})",
-                    m.name
+                    "{}: {e:#}: the application changed the disk directory under the write-back, which starts again ({} of at most {PASSES_AFTER_A_RACE})",
+                    m.name,
+                    raced.len()
                 );
             }
             Err(e) if !freed && freed_by(&e).is_some() => {
@@ -263,9 +267,12 @@ fn freed_by(e: &anyhow::Error) -> Option<u64> {
 
 /// How often a write-back starts again when a directory of the disk side vanished
 /// under it: each time the application removed a directory the pass was working in
-/// (htcacheclean removes emptied cache directories) between two of its system calls.
-/// The next pass continues from the journal, as after a crash.
-const PASSES_AFTER_A_RACE: u32 = 3;
+/// (htcacheclean removes emptied cache directories) between two of its system calls,
+/// each time another one (so it ends: a cleaner removes each directory once). The
+/// next pass continues from the journal, as after a crash. With 3, an application
+/// that removed every directory the merge opened failed `down` (pending, kept for a
+/// retry) in 3 of 8 runs.
+const PASSES_AFTER_A_RACE: usize = 1000;
 
 /// One write-back pass of `src` into the disk directory of `m` against the baseline as
 /// recorded (with the journal of an interrupted pass), saving the new baseline.

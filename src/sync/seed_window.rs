@@ -51,6 +51,10 @@ use crate::progress::Progress;
 use crate::spec::MountSpec;
 use crate::state::State;
 
+/// How often [`catch_up`] starts again after the application removed a directory
+/// under it, each time another one.
+const MAX_RACES: usize = 1000;
+
 /// Merges what changed in the disk directory of `m` since `seed_started` into its
 /// tmpfs, now at its path; `watch`: the application's deletions in the tmpfs since
 /// it became visible. Then records what it brought in (see [`record_brought_in`]).
@@ -82,20 +86,43 @@ pub fn catch_up(
     let watch = watch.map(Mutex::new);
     let mut shown = Progress::new(state, &m.name, "seed", terminal, None, None).begun_at(began);
     let mut progress = |s: &SyncStats| shown.update(s.compared(), s.bytes_written);
-    let merged = copy::sync_tree(
-        &state.side(&m.name),
-        &m.path,
-        Merge {
-            base: &base,
-            journal: None,
-            deletions: watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
-            dirty: None,
-            barriers: None,
-            copied: copied.as_ref(),
-        },
-        Some(&mut progress),
-    )
-    .map_err(|e| format!("bringing in what the application wrote on disk during the seed: {e}"))?;
+    // A pass that stopped where the application removed a directory of the tmpfs
+    // (htcacheclean removes those it emptied) under it starts again: what it brought
+    // in so far is recorded only at the end, and the rest would stay hidden. The next
+    // pass sees that removal as the application's deletion. Each start must be at
+    // another directory than the ones before, so it ends.
+    let mut raced = std::collections::HashSet::new();
+    let merged = loop {
+        let merged = copy::sync_tree(
+            &state.side(&m.name),
+            &m.path,
+            Merge {
+                base: &base,
+                journal: None,
+                deletions: watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
+                dirty: None,
+                barriers: None,
+                copied: copied.as_ref(),
+            },
+            Some(&mut progress),
+        );
+        match merged {
+            Ok(merged) => break merged,
+            Err(e @ copy::CopyError::Destination { .. })
+                if e.is_gone_in_copy() && raced.len() < MAX_RACES && raced.insert(e.to_string()) =>
+            {
+                tracing::info!(
+                    "{}: {e}: the application removed a directory of the tmpfs under the merge of what it wrote on disk during the seed, which starts again",
+                    m.name
+                );
+            }
+            Err(e) => {
+                return Err(format!(
+                    "bringing in what the application wrote on disk during the seed: {e}"
+                ))
+            }
+        }
+    };
     drop(shown);
     let st = &merged.stats;
     let wrote =

@@ -343,3 +343,93 @@ fn the_disk_rewrite_of_a_hard_linked_file_is_not_lost() {
         assert_eq!(contents(&cache), at_switch, "{case}: on disk after down\n{down}");
     }
 }
+
+/// The application removes, in the tmpfs, each directory that `apply`'s merge of what
+/// it wrote on disk during the seed opens (htcacheclean removes each directory it
+/// emptied). The merge stopped at the first: the rest of what the disk got during
+/// the seed stayed hidden under the tmpfs, and what it had brought in was recorded
+/// nowhere, so that the names the application then deleted in RAM came back at
+/// `down` (a flake-hunting helper's probe: 8 of 9 runs).
+#[test]
+fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const N: usize = 300;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("big")).unwrap();
+    let dir = |i: usize| cache.join(format!("d{i:03}"));
+    for i in 0..N {
+        fs::create_dir(dir(i)).unwrap();
+        fs::write(dir(i).join("old"), "old").unwrap();
+    }
+    let spec = spec(&sb, &cache);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut cleaner = None;
+    let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
+        if at == 0 {
+            // On disk, after the seed copied everything: large files first in the
+            // walk (the merge's workers are busy with them), then a new file in
+            // every directory.
+            for j in 0..40u8 {
+                fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
+            }
+            for i in 0..N {
+                fs::write(dir(i).join("new"), "new").unwrap();
+            }
+            return;
+        }
+        // The tmpfs is in place, its merge not begun: the cleaner empties and
+        // removes each directory as soon as the merge opens it.
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+        let mut dirs = std::collections::HashMap::new();
+        for i in 0..N {
+            dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
+        }
+        let stop = Arc::clone(&stop);
+        cleaner = Some(std::thread::spawn(move || {
+            let mut removed = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
+                    continue;
+                }
+                for ev in ino.read_events().unwrap() {
+                    if let Some(d) = dirs.remove(&ev.wd) {
+                        let _ = fs::remove_file(d.join("old"));
+                        removed += usize::from(fs::remove_dir(&d).is_ok());
+                    }
+                }
+            }
+            removed
+        }));
+    });
+    stop.store(true, Ordering::Relaxed);
+    let removed = cleaner.unwrap().join().unwrap();
+    assert_eq!(code, 0, "{out}");
+    // What the application sees in RAM: each directory it still has holds the file
+    // it wrote on disk during the seed. It deletes those it sees.
+    let (mut seen, mut hidden) = (Vec::new(), Vec::new());
+    for i in (0..N).filter(|&i| dir(i).exists()) {
+        let new = dir(i).join("new");
+        if new.exists() {
+            fs::remove_file(&new).unwrap();
+            seen.push(new);
+        } else {
+            hidden.push(new);
+        }
+    }
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let back: Vec<_> = seen.iter().filter(|f| f.exists()).collect();
+    assert!(
+        hidden.is_empty() && back.is_empty(),
+        "{removed} directories removed in RAM during the merge; {} files written on disk during the seed hidden in RAM; \
+         {} of {} deleted in RAM back after down: {back:?}\n{out}",
+        hidden.len(),
+        back.len(),
+        seen.len()
+    );
+}
