@@ -85,6 +85,7 @@ fn main() -> ExitCode {
                         dirty: Some(&mut ask),
                         barriers: Some(&barriers),
                         copied: None,
+                        touched: None,
                     },
                     None,
                 )

@@ -189,6 +189,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut deletions: Option<crate::host::deletions::Deletions> = None;
     let mut seed_deletions = None;
     let mut switched = None;
+    let mut unlinked = std::collections::HashSet::new();
     for step in &mp.steps {
         let started = Instant::now();
         if let Step::Seed { from, .. } = step {
@@ -265,6 +266,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                                 m.name
                             );
                         }
+                        unlinked = w.take_unlinked();
                         let late_drops = w.take_dropped();
                         if !late_drops.is_empty() {
                             forget_in_baseline(state, &m.name, &late_drops);
@@ -299,7 +301,8 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     }
     state.clear_degraded(&m.name)?;
     if let Some(t0) = seed_started {
-        if let Err(e) = crate::sync::seed_window::catch_up(m, state, t0, opts.progress, deletions) {
+        if let Err(e) = crate::sync::seed_window::catch_up(m, state, t0, opts.progress, (deletions, unlinked))
+        {
             // The mount is in place; what stays on disk is kept by the write-back.
             tracing::warn!("{}: {e}", m.name);
         }

@@ -172,6 +172,9 @@ pub fn sync_one(
     let started = Instant::now();
     let mut whole_tree = None;
     let (mut raced, mut freed, mut deleted_before) = (std::collections::HashSet::new(), false, 0);
+    // The disk inodes whose ctime a pass changed by unlinking another of their names:
+    // a pass that starts again must not take that for the application's change.
+    let mut touched = std::collections::HashSet::new();
     let res = loop {
         let whole = if full {
             Some("asked for (--full)")
@@ -182,7 +185,7 @@ pub fn sync_one(
         } else {
             None
         };
-        let res = pass(m, src, state, deletions, whole, &mut whole_tree);
+        let res = pass(m, src, state, deletions, (whole, &mut whole_tree), &mut touched);
         match res {
             Err(e)
                 if raced.len() < PASSES_AFTER_A_RACE
@@ -277,14 +280,14 @@ const PASSES_AFTER_A_RACE: usize = 1000;
 /// One write-back pass of `src` into the disk directory of `m` against the baseline as
 /// recorded (with the journal of an interrupted pass), saving the new baseline.
 /// `whole`: why it must read the whole tree, if it must; `whole_tree`: why it read
-/// the whole tree, when it did.
+/// the whole tree, when it did; `touched`: see [`copy::Merge::touched`].
 fn pass(
     m: &MountSpec,
     src: &Path,
     state: &State,
     deletions: Option<&Mutex<dyn DiskDeletions + Send>>,
-    whole: Option<&str>,
-    whole_tree: &mut Option<String>,
+    (whole, whole_tree): (Option<&str>, &mut Option<String>),
+    touched: &mut std::collections::HashSet<u64>,
 ) -> Result<copy::SyncStats> {
     let base = state.baseline(&m.name)?;
     let mut ask = || {
@@ -305,6 +308,7 @@ fn pass(
                 dirty: Some(&mut ask),
                 barriers: Some(&|| crate::dirty::barriers(state, &m.name)),
                 copied: None,
+                touched: Some(touched),
             };
             let mut shown = Progress::new(state, &m.name, "write-back", true, None, None);
             let mut progress = |s: &copy::SyncStats| shown.update(s.compared(), s.bytes_written);

@@ -478,7 +478,7 @@ impl Merge<'_> {
                     (Some(_), Some(_)) => Some(remove_older_deleted(dir, &name, gone.ino, since)?),
                     // No birth time to tell a directory made again by: one changed
                     // since stays whole.
-                    _ => Some(remove_older(dir, &name, since)?),
+                    _ => Some(remove_older(dir, &name, since, None)?),
                 }
             }
             None if is_dir => Some(remove_entry(dir, &name)?),

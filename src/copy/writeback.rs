@@ -42,15 +42,17 @@ pub fn remove_entry(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::CStr) -> 
 }
 
 /// Removes from the directory `name` in `dir`, where an application works, what was
-/// last changed before `before` but files with another name, and the directories
-/// that end up empty (see `remove::remove_older`); returns how many entries went.
+/// last changed before `before`, and the directories that end up empty (see
+/// `remove::remove_older`); returns how many entries went. `linked`: where to note
+/// the inodes of removed files with another name (see [`Merge::touched`]).
 pub fn remove_older(
     dir: std::os::fd::BorrowedFd<'_>,
     name: &std::ffi::CStr,
     before: baseline::Time,
+    linked: Option<&mut HashSet<u64>>,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, (None, true)).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (None, linked)).map_err(|f| f.err)
 }
 
 /// [`remove_older`] of the directory `name` the application deleted as a whole before
@@ -64,7 +66,7 @@ pub fn remove_older_deleted(
     before: baseline::Time,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, (Some(ino), false)).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (Some(ino), None)).map_err(|f| f.err)
 }
 
 /// Removes the non-directory `name` from `dir`, where an application works, if it is
@@ -260,17 +262,19 @@ pub struct Synced {
 pub fn sync_tree(
     src: &Path,
     dst: &Path,
-    merge: Merge<'_>,
+    mut merge: Merge<'_>,
     mut progress: Option<&mut dyn FnMut(&SyncStats)>,
 ) -> Result<Synced, CopyError> {
     let (journal, deletions, copied, barriers) =
         (merge.journal, merge.deletions, merge.copied, merge.barriers);
+    let mut own = HashSet::new();
+    let touched = merge.touched.take().unwrap_or(&mut own);
     let first = sync_pass(
         src,
         dst,
         merge,
         progress.as_mut().map(|p| &mut **p as &mut dyn FnMut(&SyncStats)),
-        HashSet::new(),
+        touched,
     )?;
     if !first.linked_changed {
         return Ok(first.synced);
@@ -285,20 +289,19 @@ pub fn sync_tree(
         dirty: None,
         barriers,
         copied,
+        touched: None,
     };
     // The first pass's own unlinks changed the ctimes of inodes it left linked
     // elsewhere: no sign of the application's change for the second either.
-    let mut full = sync_pass(src, dst, again, progress, first.touched)?.synced;
+    let mut full = sync_pass(src, dst, again, progress, touched)?.synced;
     full.stats.add(&first.synced.stats);
     Ok(full)
 }
 
-/// A pass; whether it was tracked and met a changed hard-linked file; the
-/// multiply-linked inodes it unlinked a name of.
+/// A pass; whether it was tracked and met a changed hard-linked file.
 struct Pass {
     synced: Synced,
     linked_changed: bool,
-    touched: HashSet<u64>,
 }
 
 fn sync_pass(
@@ -306,7 +309,7 @@ fn sync_pass(
     dst: &Path,
     merge: Merge<'_>,
     progress: Option<&mut dyn FnMut(&SyncStats)>,
-    touched: HashSet<u64>,
+    touched: &mut HashSet<u64>,
 ) -> Result<Pass, CopyError> {
     let Merge {
         base,
@@ -315,6 +318,7 @@ fn sync_pass(
         dirty,
         barriers,
         copied,
+        ..
     } = merge;
     let (src_fd, src_st) = open_root_dir(src, true)?;
     let barriers = barriers.and_then(|b| b());
@@ -341,7 +345,6 @@ fn sync_pass(
                 kept: true,
             },
             linked_changed: false,
-            touched,
         });
     }
     // One index for the trusted listings and the skipped subtrees.
@@ -364,7 +367,7 @@ fn sync_pass(
             rel: RelPath::default(),
             links: HashMap::new(),
             claimed: HashSet::new(),
-            touched,
+            touched: std::mem::take(touched),
             transfer: Transfer::default(),
             temps: TempNames::new(),
             scan: scan::start(scope, src_fd, src_st, filter.as_ref(), base.taken),
@@ -424,9 +427,11 @@ fn sync_pass(
             scan,
             marks,
             linked_changed,
-            touched,
+            touched: changed,
             ..
         } = syncer;
+        // Kept for a pass that starts again, whatever this one's end.
+        *touched = changed;
         // A scan still running stops at its next event.
         drop(scan);
         let finished = durable.finish(walked.err())?;
@@ -462,7 +467,7 @@ fn sync_pass(
             ..Baseline::none()
         };
         settle::settle(&mut baseline, dst_root.as_fd(), taken);
-        settle::relinked(&mut baseline, dst_root.as_fd(), &touched);
+        settle::relinked(&mut baseline, dst_root.as_fd(), touched);
         if linked_changed {
             // The pass did not look at every name such a file has: the next pass
             // must take every change since the old baseline as a change.
@@ -475,7 +480,6 @@ fn sync_pass(
                 kept: false,
             },
             linked_changed,
-            touched,
         })
     })
 }
@@ -524,6 +528,10 @@ pub struct Merge<'a> {
     /// baseline's time, which records the source entries as they were copied (see
     /// [`Syncer::copy_outdated`]).
     pub copied: Option<&'a Baseline>,
+    /// Destination inodes whose ctime this process changed before the pass, by
+    /// unlinking another of their names: not a change of the application's. The pass
+    /// adds the ones it changes, also when it fails, for a pass that starts again.
+    pub touched: Option<&'a mut HashSet<u64>>,
 }
 
 /// The destination inode standing for a multiply-linked source inode.

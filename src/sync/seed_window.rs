@@ -31,6 +31,7 @@
 //! name brought in and then deleted (or renamed away) by the application in RAM would
 //! be the disk's own to the next write-back, which keeps it.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -57,7 +58,9 @@ const MAX_RACES: usize = 1000;
 
 /// Merges what changed in the disk directory of `m` since `seed_started` into its
 /// tmpfs, now at its path; `watch`: the application's deletions in the tmpfs since
-/// it became visible. Then records what it brought in (see [`record_brought_in`]).
+/// it became visible; `touched`: the tmpfs inodes whose ctime this process changed
+/// since (see [`copy::Merge::touched`]). Then records what it brought in (see
+/// [`record_brought_in`]).
 ///
 /// `began`: when the seed began, from which a long seed and this merge together report
 /// their progress (`terminal`: as [`Progress::new`] takes it).
@@ -66,7 +69,7 @@ pub fn catch_up(
     state: &State,
     (seed_started, began): (Time, Instant),
     terminal: bool,
-    watch: Option<Deletions>,
+    (watch, mut touched): (Option<Deletions>, HashSet<u64>),
 ) -> Result<SyncStats, String> {
     let base = Baseline {
         taken: Some(seed_started),
@@ -103,6 +106,7 @@ pub fn catch_up(
                 dirty: None,
                 barriers: None,
                 copied: copied.as_ref(),
+                touched: Some(&mut touched),
             },
             Some(&mut progress),
         );
@@ -199,6 +203,9 @@ pub struct SeedDeletions {
     /// What was dropped since [`Self::take_dropped`]: the seed's records of it no
     /// longer hold.
     dropped: Dropped,
+    /// The tmpfs inodes of the files dropped after the switch that have another
+    /// name: the ctime their removal gave them is not the application's change.
+    unlinked: HashSet<u64>,
 }
 
 impl SeedDeletions {
@@ -210,6 +217,7 @@ impl SeedDeletions {
                 disk: disk.to_path_buf(),
                 again: Vec::new(),
                 dropped: Dropped::default(),
+                unlinked: HashSet::new(),
             }),
             Err(e) => {
                 tracing::info!(
@@ -324,7 +332,8 @@ impl SeedDeletions {
             let what = || format!("removing {}", path.join(OsStr::from_bytes(&here)).display());
             if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 // Its copies go; what the application made in it since keeps it.
-                let went = copy::remove_older(dir.as_fd(), &name, taken).with_context(what)?;
+                let went = copy::remove_older(dir.as_fd(), &name, taken, Some(&mut self.unlinked))
+                    .with_context(what)?;
                 tracing::debug!(
                     "seed: {} deleted on disk right before the switch: {went} of its copies dropped",
                     String::from_utf8_lossy(&here)
@@ -342,12 +351,13 @@ impl SeedDeletions {
                 }
                 continue;
             }
-            // A file with another name is left to the merge, which knows the ctime
-            // its removal gives the other name for its own.
-            if (st.st_ctime, st.st_ctime_nsec) >= taken || st.st_nlink > 1 {
+            if (st.st_ctime, st.st_ctime_nsec) >= taken {
                 continue;
             }
             if copy::remove_unchanged(dir.as_fd(), &name, &st).with_context(what)? {
+                if st.st_nlink > 1 {
+                    self.unlinked.insert(st.st_ino);
+                }
                 dropped += 1;
                 ours.insert(dir_ino);
                 self.dropped.trees.push(here);
@@ -363,6 +373,12 @@ impl SeedDeletions {
     /// What was dropped since the last call.
     pub fn take_dropped(&mut self) -> Dropped {
         std::mem::take(&mut self.dropped)
+    }
+
+    /// The tmpfs inodes whose other names [`Self::drop_after_switch`] changed the
+    /// ctime of (for [`catch_up`]).
+    pub fn take_unlinked(&mut self) -> HashSet<u64> {
+        std::mem::take(&mut self.unlinked)
     }
 
     /// The disk directory, open, and its path as this process sees it (what the

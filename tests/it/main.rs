@@ -20,6 +20,7 @@ mod diskbench;
 mod examples;
 mod hostile_copy;
 mod hostile_state;
+mod linked_names;
 mod no_write_lost;
 mod output;
 mod overlay;

@@ -567,6 +567,7 @@ fn a_seed_copy_gives_way_to_a_later_disk_change_whatever_its_ctime() {
                 dirty: None,
                 barriers: None,
                 copied: Some(&copied),
+                touched: None,
             },
             None,
         )

@@ -58,6 +58,7 @@ pub(crate) fn pass_then(
             dirty: ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
             barriers: None,
             copied: None,
+            touched: None,
         },
         None,
     )
@@ -480,6 +481,7 @@ fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
                     dirty: Some(&mut ask),
                     barriers: Some(&barriers),
                     copied: None,
+                    touched: None,
                 },
                 None,
             )

@@ -242,6 +242,7 @@ fn a_name_remembered_deleted_and_back_on_disk_keeps_its_directory_listed() {
             dirty: None,
             barriers: None,
             copied: None,
+            touched: None,
         };
         base = sync_tree(src, dst, merge, Some(&mut recreate))
             .expect("write-back")
@@ -439,6 +440,7 @@ fn a_directory_the_application_makes_on_disk_meanwhile_is_merged_into() {
                     dirty: None,
                     barriers: None,
                     copied: None,
+                    touched: None,
                 },
                 None,
             );
@@ -531,6 +533,7 @@ fn a_directory_the_application_empties_and_removes_meanwhile_keeps_what_it_never
                 dirty: None,
                 barriers: None,
                 copied: None,
+                touched: None,
             },
             None,
         )
@@ -616,6 +619,7 @@ fn a_name_deleted_as_it_is_put_in_place_stays_deleted() {
                 dirty: None,
                 barriers: None,
                 copied: None,
+                touched: None,
             },
             None,
         )

@@ -588,37 +588,38 @@ impl Rule for Tree {
 /// `decided`: the inode of the directory `name` where the caller decided on it as
 /// a whole (a deletion the application made before `before`): entered whatever its
 /// own ctime, while it is that directory; what is in it is decided as above.
-/// `keep_linked`: a file with another name stays (removing a name changes the
-/// inode's ctime, which the other name would then show as a change of its own).
+/// `linked`: where to note the inodes of removed files that have another name
+/// (removing a name changes the inode's ctime, which the other name would then show
+/// as a change of its own).
 pub(super) fn remove_older(
     parent: BorrowedFd<'_>,
     name: &CStr,
     before: Time,
     dev: u64,
-    (decided, keep_linked): (Option<u64>, bool),
+    (decided, linked): (Option<u64>, Option<&mut HashSet<u64>>),
 ) -> Result<u64, Failed> {
     let mut rule = Older {
         before,
         dev,
         temps: TempNames::new(),
         decided,
-        keep_linked,
+        linked,
     };
     remove_walk(parent, name, b"", &mut rule).map(|(removed, _)| removed)
 }
 
 /// The removal of what is older than `before`, as [`remove_older`] does.
-struct Older {
+struct Older<'l> {
     before: Time,
     dev: u64,
     temps: TempNames,
     /// The top directory's inode, if decided on (see [`remove_older`]); taken by its
     /// `enter`.
     decided: Option<u64>,
-    keep_linked: bool,
+    linked: Option<&'l mut HashSet<u64>>,
 }
 
-impl Rule for Older {
+impl Rule for Older<'_> {
     fn enter(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> Result<Option<OwnedFd>, Failed> {
         let fd = match open_dst_dir(parent, name) {
             Ok(fd) => fd,
@@ -645,7 +646,10 @@ impl Rule for Older {
         if file_type(&d) == libc::S_IFDIR {
             return Ok(Step::Enter);
         }
-        if (d.st_ctime, d.st_ctime_nsec) < self.before && !(self.keep_linked && d.st_nlink > 1) {
+        if (d.st_ctime, d.st_ctime_nsec) < self.before {
+            if let Some(linked) = self.linked.as_mut().filter(|_| d.st_nlink > 1) {
+                linked.insert(d.st_ino);
+            }
             Ok(Step::RemoveSeen(d, self.temps.next()))
         } else {
             Ok(Step::Keep)

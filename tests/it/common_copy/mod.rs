@@ -627,6 +627,7 @@ pub fn mirror(
             dirty: None,
             barriers: None,
             copied: None,
+            touched: None,
         },
         progress,
     )
@@ -697,6 +698,7 @@ pub fn plain_pass(
         dirty: None,
         barriers: None,
         copied: None,
+        touched: None,
     };
     tmpfsctl::copy::sync_tree(src, dst, merge, None)
 }

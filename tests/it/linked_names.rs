@@ -1,0 +1,285 @@
+//! Files with more than one name around `apply`'s switch and in merges that start
+//! again: removing one name changes the inode's ctime, which its other names then
+//! show; that change is this process's, never taken for the application's (see
+//! `copy::Merge::touched`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::common::Sandbox;
+use crate::no_write_lost::{apply_stopped_at, contents};
+
+fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
+    sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
+            cache.display()
+        ),
+    )
+}
+
+fn fill(dir: &Path, files: &[(&str, &str)]) {
+    for (p, c) in files {
+        let p = dir.join(p);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, c).unwrap();
+    }
+}
+
+/// A directory the disk deletes right before the switch that holds a file with
+/// another name elsewhere (`keep_linked`): the directory should not stay in RAM
+/// (visible again) nor come back on disk at `down`.
+#[test]
+fn a_deleted_directory_with_a_hard_linked_file_goes() {
+    let mut failed = Vec::new();
+    for nested in [false, true] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        let x = if nested { "p/sub/x" } else { "p/x" };
+        fill(&cache, &[(x, "x"), ("p/z", "z"), ("q/keep", "keep")]);
+        fs::hard_link(cache.join(x), cache.join("q/y")).unwrap();
+        let spec = spec(&sb, &cache);
+        let (mut at_switch, mut once_in_place) = (BTreeMap::new(), BTreeMap::new());
+        let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "after-move-into-place"], |i| {
+            if i == 1 {
+                once_in_place = contents(&cache);
+                return;
+            }
+            fs::remove_dir_all(cache.join("p")).unwrap();
+            at_switch = contents(&cache);
+        });
+        assert_eq!(code, 0, "{log}");
+        let in_ram = contents(&cache);
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        let on_disk = contents(&cache);
+        if in_ram != at_switch || on_disk != at_switch {
+            failed.push(format!(
+                "nested {nested}: at switch {at_switch:?}\nonce in place {once_in_place:?}\nin RAM after apply {in_ram:?}\non disk after down {on_disk:?}\n{log}\n{down}"
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// Both names of a hard-linked file deleted on disk right before the switch.
+#[test]
+fn both_names_of_a_linked_file_deleted_right_before_the_switch() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("e/g", "old"), ("e/k", "k"), ("d1/f1", "d1/f1")]);
+    fs::hard_link(cache.join("e/g"), cache.join("d1/f0")).unwrap();
+    let spec = spec(&sb, &cache);
+    let mut at_switch = BTreeMap::new();
+    let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch"], |_| {
+        fs::remove_file(cache.join("e/g")).unwrap();
+        fs::remove_file(cache.join("d1/f0")).unwrap();
+        at_switch = contents(&cache);
+    });
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+}
+
+/// `a/g` and `z/f0` are one file. The disk deletes `z/f0` right before the switch
+/// (the look after the switch leaves it: another name). The merge after the switch
+/// rewrites `a/g` from the disk (its ctime moved with the link count), which gives
+/// the RAM inode still at `z/f0` a new ctime; the application removes directories
+/// of the tmpfs the merge opens (as the seed window test does), so the merge starts
+/// again, without the first pass's note of that inode: `z/f0` passes for the
+/// application's change, stays in RAM and comes back on disk at `down`.
+#[test]
+fn a_restarted_seed_merge_keeps_its_own_unlinks_apart_from_the_applications_changes() {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const N: usize = 100;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("a/g", "linked"), ("z/k", "k")]);
+    fs::hard_link(cache.join("a/g"), cache.join("z/f0")).unwrap();
+    fs::create_dir(cache.join("big")).unwrap();
+    let dir = |i: usize| cache.join(format!("m{i:03}"));
+    for i in 0..N {
+        fs::create_dir(dir(i)).unwrap();
+        fs::write(dir(i).join("old"), "old").unwrap();
+    }
+    let spec = spec(&sb, &cache);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut cleaner = None;
+    let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
+        if at == 0 {
+            fs::remove_file(cache.join("z/f0")).unwrap();
+            for j in 0..20u8 {
+                fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
+            }
+            for i in 0..N {
+                fs::write(dir(i).join("new"), "new").unwrap();
+            }
+            return;
+        }
+        if std::env::var_os("R2_NO_CLEANER").is_some() {
+            return;
+        }
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+        let mut dirs = std::collections::HashMap::new();
+        for i in 0..N {
+            dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
+        }
+        let stop = Arc::clone(&stop);
+        cleaner = Some(std::thread::spawn(move || {
+            let mut removed = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
+                    continue;
+                }
+                for ev in ino.read_events().unwrap() {
+                    if let Some(d) = dirs.remove(&ev.wd) {
+                        let _ = fs::remove_file(d.join("old"));
+                        removed += usize::from(fs::remove_dir(&d).is_ok());
+                    }
+                }
+            }
+            removed
+        }));
+    });
+    stop.store(true, Ordering::Relaxed);
+    let removed = cleaner.map_or(0, |c| c.join().unwrap());
+    assert_eq!(code, 0, "{out}");
+    let restarts = out.matches("which starts again").count();
+    let in_ram = fs::symlink_metadata(cache.join("z/f0")).is_ok();
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    let on_disk = fs::symlink_metadata(cache.join("z/f0")).is_ok();
+    assert!(
+        !in_ram && !on_disk,
+        "{removed} removed, {restarts} restarts: z/f0 in RAM after apply {in_ram}, on disk after down {on_disk}\n{out}\n{down}"
+    );
+}
+
+/// `a/g` and `z/f0` are one file; the disk deletes `z/f0` right before the switch.
+#[test]
+fn a_linked_name_deleted_right_before_the_switch() {
+    let mut failed = Vec::new();
+    for (keep, other) in [("a/g", "z/f0"), ("z/g", "a/f0")] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(&cache, &[(keep, "linked"), ("z/k", "k"), ("a/k", "k")]);
+        fs::hard_link(cache.join(keep), cache.join(other)).unwrap();
+        let spec = spec(&sb, &cache);
+        let mut at_switch = BTreeMap::new();
+        let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch"], |_| {
+            fs::remove_file(cache.join(other)).unwrap();
+            at_switch = contents(&cache);
+        });
+        assert_eq!(code, 0, "{log}");
+        let in_ram = contents(&cache);
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        let on_disk = contents(&cache);
+        if in_ram != at_switch || on_disk != at_switch {
+            failed.push(format!(
+                "{other} deleted: at switch {at_switch:?}\nin RAM after apply {in_ram:?}\non disk after down {on_disk:?}\n{log}\n{down}"
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// The write-back of `down`: `a/g` and `z/f0` are one file on both sides. The
+/// application rewrites `a/g` (a new file renamed over it) and deletes `z/f0` in
+/// RAM, then after the switch to disk removes each disk directory the merge opens
+/// (`m…`), so the merge starts again. Its first pass put the new `a/g` in place
+/// (an unlink of the disk inode still at `z/f0`, whose ctime moves); a later pass,
+/// without that note, takes it for the application's change on disk, later than
+/// the RAM's deletion: `z/f0` comes back.
+#[test]
+fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_changes() {
+    use crate::no_write_lost::stopped_at;
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const N: usize = 100;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("a/g", "linked"), ("z/k", "k")]);
+    fs::hard_link(cache.join("a/g"), cache.join("z/f0")).unwrap();
+    let dir = |i: usize| cache.join(format!("m{i:03}"));
+    for i in 0..N {
+        fs::create_dir(dir(i)).unwrap();
+        fs::write(dir(i).join("old"), "old").unwrap();
+    }
+    let spec = spec(&sb, &cache);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(
+        fs::metadata(cache.join("z/f0")).unwrap().nlink(),
+        2,
+        "linked in RAM"
+    );
+    // In RAM.
+    fs::write(cache.join("a/g.tmp"), "rewritten in RAM").unwrap();
+    fs::rename(cache.join("a/g.tmp"), cache.join("a/g")).unwrap();
+    fs::remove_file(cache.join("z/f0")).unwrap();
+    fs::create_dir(cache.join("big")).unwrap();
+    for j in 0..20u8 {
+        fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
+    }
+    for i in 0..N {
+        fs::write(dir(i).join("new"), "new").unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut cleaner = None;
+    let (code, out) = stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:cache",
+        &["after-switch"],
+        |_| {
+            if std::env::var_os("R2_NO_CLEANER").is_some() {
+                return;
+            }
+            let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+            let mut dirs = std::collections::HashMap::new();
+            for i in 0..N {
+                dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
+            }
+            let stop = Arc::clone(&stop);
+            cleaner = Some(std::thread::spawn(move || {
+                let mut removed = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+                    if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
+                        continue;
+                    }
+                    for ev in ino.read_events().unwrap() {
+                        if let Some(d) = dirs.remove(&ev.wd) {
+                            let _ = fs::remove_file(d.join("old"));
+                            removed += usize::from(fs::remove_dir(&d).is_ok());
+                        }
+                    }
+                }
+                removed
+            }));
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    let removed = cleaner.map_or(0, |c| c.join().unwrap());
+    let restarts = out.matches("which starts again").count();
+    let f0 = fs::symlink_metadata(cache.join("z/f0")).is_ok();
+    let g = fs::read_to_string(cache.join("a/g")).ok();
+    assert!(
+        code == 0 && !f0 && g.as_deref() == Some("rewritten in RAM"),
+        "exit {code}, {removed} removed, {restarts} restarts: z/f0 on disk after down {f0}, a/g {g:?}\n{out}"
+    );
+}
