@@ -5,28 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
 
 use crate::common::Sandbox;
 use crate::no_write_lost::{apply_stopped_at, contents};
-
-fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
-    sb.write_spec(
-        "cache.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 256MiB\n    persist: on-stop\n",
-            cache.display()
-        ),
-    )
-}
-
-fn fill(dir: &Path, files: &[(&str, &str)]) {
-    for (p, c) in files {
-        let p = dir.join(p);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        fs::write(&p, c).unwrap();
-    }
-}
+use crate::seed_window::{as_at_the_switch, fill, spec, Cleaner};
 
 /// A directory the disk deletes right before the switch that holds a file with
 /// another name elsewhere (`keep_linked`): the directory should not stay in RAM
@@ -79,10 +61,7 @@ fn both_names_of_a_linked_file_deleted_right_before_the_switch() {
         at_switch = contents(&cache);
     });
     assert_eq!(code, 0, "{log}");
-    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
-    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-    down.code(0);
-    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+    as_at_the_switch(&sb, &spec, &cache, &at_switch, ("", &log));
 }
 
 /// `a/g` and `z/f0` are one file. The disk deletes `z/f0` right before the switch
@@ -94,11 +73,6 @@ fn both_names_of_a_linked_file_deleted_right_before_the_switch() {
 /// application's change, stays in RAM and comes back on disk at `down`.
 #[test]
 fn a_restarted_seed_merge_keeps_its_own_unlinks_apart_from_the_applications_changes() {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    use std::os::fd::AsFd;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     const N: usize = 100;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
@@ -111,7 +85,6 @@ fn a_restarted_seed_merge_keeps_its_own_unlinks_apart_from_the_applications_chan
         fs::write(dir(i).join("old"), "old").unwrap();
     }
     let spec = spec(&sb, &cache);
-    let stop = Arc::new(AtomicBool::new(false));
     let mut cleaner = None;
     let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
         if at == 0 {
@@ -124,34 +97,9 @@ fn a_restarted_seed_merge_keeps_its_own_unlinks_apart_from_the_applications_chan
             }
             return;
         }
-        if std::env::var_os("R2_NO_CLEANER").is_some() {
-            return;
-        }
-        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
-        let mut dirs = std::collections::HashMap::new();
-        for i in 0..N {
-            dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
-        }
-        let stop = Arc::clone(&stop);
-        cleaner = Some(std::thread::spawn(move || {
-            let mut removed = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
-                if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
-                    continue;
-                }
-                for ev in ino.read_events().unwrap() {
-                    if let Some(d) = dirs.remove(&ev.wd) {
-                        let _ = fs::remove_file(d.join("old"));
-                        removed += usize::from(fs::remove_dir(&d).is_ok());
-                    }
-                }
-            }
-            removed
-        }));
+        cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
     });
-    stop.store(true, Ordering::Relaxed);
-    let removed = cleaner.map_or(0, |c| c.join().unwrap());
+    let removed = cleaner.map_or(0, Cleaner::stop);
     assert_eq!(code, 0, "{out}");
     let restarts = out.matches("which starts again").count();
     let in_ram = fs::symlink_metadata(cache.join("z/f0")).is_ok();
@@ -203,12 +151,7 @@ fn a_linked_name_deleted_right_before_the_switch() {
 #[test]
 fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_changes() {
     use crate::no_write_lost::stopped_at;
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     const N: usize = 100;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
@@ -237,7 +180,6 @@ fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_chan
     for i in 0..N {
         fs::write(dir(i).join("new"), "new").unwrap();
     }
-    let stop = Arc::new(AtomicBool::new(false));
     let mut cleaner = None;
     let (code, out) = stopped_at(
         &sb,
@@ -246,35 +188,10 @@ fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_chan
         "stop=after-switch:cache",
         &["after-switch"],
         |_| {
-            if std::env::var_os("R2_NO_CLEANER").is_some() {
-                return;
-            }
-            let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
-            let mut dirs = std::collections::HashMap::new();
-            for i in 0..N {
-                dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
-            }
-            let stop = Arc::clone(&stop);
-            cleaner = Some(std::thread::spawn(move || {
-                let mut removed = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
-                    if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
-                        continue;
-                    }
-                    for ev in ino.read_events().unwrap() {
-                        if let Some(d) = dirs.remove(&ev.wd) {
-                            let _ = fs::remove_file(d.join("old"));
-                            removed += usize::from(fs::remove_dir(&d).is_ok());
-                        }
-                    }
-                }
-                removed
-            }));
+            cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
         },
     );
-    stop.store(true, Ordering::Relaxed);
-    let removed = cleaner.map_or(0, |c| c.join().unwrap());
+    let removed = cleaner.map_or(0, Cleaner::stop);
     let restarts = out.matches("which starts again").count();
     let f0 = fs::symlink_metadata(cache.join("z/f0")).is_ok();
     let g = fs::read_to_string(cache.join("a/g")).ok();

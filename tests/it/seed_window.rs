@@ -6,12 +6,18 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use crate::common::Sandbox;
 use crate::no_write_lost::{apply_stopped_at, contents};
 
-fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
+pub(crate) fn spec(sb: &Sandbox, cache: &Path) -> PathBuf {
     sb.write_spec(
         "cache.yaml",
         &format!(
@@ -101,10 +107,22 @@ fn a_name_deleted_twice_during_the_seed_is_not_in_ram_once_in_place() {
         early.is_empty(),
         "deleted before the switch, in RAM once in place: {early:?}\n{log}"
     );
-    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
+    as_at_the_switch(&sb, &spec, &cache, &at_switch, ("", &log));
+}
+
+/// The tmpfs at `cache` holds `want` once `apply` is done (its output `log`), and
+/// so does the disk directory after `down`; `case` names the case in a failure.
+pub(crate) fn as_at_the_switch(
+    sb: &Sandbox,
+    spec: &Path,
+    cache: &Path,
+    want: &BTreeMap<String, String>,
+    (case, log): (&str, &str),
+) {
+    assert_eq!(&contents(cache), want, "{case}: in RAM\n{log}");
     let down = sb.run(["down".as_ref(), spec.as_os_str()]);
     down.code(0);
-    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+    assert_eq!(&contents(cache), want, "{case}: on disk after down\n{down}");
 }
 
 /// A file the disk made a directory, and a directory it made a file, before any
@@ -139,10 +157,7 @@ fn a_name_whose_type_changed_during_the_seed_is_seen_as_it_is() {
             early.is_empty(),
             "{point}: gone at the switch, in RAM once in place: {early:?}\n{log}"
         );
-        assert_eq!(contents(&cache), at_switch, "{point}: in RAM\n{log}");
-        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-        down.code(0);
-        assert_eq!(contents(&cache), at_switch, "{point}: on disk after down\n{down}");
+        as_at_the_switch(&sb, &spec, &cache, &at_switch, (point, &log));
     }
 }
 
@@ -217,7 +232,7 @@ fn the_applications_changes_in_a_directory_made_again_stay() {
 }
 
 /// Writes `files` (path, contents) below `dir`, making the directories on the way.
-fn fill(dir: &Path, files: &[(&str, &str)]) {
+pub(crate) fn fill(dir: &Path, files: &[(&str, &str)]) {
     for (p, c) in files {
         let p = dir.join(p);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -261,10 +276,7 @@ fn a_directory_made_again_with_the_old_inode_number_is_told_apart() {
         early.is_empty(),
         "inodes {inos:?}: in RAM once in place: {early:?}\n{log}"
     );
-    assert_eq!(contents(&cache), at_switch, "in RAM\n{log}");
-    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-    down.code(0);
-    assert_eq!(contents(&cache), at_switch, "on disk after down\n{down}");
+    as_at_the_switch(&sb, &spec, &cache, &at_switch, ("", &log));
 }
 
 /// The disk replaces `p/d1` right before the switch; right after it the application
@@ -337,10 +349,7 @@ fn the_disk_rewrite_of_a_hard_linked_file_is_not_lost() {
         });
         let case = format!("replaced {replaced}, linked {linked}");
         assert_eq!(code, 0, "{case}: {log}");
-        assert_eq!(contents(&cache), at_switch, "{case}: in RAM\n{log}");
-        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-        down.code(0);
-        assert_eq!(contents(&cache), at_switch, "{case}: on disk after down\n{down}");
+        as_at_the_switch(&sb, &spec, &cache, &at_switch, (&case, &log));
     }
 }
 
@@ -352,11 +361,6 @@ fn the_disk_rewrite_of_a_hard_linked_file_is_not_lost() {
 /// `down` (a flake-hunting helper's probe: 8 of 9 runs).
 #[test]
 fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    use std::os::fd::AsFd;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     const N: usize = 300;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
@@ -367,7 +371,6 @@ fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
         fs::write(dir(i).join("old"), "old").unwrap();
     }
     let spec = spec(&sb, &cache);
-    let stop = Arc::new(AtomicBool::new(false));
     let mut cleaner = None;
     let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
         if at == 0 {
@@ -382,33 +385,10 @@ fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
             }
             return;
         }
-        // The tmpfs is in place, its merge not begun: the cleaner empties and
-        // removes each directory as soon as the merge opens it.
-        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
-        let mut dirs = std::collections::HashMap::new();
-        for i in 0..N {
-            dirs.insert(ino.add_watch(&dir(i), AddWatchFlags::IN_OPEN).unwrap(), dir(i));
-        }
-        let stop = Arc::clone(&stop);
-        cleaner = Some(std::thread::spawn(move || {
-            let mut removed = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
-                if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
-                    continue;
-                }
-                for ev in ino.read_events().unwrap() {
-                    if let Some(d) = dirs.remove(&ev.wd) {
-                        let _ = fs::remove_file(d.join("old"));
-                        removed += usize::from(fs::remove_dir(&d).is_ok());
-                    }
-                }
-            }
-            removed
-        }));
+        // The tmpfs is in place, its merge not begun.
+        cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
     });
-    stop.store(true, Ordering::Relaxed);
-    let removed = cleaner.unwrap().join().unwrap();
+    let removed = cleaner.map_or(0, Cleaner::stop);
     assert_eq!(code, 0, "{out}");
     // What the application sees in RAM: each directory it still has holds the file
     // it wrote on disk during the seed. It deletes those it sees.
@@ -432,4 +412,47 @@ fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
         back.len(),
         seen.len()
     );
+}
+
+/// An application's cleaner: empties (of its file `old`) and removes each of a set
+/// of directories as soon as something opens it, as htcacheclean removes each
+/// directory it emptied, from a thread of its own.
+pub(crate) struct Cleaner {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Cleaner {
+    pub(crate) fn start(dirs: &[PathBuf]) -> Cleaner {
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+        let mut watched = std::collections::HashMap::new();
+        for d in dirs {
+            watched.insert(ino.add_watch(d, AddWatchFlags::IN_OPEN).unwrap(), d.clone());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut removed = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut fds, PollTimeout::from(100u16)).unwrap() == 0 {
+                    continue;
+                }
+                for ev in ino.read_events().unwrap() {
+                    if let Some(d) = watched.remove(&ev.wd) {
+                        let _ = fs::remove_file(d.join("old"));
+                        removed += usize::from(fs::remove_dir(&d).is_ok());
+                    }
+                }
+            }
+            removed
+        });
+        Cleaner { stop, thread }
+    }
+
+    /// Stops it; returns how many directories it removed.
+    pub(crate) fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
 }
