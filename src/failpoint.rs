@@ -11,7 +11,9 @@
 //! disk deleted since that look is dropped; `after-hold`, `after-switch` in the switch to
 //! disk; `after-merge`, `after-baseline` in a write-back; `after-release` once a held
 //! copy is unmounted; `before-removals` (of any mount: give no name) in a write-back
-//! once its copies are durable, before it removes what the RAM deleted.
+//! once its copies are durable, before it removes what the RAM deleted;
+//! `seed-dir-dropped` (of any mount) once `apply` emptied, right after the switch, a
+//! directory the disk deleted in the last moment before it.
 
 use nix::sys::signal::{raise, Signal};
 

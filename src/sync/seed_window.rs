@@ -301,7 +301,8 @@ impl SeedDeletions {
         )
         .with_context(|| format!("opening {}", path.display()))?;
         let mut dropped = 0;
-        // Directories of which only part went: the copies left keep their records.
+        // Directories the disk no longer has of which something is left in the tmpfs:
+        // the copies left keep their records.
         let mut partly = Vec::new();
         // The directories these removals changed (inodes): their ctimes are not the
         // application's.
@@ -338,16 +339,27 @@ impl SeedDeletions {
                     "seed: {} deleted on disk right before the switch: {went} of its copies dropped",
                     String::from_utf8_lossy(&here)
                 );
+                dropped += went;
                 if went > 0 {
-                    dropped += went;
                     ours.insert(dir_ino);
-                    match stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                        Err(Errno::ENOENT) => self.dropped.trees.push(here),
-                        left => {
-                            ours.extend(left.ok().map(|st| st.st_ino));
-                            partly.push(here);
+                }
+                crate::failpoint::hit("seed-dir-dropped", "");
+                match stat::fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    // What is left of it (the application's, or what it changed in
+                    // it): its own record goes (the disk's directory it stood for is
+                    // gone, and a deletion the disk made before the application's
+                    // change must not undo it), the copies left keep theirs.
+                    Ok(now) if now.st_ino == st.st_ino => {
+                        if went > 0 {
+                            ours.insert(now.st_ino);
                         }
+                        self.dropped.names.push(here.clone());
+                        partly.push(here);
                     }
+                    // Gone, or gone and made again by the application meanwhile
+                    // (Apache makes a cache directory again as soon as it caches
+                    // into it): nothing of the copy is left.
+                    _ => self.dropped.trees.push(here),
                 }
                 continue;
             }
@@ -538,14 +550,14 @@ fn born(dir: BorrowedFd<'_>, name: &CStr) -> Option<Time> {
 }
 
 /// The paths the seed recorded copying below the directories `partly` (relative
-/// paths) that the tmpfs at `live` no longer has as the seed's copy: gone, or a
-/// non-directory changed since `taken` (by the application, in the moment after
-/// the switch). Their records no longer hold: the disk's entry is gone, so a record
-/// would make the application's change a conflict with a deletion the disk made
-/// before it. The copies left keep theirs, so that the write-back does not take
-/// them for the application's; the directories left do not (each record alone:
-/// the copies below keep theirs), or the disk's deletion of one would count against
-/// what the application wrote in it.
+/// paths) that the tmpfs at `live` no longer has as the seed's copy: gone, or
+/// changed since `taken` (by the application, in the moment after the switch).
+/// Their records no longer hold: the disk's entry is gone, so a record would make
+/// the application's change (a file it rewrote, a directory it wrote in) a
+/// conflict with a deletion the disk made before it. The copies left keep theirs,
+/// so that the write-back does not take them for the application's (each record
+/// is forgotten alone: the copies below a directory the application wrote in keep
+/// theirs).
 fn no_copies_below(live: BorrowedFd<'_>, seeded: &Baseline, partly: &[Vec<u8>], taken: Time) -> Vec<Vec<u8>> {
     let partly: std::collections::HashSet<&[u8]> = partly.iter().map(Vec::as_slice).collect();
     let below = |path: &[u8]| {
@@ -553,11 +565,7 @@ fn no_copies_below(live: BorrowedFd<'_>, seeded: &Baseline, partly: &[Vec<u8>], 
             .enumerate()
             .any(|(i, &b)| b == b'/' && partly.contains(&path[..i]))
     };
-    let copy = |path: &[u8]| {
-        stat_beneath(live, path).is_ok_and(|st| {
-            st.st_mode & libc::S_IFMT != libc::S_IFDIR && (st.st_ctime, st.st_ctime_nsec) < taken
-        })
-    };
+    let copy = |path: &[u8]| stat_beneath(live, path).is_ok_and(|st| (st.st_ctime, st.st_ctime_nsec) < taken);
     seeded
         .marks
         .iter()

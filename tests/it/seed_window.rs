@@ -162,32 +162,43 @@ fn a_name_whose_type_changed_during_the_seed_is_seen_as_it_is() {
 }
 
 /// What the application does in RAM right after the switch in a directory the
-/// disk deleted and made again (with a new file) right before it: a new file, a
-/// new directory, an old copy rewritten, a file written in an old subdirectory
-/// all stay, in RAM and on disk after `down`; the other old copies go.
+/// disk deleted, or deleted and made again (with a new file), right before it: a
+/// new file, a new directory, an old copy rewritten, a file written in an old
+/// subdirectory all stay, in RAM and on disk after `down`; the other old copies
+/// go, but from a directory the application changed (made or removed a name in):
+/// it is the application's, and they stay visible in RAM until `down`, which does
+/// not write them back (docs/writeback.md, "What is not covered").
 #[test]
 fn the_applications_changes_in_a_directory_made_again_stay() {
-    for variant in 0..4 {
+    for (variant, again) in (0..4).flat_map(|v| [(v, true), (v, false)]) {
+        let case = format!("v{variant}, made again {again}");
         let sb = Sandbox::new();
         let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
         fs::create_dir_all(cache.join("d/sub")).unwrap();
-        for f in 0..4 {
-            fs::write(cache.join(format!("d/f{f}")), format!("d/f{f} old")).unwrap();
-            fs::write(cache.join(format!("d/sub/g{f}")), format!("d/sub/g{f} old")).unwrap();
+        let copies: Vec<String> = (0..4)
+            .flat_map(|f| [format!("d/f{f}"), format!("d/sub/g{f}")])
+            .collect();
+        for c in &copies {
+            fs::write(cache.join(c), format!("{c} old")).unwrap();
         }
         let spec = spec(&sb, &cache);
-        let mut want: BTreeMap<String, Option<String>> = BTreeMap::new();
-        let mut want_in_ram = BTreeMap::new();
-        for f in 0..4 {
-            want.insert(format!("d/f{f}"), None);
-            want.insert(format!("d/sub/g{f}"), None);
+        let mut want: BTreeMap<String, Option<String>> = copies.iter().map(|c| (c.clone(), None)).collect();
+        if again {
+            want.insert("d/new".into(), Some("d/new".into()));
         }
-        want.insert("d/new".into(), Some("d/new".into()));
+        let mut want_in_ram = BTreeMap::new();
+        let mut stay_visible = |prefix: &str| {
+            for c in copies.iter().filter(|c| c.starts_with(prefix)) {
+                want_in_ram.insert(c.clone(), Some(format!("{c} old")));
+            }
+        };
         let (code, log) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |i| {
             if i == 0 {
                 fs::remove_dir_all(cache.join("d")).unwrap();
-                fs::create_dir(cache.join("d")).unwrap();
-                fs::write(cache.join("d/new"), "d/new").unwrap();
+                if again {
+                    fs::create_dir(cache.join("d")).unwrap();
+                    fs::write(cache.join("d/new"), "d/new").unwrap();
+                }
                 return;
             }
             let (name, body) = match variant {
@@ -197,35 +208,28 @@ fn the_applications_changes_in_a_directory_made_again_stay() {
                     ("d/appdir/x", "d/appdir/x")
                 }
                 2 => ("d/f1", "d/f1 rewritten"),
-                _ => {
-                    // The subdirectory is the application's now, with the copies in
-                    // it: they stay in RAM, and `down` does not write them back.
-                    for f in 0..4 {
-                        let old = format!("d/sub/g{f}");
-                        want_in_ram.insert(old.clone(), Some(format!("{old} old")));
-                    }
-                    ("d/sub/app", "d/sub/app")
-                }
+                _ => ("d/sub/app", "d/sub/app"),
             };
             fs::write(cache.join(name), body).unwrap();
             want.insert(name.into(), Some(body.into()));
         });
-        assert_eq!(code, 0, "v{variant}: {log}");
+        match (variant, again) {
+            (0 | 1, false) => stay_visible("d/"),
+            (3, _) => stay_visible("d/sub/"),
+            _ => {}
+        }
+        assert_eq!(code, 0, "{case}: {log}");
         let in_ram = contents(&cache);
         let down = sb.run(["down".as_ref(), spec.as_os_str()]);
         down.code(0);
         let on_disk = contents(&cache);
         for (k, w) in &want {
             let in_ram_wanted = want_in_ram.get(k).unwrap_or(w);
-            assert_eq!(
-                in_ram.get(k),
-                in_ram_wanted.as_ref(),
-                "v{variant}: {k} in RAM\n{log}"
-            );
+            assert_eq!(in_ram.get(k), in_ram_wanted.as_ref(), "{case}: {k} in RAM\n{log}");
             assert_eq!(
                 on_disk.get(k),
                 w.as_ref(),
-                "v{variant}: {k} on disk after down\n{log}\n{down}"
+                "{case}: {k} on disk after down\n{log}\n{down}"
             );
         }
     }
@@ -455,4 +459,46 @@ impl Cleaner {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap()
     }
+}
+
+/// The disk deletes a directory right before the switch; right after it the tmpfs's
+/// copy is emptied and removed, and the application makes the directory again at
+/// once and writes in it (as Apache does, caching into a directory htcacheclean
+/// removed): it is the application's. Taken for what was left of the copy, the new
+/// directory kept the old one's record, and the disk's deletion of that could win
+/// over what the application wrote there (where the two fell in one clock tick:
+/// this test passes on that code too). The likely cause of 2 of 8 runs of the
+/// Apache test under load losing 2 and 4 files: each lost file was renamed in right
+/// after a rename into its missing directory failed.
+#[test]
+fn a_directory_the_application_makes_again_as_its_copy_goes_is_its_own() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("d/f0", "d/f0"), ("d/f1", "d/f1"), ("k/f", "k/f")]);
+    let spec = spec(&sb, &cache);
+    let (code, log) = crate::no_write_lost::stopped_at(
+        &sb,
+        "apply",
+        &spec,
+        "stop=before-switch,seed-dir-dropped",
+        &["before-switch", "seed-dir-dropped"],
+        |i| {
+            if i == 0 {
+                fs::remove_dir_all(cache.join("d")).unwrap();
+                return;
+            }
+            assert!(!cache.join("d").exists(), "the copy of d is gone\n");
+            fs::create_dir(cache.join("d")).unwrap();
+            fs::write(cache.join("d/x"), "d/x").unwrap();
+        },
+    );
+    assert_eq!(code, 0, "{log}");
+    let want = contents(&cache);
+    assert_eq!(
+        want.get("d/x").map(String::as_str),
+        Some("d/x"),
+        "{want:?}\n{log}"
+    );
+    assert!(!want.contains_key("d/f0"), "{want:?}");
+    as_at_the_switch(&sb, &spec, &cache, &want, ("", &log));
 }
