@@ -8,7 +8,7 @@ use std::fs;
 
 use crate::common::Sandbox;
 use crate::no_write_lost::{apply_stopped_at, contents};
-use crate::seed_window::{as_at_the_switch, fill, spec, Cleaner};
+use crate::seed_window::{as_at_the_switch, cleaned_dirs, fill, keep_the_merge_busy, spec, Cleaner};
 
 /// A directory the disk deletes right before the switch that holds a file with
 /// another name elsewhere (`keep_linked`): the directory should not stay in RAM
@@ -79,25 +79,16 @@ fn a_restarted_seed_merge_keeps_its_own_unlinks_apart_from_the_applications_chan
     fill(&cache, &[("a/g", "linked"), ("z/k", "k")]);
     fs::hard_link(cache.join("a/g"), cache.join("z/f0")).unwrap();
     fs::create_dir(cache.join("big")).unwrap();
-    let dir = |i: usize| cache.join(format!("m{i:03}"));
-    for i in 0..N {
-        fs::create_dir(dir(i)).unwrap();
-        fs::write(dir(i).join("old"), "old").unwrap();
-    }
+    let dirs = cleaned_dirs(&cache, "m", N);
     let spec = spec(&sb, &cache);
     let mut cleaner = None;
     let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
         if at == 0 {
             fs::remove_file(cache.join("z/f0")).unwrap();
-            for j in 0..20u8 {
-                fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
-            }
-            for i in 0..N {
-                fs::write(dir(i).join("new"), "new").unwrap();
-            }
+            keep_the_merge_busy(&cache, 20, &dirs);
             return;
         }
-        cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
+        cleaner = Some(Cleaner::start(&dirs));
     });
     let removed = cleaner.map_or(0, Cleaner::stop);
     assert_eq!(code, 0, "{out}");
@@ -157,11 +148,7 @@ fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_chan
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     fill(&cache, &[("a/g", "linked"), ("z/k", "k")]);
     fs::hard_link(cache.join("a/g"), cache.join("z/f0")).unwrap();
-    let dir = |i: usize| cache.join(format!("m{i:03}"));
-    for i in 0..N {
-        fs::create_dir(dir(i)).unwrap();
-        fs::write(dir(i).join("old"), "old").unwrap();
-    }
+    let dirs = cleaned_dirs(&cache, "m", N);
     let spec = spec(&sb, &cache);
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     assert_eq!(
@@ -173,13 +160,7 @@ fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_chan
     fs::write(cache.join("a/g.tmp"), "rewritten in RAM").unwrap();
     fs::rename(cache.join("a/g.tmp"), cache.join("a/g")).unwrap();
     fs::remove_file(cache.join("z/f0")).unwrap();
-    fs::create_dir(cache.join("big")).unwrap();
-    for j in 0..20u8 {
-        fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
-    }
-    for i in 0..N {
-        fs::write(dir(i).join("new"), "new").unwrap();
-    }
+    keep_the_merge_busy(&cache, 20, &dirs);
     let mut cleaner = None;
     let (code, out) = stopped_at(
         &sb,
@@ -188,7 +169,7 @@ fn a_restarted_write_back_keeps_its_own_unlinks_apart_from_the_applications_chan
         "stop=after-switch:cache",
         &["after-switch"],
         |_| {
-            cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
+            cleaner = Some(Cleaner::start(&dirs));
         },
     );
     let removed = cleaner.map_or(0, Cleaner::stop);

@@ -369,36 +369,24 @@ fn a_directory_removed_in_ram_during_the_seed_window_merge_stops_nothing() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     fs::create_dir(cache.join("big")).unwrap();
-    let dir = |i: usize| cache.join(format!("d{i:03}"));
-    for i in 0..N {
-        fs::create_dir(dir(i)).unwrap();
-        fs::write(dir(i).join("old"), "old").unwrap();
-    }
+    let dirs = cleaned_dirs(&cache, "d", N);
     let spec = spec(&sb, &cache);
     let mut cleaner = None;
     let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-switched"], |at| {
         if at == 0 {
-            // On disk, after the seed copied everything: large files first in the
-            // walk (the merge's workers are busy with them), then a new file in
-            // every directory.
-            for j in 0..40u8 {
-                fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
-            }
-            for i in 0..N {
-                fs::write(dir(i).join("new"), "new").unwrap();
-            }
+            keep_the_merge_busy(&cache, 40, &dirs);
             return;
         }
         // The tmpfs is in place, its merge not begun.
-        cleaner = Some(Cleaner::start(&(0..N).map(dir).collect::<Vec<_>>()));
+        cleaner = Some(Cleaner::start(&dirs));
     });
     let removed = cleaner.map_or(0, Cleaner::stop);
     assert_eq!(code, 0, "{out}");
     // What the application sees in RAM: each directory it still has holds the file
     // it wrote on disk during the seed. It deletes those it sees.
     let (mut seen, mut hidden) = (Vec::new(), Vec::new());
-    for i in (0..N).filter(|&i| dir(i).exists()) {
-        let new = dir(i).join("new");
+    for d in dirs.iter().filter(|d| d.exists()) {
+        let new = d.join("new");
         if new.exists() {
             fs::remove_file(&new).unwrap();
             seen.push(new);
@@ -501,4 +489,28 @@ fn a_directory_the_application_makes_again_as_its_copy_goes_is_its_own() {
     );
     assert!(!want.contains_key("d/f0"), "{want:?}");
     as_at_the_switch(&sb, &spec, &cache, &want, ("", &log));
+}
+
+/// `n` directories `{prefix}NNN` below `cache`, each with a file `old`, for a
+/// [`Cleaner`] to remove.
+pub(crate) fn cleaned_dirs(cache: &Path, prefix: &str, n: usize) -> Vec<PathBuf> {
+    let dirs: Vec<PathBuf> = (0..n).map(|i| cache.join(format!("{prefix}{i:03}"))).collect();
+    for d in &dirs {
+        fs::create_dir(d).unwrap();
+        fs::write(d.join("old"), "old").unwrap();
+    }
+    dirs
+}
+
+/// On disk, after the seed copied everything: `big` large files first in the walk
+/// of the merge that follows (its workers are busy with them), then a file `new` in
+/// each of `dirs`.
+pub(crate) fn keep_the_merge_busy(cache: &Path, big: u8, dirs: &[PathBuf]) {
+    fs::create_dir_all(cache.join("big")).unwrap();
+    for j in 0..big {
+        fs::write(cache.join(format!("big/f{j:02}")), vec![j; 4 << 20]).unwrap();
+    }
+    for d in dirs {
+        fs::write(d.join("new"), "new").unwrap();
+    }
 }
