@@ -51,6 +51,12 @@ pub use writeback::{
 };
 pub use xattrs::{get_attr, set_attr};
 
+/// The names of the directory `fd`, in byte order, each once, even where the
+/// directory changes while it is read (see `scan::read_names`).
+pub fn read_names(fd: &std::os::fd::OwnedFd) -> nix::Result<Vec<std::ffi::CString>> {
+    Ok(scan::read_names(fd)?.into_iter().map(|n| n.name).collect())
+}
+
 /// The directory part of a relative path (`""` at the top).
 pub fn parent_of(path: &[u8]) -> &[u8] {
     ops::split_parent(path).0

@@ -121,9 +121,19 @@ pub fn catch_up(
                 );
             }
             Err(e) => {
-                return Err(format!(
-                    "bringing in what the application wrote on disk during the seed: {e}"
-                ))
+                let stopped = format!("bringing in what the application wrote on disk during the seed: {e}");
+                // What it brought in before it stopped is in the tmpfs as on disk:
+                // unrecorded, a name of it the application then deletes in RAM
+                // would be the disk's own to the write-back, which keeps it.
+                return Err(match record_agreed(m, state, copied) {
+                    Ok(0) => stopped,
+                    Ok(n) => format!(
+                        "{stopped}; recorded the {} the tmpfs has as the disk has {}",
+                        crate::plural::count(n, "entry", "entries"),
+                        crate::plural::agree(n, "it", "them")
+                    ),
+                    Err(re) => format!("{stopped}; recording what it brought in: {re:#}"),
+                });
             }
         }
     };
@@ -179,6 +189,70 @@ fn record_brought_in(
         state.save_baseline(&m.name, &base)?;
     }
     Ok(())
+}
+
+/// Adds to the seed's baseline of `m` every disk entry that the tmpfs has in the same
+/// version (type, mode, size and mtime; a directory: a directory there) and the
+/// baseline lacks or records otherwise, as it is on disk now; returns how many.
+///
+/// For a merge that stopped: what it brought in before is not known, but it is what
+/// both sides have alike. A directory the baseline records keeps its record (what
+/// the merge did not bring into it stays the disk's own); copies the application
+/// changed since, and the disk's changes the merge did not reach, differ and keep
+/// theirs. A name brought in that the application deleted in RAM before this look
+/// is missed: the write-back keeps it on disk.
+fn record_agreed(m: &MountSpec, state: &State, seeded: Option<Baseline>) -> anyhow::Result<u64> {
+    let side = state.side(&m.name);
+    let open_root = |p: &Path| {
+        std::fs::File::open(p)
+            .map(OwnedFd::from)
+            .with_context(|| format!("opening {}", p.display()))
+    };
+    let (disk, ram) = (open_root(&side)?, open_root(&m.path)?);
+    let mut base = match seeded {
+        Some(b) => b,
+        None => state.baseline(&m.name)?,
+    };
+    let mut added = 0u64;
+    let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(dir) = dirs.pop() {
+        // A directory either side no longer has (or has as a symlink now) is skipped:
+        // what is below it is not alike.
+        let (Ok(d), Ok(r)) = (
+            open_dir_beneath(disk.as_fd(), &dir),
+            open_dir_beneath(ram.as_fd(), &dir),
+        ) else {
+            continue;
+        };
+        let names = crate::copy::read_names(&d)
+            .with_context(|| format!("reading {}", side.join(OsStr::from_bytes(&dir)).display()))?;
+        for name in names {
+            let flags = AtFlags::AT_SYMLINK_NOFOLLOW;
+            let (Ok(on_disk), Ok(in_ram)) = (
+                stat::fstatat(&d, name.as_c_str(), flags),
+                stat::fstatat(&r, name.as_c_str(), flags),
+            ) else {
+                continue;
+            };
+            let (disk_sig, ram_sig) = (Sig::of(&on_disk), Sig::of(&in_ram));
+            let path = join(&dir, name.to_bytes());
+            let record = if disk_sig.is_dir() && ram_sig.is_dir() {
+                let lacking = base.get(&path).is_none();
+                dirs.push(path.clone());
+                lacking
+            } else {
+                disk_sig.same_version(&ram_sig) && base.get(&path) != Some(Mark::Entry(disk_sig))
+            };
+            if record {
+                base.marks.insert(&path, Mark::Entry(disk_sig));
+                added += 1;
+            }
+        }
+    }
+    if added > 0 {
+        state.save_baseline(&m.name, &base)?;
+    }
+    Ok(added)
 }
 
 /// `path` below `root`, not through a symlink: the application may have made one.

@@ -514,3 +514,61 @@ pub(crate) fn keep_the_merge_busy(cache: &Path, big: u8, dirs: &[PathBuf]) {
         fs::write(d.join("new"), "new").unwrap();
     }
 }
+
+/// The merge after the switch stopped by a full tmpfs (the application wrote a file
+/// on disk during the seed that does not fit): what it brought in before is
+/// recorded all the same, so the names of it the application deletes in RAM stay
+/// deleted after `down` (they came back: unrecorded, they were the disk's own). What
+/// it did not bring in stays on disk.
+#[test]
+fn what_the_merge_brought_in_before_the_tmpfs_filled_is_recorded() {
+    const N: usize = 40;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("old/a", "a"), ("old/b", "b")]);
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: cache\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
+            cache.display()
+        ),
+    );
+    let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch"], |_| {
+        for i in 0..N {
+            fill(
+                &cache,
+                &[
+                    (&format!("d{i:02}/new"), "new"),
+                    (&format!("d{i:02}/new2"), "new2"),
+                ],
+            );
+        }
+        // Last in the merge's walk, and larger than the whole tmpfs.
+        fill(&cache, &[("zz/huge", &"x".repeat(16 << 20))]);
+    });
+    assert_eq!(code, 0, "{out}");
+    let in_ram = contents(&cache);
+    assert!(!in_ram.contains_key("zz/huge"), "{out}");
+    let deleted: Vec<String> = in_ram.keys().filter(|k| k.ends_with("/new")).cloned().collect();
+    assert!(
+        deleted.len() > N / 2,
+        "the merge brought in only {deleted:?}\n{out}"
+    );
+    for name in &deleted {
+        fs::remove_file(cache.join(name)).unwrap();
+    }
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let after = contents(&cache);
+    let back: Vec<_> = deleted.iter().filter(|n| after.contains_key(*n)).collect();
+    let lost: Vec<_> = (0..N)
+        .map(|i| format!("d{i:02}/new2"))
+        .chain(["old/a".into(), "old/b".into(), "zz/huge".into()])
+        .filter(|n| !after.contains_key(n))
+        .collect();
+    assert!(
+        back.is_empty() && lost.is_empty(),
+        "{} of {} deleted in RAM back after down: {back:?}; lost: {lost:?}\n{out}",
+        back.len(),
+        deleted.len()
+    );
+}
