@@ -101,6 +101,11 @@ impl Deletions {
         self.since = Some(t);
     }
 
+    /// The time set by [`Self::since`].
+    pub fn counted_from(&self) -> Option<Time> {
+        self.since
+    }
+
     /// Ignores the events of `pid` as well (the tmpfsctl a keeper works for).
     pub fn ignore(&mut self, pid: i32) {
         self.ignored = Some(pid);

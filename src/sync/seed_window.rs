@@ -31,7 +31,7 @@
 //! name brought in and then deleted (or renamed away) by the application in RAM would
 //! be the disk's own to the next write-back, which keeps it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -71,7 +71,7 @@ pub fn catch_up(
     terminal: bool,
     (watch, mut touched): (Option<Deletions>, HashSet<u64>),
 ) -> Result<SyncStats, String> {
-    let base = Baseline {
+    let mut base = Baseline {
         taken: Some(seed_started),
         ..Baseline::none()
     };
@@ -87,54 +87,38 @@ pub fn catch_up(
         })
         .ok();
     let watch = watch.map(Mutex::new);
+    let deletions = watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>);
+    let followed = match (&watch, &copied) {
+        (Some(w), Some(c)) => follow_moved(m, state, (w, c), seed_started, &mut touched),
+        _ => Vec::new(),
+    };
+    if let Ok(disk) = std::fs::File::open(state.side(&m.name)) {
+        agree_followed(disk.as_fd(), &followed, &mut base, b"");
+    }
     let mut shown = Progress::new(state, &m.name, "seed", terminal, None, None).begun_at(began);
     let mut progress = |s: &SyncStats| shown.update(s.compared(), s.bytes_written);
-    // A pass that stopped where the application removed a directory of the tmpfs
-    // (htcacheclean removes those it emptied) under it starts again: what it brought
-    // in so far is recorded only at the end, and the rest would stay hidden. The next
-    // pass sees that removal as the application's deletion. Each start must be at
-    // another directory than the ones before, so it ends.
-    let mut raced = std::collections::HashSet::new();
-    let merged = loop {
-        let merged = copy::sync_tree(
-            &state.side(&m.name),
-            &m.path,
-            Merge {
-                base: &base,
-                journal: None,
-                deletions: watch.as_ref().map(|w| w as &Mutex<dyn DiskDeletions + Send>),
-                dirty: None,
-                barriers: None,
-                copied: copied.as_ref(),
-                touched: Some(&mut touched),
-            },
-            Some(&mut progress),
-        );
-        match merged {
-            Ok(merged) => break merged,
-            Err(e @ copy::CopyError::Destination { .. })
-                if e.is_gone_in_copy() && raced.len() < MAX_RACES && raced.insert(e.to_string()) =>
-            {
-                tracing::info!(
-                    "{}: {e}: the application removed a directory of the tmpfs under the merge of what it wrote on disk during the seed, which starts again",
-                    m.name
-                );
-            }
-            Err(e) => {
-                let stopped = format!("bringing in what the application wrote on disk during the seed: {e}");
-                // What it brought in before it stopped is in the tmpfs as on disk:
-                // unrecorded, a name of it the application then deletes in RAM
-                // would be the disk's own to the write-back, which keeps it.
-                return Err(match record_agreed(m, state, copied) {
-                    Ok(0) => stopped,
-                    Ok(n) => format!(
-                        "{stopped}; recorded the {} the tmpfs has as the disk has {}",
-                        crate::plural::count(n, "entry", "entries"),
-                        crate::plural::agree(n, "it", "them")
-                    ),
-                    Err(re) => format!("{stopped}; recording what it brought in: {re:#}"),
-                });
-            }
+    let merged = merge_in(
+        (&state.side(&m.name), &m.path),
+        (&base, copied.as_ref(), deletions),
+        &mut touched,
+        Some(&mut progress),
+    );
+    let merged = match merged {
+        Ok(merged) => merged,
+        Err(e) => {
+            let stopped = format!("bringing in what the application wrote on disk during the seed: {e}");
+            // What it brought in before it stopped is in the tmpfs as on disk:
+            // unrecorded, a name of it the application then deletes in RAM
+            // would be the disk's own to the write-back, which keeps it.
+            return Err(match record_agreed(m, state, copied) {
+                Ok(0) => stopped,
+                Ok(n) => format!(
+                    "{stopped}; recorded the {} the tmpfs has as the disk has {}",
+                    crate::plural::count(n, "entry", "entries"),
+                    crate::plural::agree(n, "it", "them")
+                ),
+                Err(re) => format!("{stopped}; recording what it brought in: {re:#}"),
+            });
         }
     };
     drop(shown);
@@ -148,11 +132,296 @@ pub fn catch_up(
         .any(|(_, m)| matches!(m, Mark::Deleted(_)));
     // Otherwise the seed's records stand: the tmpfs holds what it copied and the
     // application's own changes since, which the write-back takes as such.
-    if wrote > 0 || deleted_in_ram {
-        record_brought_in(m, state, &merged.baseline, copied)
+    if wrote > 0 || deleted_in_ram || !followed.is_empty() {
+        record_brought_in(m, state, &merged.baseline, &followed, copied)
             .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
     }
     Ok(merged.stats)
+}
+
+/// One pass of the write-back's merge from the disk directory into the tmpfs (`src`,
+/// `dst`), against no records but the seed's (`copied`); started again after a race
+/// with the application removing a directory of the tmpfs under it.
+fn merge_in(
+    (src, dst): (&Path, &Path),
+    (base, copied, deletions): (
+        &Baseline,
+        Option<&Baseline>,
+        Option<&Mutex<dyn DiskDeletions + Send>>,
+    ),
+    touched: &mut HashSet<u64>,
+    mut progress: Option<&mut dyn FnMut(&SyncStats)>,
+) -> Result<copy::Synced, copy::CopyError> {
+    // A pass that stopped where the application removed a directory of the tmpfs
+    // (htcacheclean removes those it emptied) under it starts again: what it brought
+    // in so far is recorded only at the end, and the rest would stay hidden. The next
+    // pass sees that removal as the application's deletion. Each start must be at
+    // another directory than the ones before, so it ends.
+    let mut raced = HashSet::new();
+    loop {
+        let merged = copy::sync_tree(
+            src,
+            dst,
+            Merge {
+                base,
+                journal: None,
+                deletions,
+                dirty: None,
+                barriers: None,
+                copied,
+                touched: Some(&mut *touched),
+            },
+            progress.as_mut().map(|p| &mut **p as &mut dyn FnMut(&SyncStats)),
+        );
+        match merged {
+            Err(e @ copy::CopyError::Destination { .. })
+                if e.is_gone_in_copy() && raced.len() < MAX_RACES && raced.insert(e.to_string()) =>
+            {
+                tracing::info!(
+                    "{} into {}: {e}: the application removed a directory of the tmpfs under the merge of what it wrote on disk during the seed, which starts again",
+                    src.display(),
+                    dst.display()
+                );
+            }
+            done => return done,
+        }
+    }
+}
+
+/// A directory of the seed's copies that the application moved in the tmpfs after
+/// the switch, and what was merged into it where it is now.
+struct Followed {
+    /// Its path when the tmpfs went in place: the disk directory's.
+    from: Vec<u8>,
+    /// The merge's records (below `from`), or `None` where it failed.
+    seen: Option<Baseline>,
+}
+
+/// Whether `path` is `dir` or below it.
+fn under(dir: &[u8], path: &[u8]) -> bool {
+    path.strip_prefix(dir)
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
+}
+
+/// The paths (at the switch) of the disk entries that the merges into the moved
+/// directories `followed` walked, but none below a directory whose merge failed.
+fn walked_in(followed: &[Followed]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let failed: Vec<&[u8]> = followed
+        .iter()
+        .filter(|f| f.seen.is_none())
+        .map(|f| &f.from[..])
+        .collect();
+    followed
+        .iter()
+        .filter_map(|f| Some((f, f.seen.as_ref()?)))
+        .flat_map(|(f, seen)| {
+            std::iter::once(f.from.clone()).chain(seen.marks.iter().map(|(p, _)| join(&f.from, p)))
+        })
+        .filter(move |p| !failed.iter().any(|f| under(f, p)))
+}
+
+/// Merges into each directory of the seed's copies that the application moved away
+/// in the tmpfs right after the switch what the application wrote in it on disk
+/// during the seed, where it is now.
+///
+/// The merge by path ([`catch_up`]) saw such a directory as deleted in RAM: what the
+/// application wrote in it on disk before the seed's last look, which the seed had
+/// not copied, was lost at `down`, as was the disk's rewrite of a file it had copied;
+/// what it wrote after that look brought the whole directory back at its old path
+/// (the disk's change counted as the later one). The deletion watch names the
+/// directory moved, in its directory then, and its own handle, which finds it
+/// wherever it is now.
+///
+/// `watch`: the application's deletions in the tmpfs, with `copied`, the seed's
+/// records; `seed_started`: the merge's time, as [`catch_up`]'s.
+fn follow_moved(
+    m: &MountSpec,
+    state: &State,
+    (watch, copied): (&Mutex<Deletions>, &Baseline),
+    seed_started: Time,
+    touched: &mut HashSet<u64>,
+) -> Vec<Followed> {
+    let (gone, switched) = {
+        let mut w = watch.lock().expect("no merge has used the watch yet");
+        (w.seen(), w.counted_from())
+    };
+    let mut moves: HashMap<Handle, Vec<(Handle, Vec<u8>)>> = HashMap::new();
+    for g in gone {
+        if let Some(object) = g.object {
+            moves.entry(object).or_default().push((g.dir, g.name));
+        }
+    }
+    if moves.is_empty() {
+        return Vec::new();
+    }
+    let side = state.side(&m.name);
+    let roots = std::fs::File::open(&m.path).and_then(|ram| Ok((ram, std::fs::File::open(&side)?)));
+    let Ok((ram, disk)) = roots else {
+        return Vec::new();
+    };
+    let Some(ram_path) = fd_path(ram.as_fd()) else {
+        return Vec::new();
+    };
+    let seen = Moves {
+        ram: (ram.as_fd(), &ram_path),
+        disk: disk.as_fd(),
+        copied,
+        moves: &moves,
+        switched,
+    };
+    // The directories still in the tmpfs (a deleted one's handle opens no more),
+    // moved from where the seed copied them.
+    let mut found: Vec<(Vec<u8>, Vec<u8>, OwnedFd, OwnedFd)> = Vec::new();
+    for object in moves.keys() {
+        let Some(moved) = seen.live(object) else {
+            continue;
+        };
+        let (Some((from, on_disk)), Some(to)) = (seen.at_switch(object, 0), seen.path_now(&moved)) else {
+            continue;
+        };
+        if to != from {
+            found.push((from, to, on_disk, moved));
+        }
+    }
+    // The seed's records below each, by their paths from there: one look at each.
+    let mut rebased: HashMap<Vec<u8>, Baseline> = found
+        .iter()
+        .map(|(from, ..)| {
+            let b = Baseline {
+                taken: copied.taken,
+                ..Baseline::none()
+            };
+            (from.clone(), b)
+        })
+        .collect();
+    for (path, mark) in copied.marks.iter() {
+        for (i, _) in path.iter().enumerate().filter(|(_, &c)| c == b'/') {
+            if let Some(b) = rebased.get_mut(&path[..i]) {
+                b.marks.insert(&path[i + 1..], mark);
+            }
+        }
+    }
+    let deletions = Some(watch as &Mutex<dyn DiskDeletions + Send>);
+    let mut followed = Vec::new();
+    // The deepest first: what it took is agreed on for the one above it.
+    found.sort_by_key(|(from, ..)| std::cmp::Reverse(from.iter().filter(|&&c| c == b'/').count()));
+    for (from, to, on_disk, moved) in found {
+        let below = rebased.remove(&from).unwrap_or_default();
+        let mut base = Baseline {
+            taken: Some(seed_started),
+            ..Baseline::none()
+        };
+        agree_followed(disk.as_fd(), &followed, &mut base, &from);
+        let (src, dst) = (proc_fd(&on_disk), proc_fd(&moved));
+        let merged = merge_in((&src, &dst), (&base, Some(&below), deletions), touched, None);
+        let (from_, to_) = (String::from_utf8_lossy(&from), String::from_utf8_lossy(&to));
+        match merged {
+            Ok(merged) => {
+                tracing::info!(
+                    "{}: {from_}, moved to {to_} in RAM right after the switch: brought in there what the application wrote in it on disk during the seed ({} files)",
+                    m.name,
+                    merged.stats.files_written
+                );
+                followed.push(Followed {
+                    from,
+                    seen: Some(merged.baseline),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{}: {from_}, moved to {to_} in RAM right after the switch: bringing in what the application wrote in it on disk during the seed: {e}; what the disk has there stays",
+                    m.name
+                );
+                followed.push(Followed { from, seen: None });
+            }
+        }
+    }
+    followed
+}
+
+/// Records in `base`, as both sides agree on them, the disk entries below `dir` that
+/// the merges into the moved directories `followed` walked, by their paths from
+/// `dir`: what the disk has where a moved directory was is in it now. A merge by path
+/// then takes those for names the application deleted (or moved) in RAM, and does
+/// not bring them back, also not into a directory it made there again.
+fn agree_followed(disk: BorrowedFd<'_>, followed: &[Followed], base: &mut Baseline, dir: &[u8]) {
+    for path in walked_in(followed) {
+        let rel = if dir.is_empty() {
+            &path[..]
+        } else {
+            match path.strip_prefix(dir).and_then(|r| r.strip_prefix(b"/")) {
+                Some(rel) => rel,
+                None => continue,
+            }
+        };
+        if let Ok(st) = stat_beneath(disk, &path) {
+            base.marks.insert(rel, Mark::Entry(Sig::of(&st)));
+        }
+    }
+}
+
+/// The directories the deletion watch saw go from a name in the tmpfs, by their own
+/// handles, with where they went from; and where to look them up.
+struct Moves<'a> {
+    /// The tmpfs, open, and its path as this process sees it.
+    ram: (BorrowedFd<'a>, &'a [u8]),
+    /// The disk directory, hidden under the tmpfs.
+    disk: BorrowedFd<'a>,
+    /// The seed's records.
+    copied: &'a Baseline,
+    moves: &'a HashMap<Handle, Vec<(Handle, Vec<u8>)>>,
+    /// When the seed's copies were all made (the watch's time).
+    switched: Option<Time>,
+}
+
+impl Moves<'_> {
+    /// The directory `h` of the tmpfs, if it still has it.
+    fn live(&self, h: &Handle) -> Option<OwnedFd> {
+        open_handle(self.ram.0, h)
+            .ok()
+            .filter(|fd| stat::fstat(fd).is_ok_and(|st| st.st_nlink > 0))
+    }
+
+    fn path_now(&self, fd: &OwnedFd) -> Option<Vec<u8>> {
+        below(self.ram.1, &fd_path(fd.as_fd())?)
+    }
+
+    /// Where the directory `h` of the tmpfs was when it went in place, if the seed
+    /// copied a directory there, with the disk directory it is the copy of. One moved
+    /// since was at one of the names it went from, in its directory then (`depth`:
+    /// how many of those were looked up already); one born after the seed's copies
+    /// (moved away, made again and moved once more) was nowhere.
+    fn at_switch(&self, h: &Handle, depth: usize) -> Option<(Vec<u8>, OwnedFd)> {
+        // A chain of moves longer than this is not an application's.
+        const DEEPEST: usize = 64;
+        let Some(went) = self.moves.get(h) else {
+            let path = self.path_now(&self.live(h)?)?;
+            let on_disk = open_dir_beneath(self.disk, &path).ok()?;
+            return Some((path, on_disk));
+        };
+        let born_later = || {
+            let fd = self.live(h)?;
+            Some(born(fd.as_fd(), c"")? >= self.switched?)
+        };
+        if depth >= DEEPEST || born_later() == Some(true) {
+            return None;
+        }
+        went.iter().find_map(|(dir, name)| {
+            let (parent, _) = self.at_switch(dir, depth + 1)?;
+            let from = join(&parent, name);
+            let Some(Mark::Entry(was)) = self.copied.get(&from) else {
+                return None;
+            };
+            let on_disk = open_dir_beneath(self.disk, &from).ok()?;
+            (was.is_dir() && stat::fstat(&on_disk).ok()?.st_ino as u64 == was.ino).then_some((from, on_disk))
+        })
+    }
+}
+
+/// The path through which this process reaches the open directory `fd`, wherever it
+/// is now: a path built from names the application can change would not be it.
+fn proc_fd(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// Adds to the seed's baseline of `m` every disk entry among `seen` (the paths the
@@ -162,10 +431,16 @@ pub fn catch_up(
 ///
 /// `seeded`: the seed's baseline of `m` as loaded for the merge (nothing saves
 /// another meanwhile), or `None` to load it.
+///
+/// `followed`: the directories merged where the application moved them
+/// ([`follow_moved`]); what was walked in each is recorded at its disk path, where
+/// the tmpfs no longer has it (the write-back takes it as moved away). Of one whose
+/// merge failed, nothing is: what the disk has there stays.
 fn record_brought_in(
     m: &MountSpec,
     state: &State,
     seen: &Baseline,
+    followed: &[Followed],
     seeded: Option<Baseline>,
 ) -> anyhow::Result<()> {
     let side = state.side(&m.name);
@@ -174,8 +449,20 @@ fn record_brought_in(
         Some(b) => b,
         None => state.baseline(&m.name)?,
     };
+    let failed: Vec<&[u8]> = followed
+        .iter()
+        .filter(|f| f.seen.is_none())
+        .map(|f| &f.from[..])
+        .collect();
+    let paths = seen
+        .marks
+        .iter()
+        .map(|(path, _)| path.to_vec())
+        .filter(|p| !failed.iter().any(|f| under(f, p)))
+        .chain(walked_in(followed));
     let mut added = 0u64;
-    for (path, _) in seen.marks.iter() {
+    for path in paths {
+        let path = &path[..];
         let Ok(st) = stat_beneath(root.as_fd(), path) else {
             continue;
         };
@@ -608,7 +895,7 @@ fn born(dir: BorrowedFd<'_>, name: &CStr) -> Option<Time> {
         libc::statx(
             dir.as_raw_fd(),
             name.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
+            libc::AT_SYMLINK_NOFOLLOW | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 },
             libc::STATX_BTIME,
             stx.as_mut_ptr(),
         )

@@ -572,3 +572,112 @@ fn what_the_merge_brought_in_before_the_tmpfs_filled_is_recorded() {
         deleted.len()
     );
 }
+
+/// A directory of the seed's copies the application moves in RAM right after the
+/// switch (alone; then making a new one at its name, which it moves too; moved twice;
+/// after moving its subdirectory out), after writing
+/// in it on disk during the seed (a new file and a rewrite; before the seed's last
+/// look, or after): what it wrote is in the moved directory, in RAM and after
+/// `down`, and nothing comes back at the old path. Before, the move counted as the
+/// directory's deletion: what it wrote before the last look was lost (the rewrite
+/// too), and after it the whole directory came back at its old path.
+#[test]
+fn a_directory_moved_in_ram_right_after_the_switch_takes_what_was_written_in_it_on_disk() {
+    for stop in ["after-seed", "before-switch"] {
+        for variant in [
+            "moved",
+            "moved and made again",
+            "moved twice",
+            "moved and changed",
+            "moved, made again and that moved too",
+            "its subdirectory moved out first",
+        ] {
+            let sb = Sandbox::new();
+            let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+            fill(
+                &cache,
+                &[
+                    ("d/old", "old"),
+                    ("d/changed", "v1"),
+                    ("d/kept", "kept"),
+                    ("d/sub/seeded", "s"),
+                    ("e/old", "old"),
+                ],
+            );
+            let spec = spec(&sb, &cache);
+            let (code, out) = apply_stopped_at(&sb, &spec, &[stop, "seed-switched"], |at| {
+                if at == 0 {
+                    fill(
+                        &cache,
+                        &[("d/x", "x"), ("d/changed", "v2"), ("d/sub/y", "y"), ("e/z", "z")],
+                    );
+                    return;
+                }
+                if variant == "its subdirectory moved out first" {
+                    fs::rename(cache.join("d/sub"), cache.join("e/sub2")).unwrap();
+                }
+                fs::rename(cache.join("d"), cache.join("d2")).unwrap();
+                match variant {
+                    "moved, made again and that moved too" => {
+                        fill(&cache, &[("d/mine", "mine")]);
+                        fs::rename(cache.join("d"), cache.join("d3")).unwrap();
+                    }
+                    "moved and made again" => fs::create_dir(cache.join("d")).unwrap(),
+                    "moved twice" => fs::rename(cache.join("d2"), cache.join("e/d3")).unwrap(),
+                    "moved and changed" => {
+                        fs::remove_file(cache.join("d2/old")).unwrap();
+                        fs::write(cache.join("d2/kept"), "mine").unwrap();
+                    }
+                    _ => {}
+                }
+            });
+            assert_eq!(code, 0, "{out}");
+            let at = if variant == "moved twice" { "e/d3" } else { "d2" };
+            let mut want: BTreeMap<String, String> = [
+                (format!("{at}/"), ""),
+                (format!("{at}/old"), "old"),
+                (format!("{at}/changed"), "v2"),
+                (format!("{at}/kept"), "kept"),
+                (format!("{at}/x"), "x"),
+                (format!("{at}/sub/"), ""),
+                (format!("{at}/sub/y"), "y"),
+                (format!("{at}/sub/seeded"), "s"),
+                ("e/".into(), ""),
+                ("e/old".into(), "old"),
+                ("e/z".into(), "z"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect();
+            match variant {
+                "moved and made again" => {
+                    want.insert("d/".into(), String::new());
+                }
+                "moved and changed" => {
+                    want.remove("d2/old");
+                    want.insert("d2/kept".into(), "mine".into());
+                }
+                "moved, made again and that moved too" => {
+                    want.insert("d3/".into(), String::new());
+                    want.insert("d3/mine".into(), "mine".into());
+                }
+                "its subdirectory moved out first" => {
+                    for k in ["d2/sub/", "d2/sub/y", "d2/sub/seeded"] {
+                        want.remove(k);
+                    }
+                    want.insert("e/sub2/".into(), String::new());
+                    want.insert("e/sub2/y".into(), "y".into());
+                    want.insert("e/sub2/seeded".into(), "s".into());
+                }
+                _ => {}
+            }
+            let in_ram = contents(&cache);
+            sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+            let after = contents(&cache);
+            assert!(
+                in_ram == want && after == want,
+                "{variant}, written on disk at {stop}:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
+            );
+        }
+    }
+}
