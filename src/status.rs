@@ -184,7 +184,7 @@ fn spec_mount(m: &MountSpec, o: &Observed, world: &World, state: &State) -> Moun
     let degraded = state.degraded(&m.name);
     let fallback = state.fallback(&m.name);
     let held = state.held(&m.name);
-    let pending = crate::sync::held(&world.table, &m.name, state);
+    let pending = crate::sync::held(&world.table, m, state);
     let moved = o.ours_elsewhere.as_ref().filter(|p| !p.starts_with(state.dir()));
     let state_now = observe::classify(&StateFacts {
         offloaded: matches!(o.at_path, AtPath::Ours(_)),

@@ -81,7 +81,7 @@ pub fn sync(
             whole_tree: None,
             seconds: 0.0,
         };
-        if m.persist != Persist::None && held(&world.table, &m.name, state) {
+        if m.persist != Persist::None && held(&world.table, m, state) {
             // A switch to disk whose write-back failed: retried here.
             out.push(finish_writeback(m, host, state, None, by)?.0);
             continue;
@@ -403,13 +403,26 @@ fn held_overlay(held: &Path) -> bool {
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::OVERLAYFS_SUPER_MAGIC)
 }
 
-/// Whether a tmpfs of `name` is held, waiting for its write-back.
-pub fn held(table: &MountTable, name: &str, state: &State) -> bool {
-    let source = spec::source_for(name);
-    table
-        .stack_at(&state.held(name))
-        .iter()
-        .any(|e| backend::is_ours(e, &source))
+/// Whether a tmpfs of `m` is held, waiting for its write-back. One also still at
+/// its path is a `down` stopped (killed) between holding it and switching the
+/// application to disk: the application still works in it, so it is written back
+/// as the live tmpfs it is, and the switch is `down`'s to finish. Written back as
+/// held, the write-back ended as `down`'s does, without the baseline and the side
+/// bind, under the live tmpfs, and what the application deleted in it after that
+/// came back at the next `down`.
+pub fn held(table: &MountTable, m: &MountSpec, state: &State) -> bool {
+    let source = spec::source_for(&m.name);
+    let ours = |at: &Path| {
+        table
+            .stack_at(at)
+            .into_iter()
+            .filter(|e| backend::is_ours(e, &source))
+            .map(|e| e.dev)
+            .collect::<Vec<_>>()
+    };
+    let live = ours(&m.path);
+    let held = ours(&state.held(&m.name));
+    !held.is_empty() && !held.iter().any(|dev| live.contains(dev))
 }
 
 /// Removes the side bind and staging point of a mount that is gone, and has the

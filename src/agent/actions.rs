@@ -607,7 +607,7 @@ impl Agent {
     pub(super) fn retry_pending_writeback(&mut self, i: usize) -> Option<String> {
         let name = self.mounts[i].spec.name.clone();
         let table = self.host.mounts().ok()?;
-        if !sync::held(&table, &name, &self.state) {
+        if !sync::held(&table, &self.mounts[i].spec, &self.state) {
             return None;
         }
         let _lock = match self.state.lock(self.opts.wait) {

@@ -107,6 +107,8 @@ fn killed_run(sb: &Sandbox, args: &[&std::ffi::OsStr], point: Option<&str>, afte
 enum Cmd {
     Down,
     Sync,
+    /// `down` killed, then a `sync` before the `down` that finishes.
+    DownThenSync,
 }
 
 /// Offloads, lets the application work in RAM, kills `cmd` at `point` (or after
@@ -120,7 +122,7 @@ fn kill_then_finish(cmd: Cmd, point: Option<&str>, after: Duration, seed_no: u64
     let app = App::start(cache.clone(), seeded, seed_no);
     std::thread::sleep(Duration::from_millis(400));
     let verb = match cmd {
-        Cmd::Down => "down",
+        Cmd::Down | Cmd::DownThenSync => "down",
         Cmd::Sync => "sync",
     };
     let what = format!("{verb} killed at {}", point.unwrap_or(&format!("{after:?}")));
@@ -128,7 +130,7 @@ fn kill_then_finish(cmd: Cmd, point: Option<&str>, after: Duration, seed_no: u64
     let was_killed = killed_run(&sb, &[verb.as_ref(), spec.as_os_str()], point, after);
     app.event(&format!("{verb} killed"));
     std::thread::sleep(Duration::from_millis(200));
-    if matches!(cmd, Cmd::Sync) {
+    if matches!(cmd, Cmd::Sync | Cmd::DownThenSync) {
         // The application goes on in RAM; the next pass merges against what the
         // killed one left.
         app.event("sync started");
@@ -169,6 +171,25 @@ fn kill_9_in_every_phase_of_down() {
             Some(&format!("{point}:c")),
             Duration::ZERO,
             i as u64 + 1,
+        );
+    }
+}
+
+/// A `sync` after a killed `down`: killed before its switch (`after-hold`), the
+/// tmpfs is still the application's, and written back as such (the `sync` wrote it
+/// back as held, dropped its baseline and side bind, and the names the application
+/// deleted in RAM after that came back at the final `down`).
+#[test]
+fn a_sync_after_down_was_killed_in_any_phase() {
+    for (i, point) in ["after-hold", "after-switch", "after-merge", "after-baseline"]
+        .into_iter()
+        .enumerate()
+    {
+        kill_then_finish(
+            Cmd::DownThenSync,
+            Some(&format!("{point}:c")),
+            Duration::ZERO,
+            400 + i as u64,
         );
     }
 }
