@@ -13,7 +13,9 @@
 //! copy is unmounted; `before-removals` (of any mount: give no name) in a write-back
 //! once its copies are durable, before it removes what the RAM deleted;
 //! `seed-dir-dropped` (of any mount) once `apply` emptied, right after the switch, a
-//! directory the disk deleted in the last moment before it.
+//! directory the disk deleted in the last moment before it; `seed-merged` once
+//! `apply` merged into the tmpfs what the application wrote on disk during the seed,
+//! before it records that.
 
 use nix::sys::signal::{raise, Signal};
 

@@ -681,3 +681,51 @@ fn a_directory_moved_in_ram_right_after_the_switch_takes_what_was_written_in_it_
         }
     }
 }
+
+/// A process still working in the disk directory through a descriptor it opened
+/// before `apply` (its working directory) rewrites a file there after the merge
+/// after the switch compared it: after `down` the disk has its rewrite. Before, the
+/// records taken after the merge took the rewrite for what the tmpfs had, and
+/// `down` wrote the tmpfs's older copy over it.
+#[test]
+fn a_rewrite_through_an_old_descriptor_after_the_merge_is_not_taken_for_the_copy() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fill(&cache, &[("old", "v1"), ("d/keep", "k")]);
+    let spec = spec(&sb, &cache);
+    // Its working directory: the disk directory, whatever is mounted over it later.
+    let disk = fs::File::open(&cache).unwrap();
+    let at = |name: &str| {
+        PathBuf::from(format!(
+            "/proc/self/fd/{}/{name}",
+            std::os::fd::AsRawFd::as_raw_fd(&disk)
+        ))
+    };
+    let (code, out) = apply_stopped_at(&sb, &spec, &["before-switch", "seed-merged"], |i| {
+        if i == 0 {
+            // Something for the merge to bring in.
+            fill(&cache, &[("new", "n")]);
+            return;
+        }
+        let tmp = at(".old.tmp");
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"v2, written on disk after the merge").unwrap();
+        drop(f);
+        fs::rename(&tmp, at("old")).unwrap();
+    });
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(fs::read_to_string(cache.join("new")).unwrap(), "n", "{out}");
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let after = contents(&cache);
+    assert_eq!(
+        after.get("old").map(String::as_str),
+        Some("v2, written on disk after the merge"),
+        "{after:?}\n{out}"
+    );
+}
