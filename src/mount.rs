@@ -240,6 +240,10 @@ impl PinnedDir {
         Ok(PinnedDir { fd })
     }
 
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
     /// The magic link that names exactly this directory.
     pub fn proc_path(&self) -> std::path::PathBuf {
         use std::os::fd::AsRawFd;

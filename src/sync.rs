@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::Serialize;
 
 pub mod overlay;
@@ -16,7 +16,7 @@ use crate::copy::baseline::now_after_tick;
 use crate::copy::{self, DiskDeletions, Merge, SyncStats};
 use crate::down::DownOutcome;
 use crate::error::UnknownName;
-use crate::host::deletions::Deletions;
+use crate::host::deletions::{Deletions, Handle};
 use crate::host::mountinfo::MountTable;
 use crate::host::Host;
 use crate::keeper;
@@ -339,7 +339,11 @@ pub fn finish_writeback(
     by: &str,
 ) -> Result<(SyncResult, DownOutcome)> {
     let held = state.held(&m.name);
+    let made_again = side_made_again(m, state)?;
     let mut watch = watch.or_else(|| watch_deletions(m, state));
+    if let (Some(w), Some((new, old))) = (watch.as_mut(), made_again) {
+        w.stands_for(new, old);
+    }
     if let Some(w) = watch.as_mut() {
         // The held copy got its last change through the path before this.
         w.since(now_after_tick());
@@ -395,6 +399,50 @@ pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
         .ok()?;
     keeper::take_over(state, &m.name, &mut watch);
     Some(watch)
+}
+
+/// Binds the side of a held tmpfs `m` again, to the directory at its path, if the
+/// application removed the disk directory it was bound to (and perhaps made another)
+/// while the write-back waited: the write-back goes where the application works now.
+/// Creating anything in the removed one fails, so no retry could finish, whatever
+/// its message said to do. Returns the handles of the new directory and the removed
+/// one, for the deletion watch: the application removed only what the disk had, so
+/// what the RAM wrote that it never saw is the RAM's (as for any directory removed
+/// between two attempts).
+fn side_made_again(m: &MountSpec, state: &State) -> Result<Option<(Handle, Handle)>> {
+    let side = state.side(&m.name);
+    let Ok(old) = std::fs::File::open(&side) else {
+        return Ok(None);
+    };
+    if !old
+        .metadata()
+        .is_ok_and(|md| std::os::unix::fs::MetadataExt::nlink(&md) == 0)
+    {
+        return Ok(None);
+    }
+    let now = crate::mount::PinnedDir::open(&m.path).with_context(|| {
+        format!(
+            "the disk directory {} was removed while its write-back waited; make it again for the write-back",
+            m.path.display()
+        )
+    })?;
+    let handles = crate::host::fanotify::handle_of(now.as_fd())
+        .and_then(|new| {
+            Ok((
+                new,
+                crate::host::fanotify::handle_of(std::os::fd::AsFd::as_fd(&old))?,
+            ))
+        })
+        .ok();
+    crate::mount::detach_all(&side)?;
+    crate::mount::ensure_mount_point(&side)?;
+    crate::mount::bind_private(&now.proc_path(), &side)?;
+    tracing::warn!(
+        "{}: the disk directory was removed while its write-back waited; writing back into {} as it is now",
+        m.name,
+        m.path.display()
+    );
+    Ok(handles)
 }
 
 /// Whether an overlay is mounted at `held` (a retry may find only its tmpfs).

@@ -54,6 +54,9 @@ pub struct Deletions {
     own_pid: i32,
     ignored: Option<i32>,
     overflowed: bool,
+    /// A directory made again in place of a removed one, by its handle: the removed
+    /// one's (see [`Self::stands_for`]).
+    again: HashMap<Handle, Handle>,
 }
 
 impl Deletions {
@@ -93,12 +96,26 @@ impl Deletions {
             own_pid: std::process::id() as i32,
             ignored: None,
             overflowed: false,
+            again: HashMap::new(),
         })
     }
 
     /// Deletions count from `t` on (a time after the last change the RAM side got).
     pub fn since(&mut self, t: Time) {
         self.since = Some(t);
+    }
+
+    /// Names deleted in the removed directory `old` count as deleted in the directory
+    /// `new` too, made in its place: a write-back into `new` knows what the
+    /// application removed with the old one.
+    pub fn stands_for(&mut self, new: Handle, old: Handle) {
+        self.again.insert(new, old);
+    }
+
+    /// `dir`, and the removed directory it was made again for, if any.
+    fn with_removed(&self, dir: Handle) -> impl Iterator<Item = Handle> {
+        let old = self.again.get(&dir).cloned();
+        std::iter::once(dir).chain(old)
     }
 
     /// The time set by [`Self::since`].
@@ -229,8 +246,9 @@ impl DiskDeletions for Deletions {
             return None;
         }
         let handle = handle_of(dir).ok()?;
-        self.gone
-            .contains(&(handle, name.to_bytes().to_vec()))
+        let name = name.to_bytes().to_vec();
+        self.with_removed(handle)
+            .any(|h| self.gone.contains(&(h, name.clone())))
             .then_some(since)
     }
 
@@ -240,9 +258,14 @@ impl DiskDeletions for Deletions {
             Ok(fd) => handle_of(fd).ok(),
             Err(key) => from_key(key),
         };
-        parent
-            .and_then(|parent| self.dirs.get(&(parent, name.to_bytes().to_vec())))
-            .map_or_else(Vec::new, |handles| handles.iter().map(to_key).collect())
+        let Some(parent) = parent else {
+            return Vec::new();
+        };
+        self.with_removed(parent)
+            .filter_map(|p| self.dirs.get(&(p, name.to_bytes().to_vec())))
+            .flatten()
+            .map(to_key)
+            .collect()
     }
 
     fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time> {
