@@ -228,6 +228,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                     // `sync::seed_window`).
                     deletions = crate::host::deletions::Deletions::watch(stage).ok().map(|mut w| {
                         w.since(taken);
+                        w.keep_moves();
                         w
                     });
                 }

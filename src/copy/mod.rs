@@ -44,7 +44,7 @@ pub use error::CopyError;
 pub use journal::Journal;
 pub use measure::{measure, TreeSize};
 pub use place::DiskDeletions;
-pub use seed::{copy_tree, seed_tree, CopyStats};
+pub use seed::{copy_tree, replace_with_copy, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
 pub use writeback::{
     remove_entry, remove_older, remove_unchanged, sync_tree, Barriers, Dirty, Merge, SyncStats, Synced,

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -615,6 +616,59 @@ fn worker(jobs: &Mutex<Receiver<FileJob>>, done: &Sender<FileDone>, direct: bool
             return;
         }
     }
+}
+
+/// Puts a copy of the regular file `src` (`st`: its stat), data and metadata, in
+/// place of the entry `name` of `dir`, if that is still the file `expect`: the same
+/// inode in the same version (type, mode, size, mtime). The two are exchanged
+/// atomically and the one that came out is checked; one the application changed or
+/// replaced meanwhile is put back. Whether the copy took its place.
+pub fn replace_with_copy(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    src: OwnedFd,
+    st: &FileStat,
+    expect: &Sig,
+) -> Result<bool, CopyError> {
+    use nix::fcntl::{renameat2, RenameFlags};
+    let at = |f: Failed| {
+        f.at(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+            name.to_bytes(),
+        )))
+    };
+    let mut transfer = Transfer::default();
+    let (mut temp, ()) = super::temp::create_temp(&mut super::temp::TempNames::new(), dir, |d, n| {
+        copy_file(
+            &mut transfer,
+            d,
+            n,
+            src.try_clone().map_err(src_err("duplicate"))?,
+            st,
+            &mut |_| {},
+        )
+    })
+    .map_err(at)?;
+    let exchange = || renameat2(dir, temp.name.as_c_str(), dir, name, RenameFlags::RENAME_EXCHANGE);
+    exchange().map_err(dst_err("exchange")).map_err(at)?;
+    let out = stat::fstatat(
+        dir,
+        temp.name.as_c_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    );
+    let was = out.is_ok_and(|o| {
+        let o = Sig::of(&o);
+        o.ino == expect.ino && o.same_version(expect)
+    });
+    if !was {
+        if let Err(e) = renameat2(dir, temp.name.as_c_str(), dir, name, RenameFlags::RENAME_EXCHANGE) {
+            // Both stay: the copy at the name, what came out at the temporary name.
+            temp.live = false;
+            return Err(at(dst_err("exchange back")(e)));
+        }
+    }
+    // The temporary name now holds what is not kept; its guard removes it.
+    drop(temp);
+    Ok(was)
 }
 
 /// Copies one regular file, data and metadata, into a new entry `name` of

@@ -39,6 +39,9 @@ pub struct Gone {
     pub object: Option<Handle>,
 }
 
+/// The directories (by handle) and names an entry was moved away from, in order.
+pub type WentFrom = Vec<(Handle, Vec<u8>)>;
+
 pub struct Deletions {
     group: Fanotify,
     /// When the watched changes began to matter: every name seen deleted is taken to
@@ -57,6 +60,9 @@ pub struct Deletions {
     /// A directory made again in place of a removed one, by its handle: the removed
     /// one's (see [`Self::stands_for`]).
     again: HashMap<Handle, Handle>,
+    /// Where entries were moved away from, by their own handles, in the order of the
+    /// moves; kept only when asked for ([`Self::keep_moves`]).
+    moved: Option<HashMap<Handle, WentFrom>>,
 }
 
 impl Deletions {
@@ -97,6 +103,7 @@ impl Deletions {
             ignored: None,
             overflowed: false,
             again: HashMap::new(),
+            moved: None,
         })
     }
 
@@ -116,6 +123,19 @@ impl Deletions {
     fn with_removed(&self, dir: Handle) -> impl Iterator<Item = Handle> {
         let old = self.again.get(&dir).cloned();
         std::iter::once(dir).chain(old)
+    }
+
+    /// Keeps, from now on, where each entry moved away went from (its directory and
+    /// name, by the entry's own handle, where the kernel reports it).
+    pub fn keep_moves(&mut self) {
+        self.moved.get_or_insert_with(HashMap::new);
+    }
+
+    /// The entries seen moved away (see [`Self::keep_moves`]): by their own handles,
+    /// each directory and name they went from, in the order of the moves.
+    pub fn moves(&mut self) -> HashMap<Handle, WentFrom> {
+        self.drain();
+        self.moved.clone().unwrap_or_default()
     }
 
     /// The time set by [`Self::since`].
@@ -216,6 +236,14 @@ impl Deletions {
                                 mask,
                                 object,
                             } if pid != self.own_pid && Some(pid) != self.ignored => {
+                                if let (Some(moved), Some(entry)) = (self.moved.as_mut(), &object) {
+                                    if mask & libc::FAN_MOVED_FROM != 0 {
+                                        moved
+                                            .entry(entry.clone())
+                                            .or_default()
+                                            .push((dir.clone(), name.clone()));
+                                    }
+                                }
                                 let key = (dir, name);
                                 let object = object.filter(|_| mask & libc::FAN_ONDIR != 0);
                                 let new_dir = object

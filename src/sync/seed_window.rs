@@ -46,7 +46,7 @@ use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
-use crate::host::deletions::Deletions;
+use crate::host::deletions::{Deletions, WentFrom};
 use crate::host::fanotify::{fd_path, open_handle, Handle};
 use crate::progress::Progress;
 use crate::spec::MountSpec;
@@ -114,7 +114,7 @@ pub fn catch_up(
             // What it brought in before it stopped is in the tmpfs as on disk:
             // unrecorded, a name of it the application then deletes in RAM
             // would be the disk's own to the write-back, which keeps it.
-            return Err(match record_agreed(m, state, copied) {
+            return Err(match record_agreed(m, state, (&followed, merges_began), copied) {
                 Ok(0) => stopped,
                 Ok(n) => format!(
                     "{stopped}; recorded the {} the tmpfs has as the disk has {}",
@@ -246,16 +246,10 @@ fn follow_moved(
     seed_started: Time,
     touched: &mut HashSet<u64>,
 ) -> Vec<Followed> {
-    let (gone, switched) = {
+    let (moves, switched) = {
         let mut w = watch.lock().expect("no merge has used the watch yet");
-        (w.seen(), w.counted_from())
+        (w.moves(), w.counted_from())
     };
-    let mut moves: HashMap<Handle, Vec<(Handle, Vec<u8>)>> = HashMap::new();
-    for g in gone {
-        if let Some(object) = g.object {
-            moves.entry(object).or_default().push((g.dir, g.name));
-        }
-    }
     if moves.is_empty() {
         return Vec::new();
     }
@@ -277,10 +271,15 @@ fn follow_moved(
     // The directories still in the tmpfs (a deleted one's handle opens no more),
     // moved from where the seed copied them.
     let mut found: Vec<(Vec<u8>, Vec<u8>, OwnedFd, OwnedFd)> = Vec::new();
-    for object in moves.keys() {
+    let mut files = Vec::new();
+    for (object, went) in &moves {
         let Some(moved) = seen.live(object) else {
             continue;
         };
+        if !stat::fstat(&moved).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+            files.push((object, went));
+            continue;
+        }
         let (Some((from, on_disk)), Some(to)) = (seen.at_switch(object, 0), seen.path_now(&moved)) else {
             continue;
         };
@@ -312,6 +311,15 @@ fn follow_moved(
     found.sort_by_key(|(from, ..)| std::cmp::Reverse(from.iter().filter(|&&c| c == b'/').count()));
     for (from, to, on_disk, moved) in found {
         let below = rebased.remove(&from).unwrap_or_default();
+        // Each merge waits for a clock tick or two: none where the disk has nothing
+        // the seed did not copy.
+        if as_copied(&on_disk, &below) {
+            followed.push(Followed {
+                from,
+                seen: Some(below),
+            });
+            continue;
+        }
         let mut base = Baseline {
             taken: Some(seed_started),
             ..Baseline::none()
@@ -341,6 +349,31 @@ fn follow_moved(
             }
         }
     }
+    for (file, went) in files {
+        match seen.follow_file(file, went) {
+            Ok(None) => {}
+            Ok(Some((from, to))) => {
+                tracing::info!(
+                    "{}: {}, moved to {} in RAM right after the switch: its disk version, rewritten during the seed, is there now",
+                    m.name,
+                    String::from_utf8_lossy(&from),
+                    String::from_utf8_lossy(&to)
+                );
+                followed.push(Followed {
+                    from,
+                    seen: Some(Baseline::none()),
+                });
+            }
+            Err((from, e)) => {
+                tracing::warn!(
+                    "{}: {}, moved in RAM right after the switch: bringing in its disk version, rewritten during the seed: {e:#}; that stays on disk",
+                    m.name,
+                    String::from_utf8_lossy(&from)
+                );
+                followed.push(Followed { from, seen: None });
+            }
+        }
+    }
     followed
 }
 
@@ -365,6 +398,39 @@ fn agree_followed(disk: BorrowedFd<'_>, followed: &[Followed], base: &mut Baseli
     }
 }
 
+/// Whether every entry below the disk directory `dir` is as the seed recorded it
+/// (`copied`, by paths from there), and nothing else is there.
+fn as_copied(dir: &OwnedFd, copied: &Baseline) -> bool {
+    let mut found = 0usize;
+    let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(rel) = dirs.pop() {
+        let Ok(fd) = open_dir_beneath(dir.as_fd(), &rel) else {
+            return false;
+        };
+        let Ok(names) = copy::read_names(&fd) else {
+            return false;
+        };
+        for name in names {
+            let path = join(&rel, name.to_bytes());
+            let Ok(st) = stat::fstatat(&fd, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                return false;
+            };
+            if copied.get(&path) != Some(Mark::Entry(Sig::of(&st))) {
+                return false;
+            }
+            found += 1;
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                dirs.push(path);
+            }
+        }
+    }
+    found == copied.marks.len()
+}
+
+/// A file followed where it was moved: its path at the switch and now; or none; or
+/// why not, with its path at the switch.
+type FileFollowed = Result<Option<(Vec<u8>, Vec<u8>)>, (Vec<u8>, anyhow::Error)>;
+
 /// The directories the deletion watch saw go from a name in the tmpfs, by their own
 /// handles, with where they went from; and where to look them up.
 struct Moves<'a> {
@@ -374,7 +440,7 @@ struct Moves<'a> {
     disk: BorrowedFd<'a>,
     /// The seed's records.
     copied: &'a Baseline,
-    moves: &'a HashMap<Handle, Vec<(Handle, Vec<u8>)>>,
+    moves: &'a HashMap<Handle, WentFrom>,
     /// When the seed's copies were all made (the watch's time).
     switched: Option<Time>,
 }
@@ -391,9 +457,82 @@ impl Moves<'_> {
         below(self.ram.1, &fd_path(fd.as_fd())?)
     }
 
+    /// A file of the seed's copies moved in RAM (`h`, moved away from `went`, the
+    /// first first), still that copy, whose disk version was rewritten since the
+    /// seed copied it: the disk's version replaces the copy where it is now, and its
+    /// path at the switch and now are returned. The application moved the version
+    /// it believed it had; left as it was, the rewrite was lost (the move counted as
+    /// the name's deletion) or came back at the old name.
+    fn follow_file(&self, h: &Handle, went: &[(Handle, Vec<u8>)]) -> FileFollowed {
+        let Some(found) = self.moved_file(h, went) else {
+            return Ok(None);
+        };
+        let (from, to, ours, on_disk) = found;
+        let (dir, name) = match to.iter().rposition(|&c| c == b'/') {
+            Some(i) => (&to[..i], &to[i + 1..]),
+            None => (&b""[..], &to[..]),
+        };
+        let replaced = open_dir_beneath(self.ram.0, dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|dir| {
+                let name = CString::new(name)?;
+                let there = stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+                if there.st_ino != ours.st_ino {
+                    return Ok(false);
+                }
+                let src = open_beneath(self.disk, &from)?;
+                let st = stat::fstat(&src)?;
+                if Sig::of(&st) != on_disk {
+                    return Ok(false);
+                }
+                Ok(copy::replace_with_copy(
+                    dir.as_fd(),
+                    &name,
+                    src,
+                    &st,
+                    &Sig::of(&ours),
+                )?)
+            });
+        match replaced {
+            Ok(true) => Ok(Some((from, to))),
+            Ok(false) => Ok(None),
+            Err(e) => Err((from, e)),
+        }
+    }
+
+    /// For [`Self::follow_file`]: the file `h` if it is such a copy, with its path at
+    /// the switch and now, its stat, and the disk version's record.
+    fn moved_file(
+        &self,
+        h: &Handle,
+        went: &[(Handle, Vec<u8>)],
+    ) -> Option<(Vec<u8>, Vec<u8>, FileStat, Sig)> {
+        let moved = open_handle(self.ram.0, h).ok()?;
+        let st = stat::fstat(&moved).ok()?;
+        // One with another name too may be changed through it: left to the merge.
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
+            return None;
+        }
+        if let (Some(born), Some(switched)) = (born(moved.as_fd(), c""), self.switched) {
+            if born >= switched {
+                return None;
+            }
+        }
+        let (dir, name) = went.first()?;
+        let (parent, _) = self.at_switch(dir, 0)?;
+        let from = join(&parent, name);
+        let Some(Mark::Entry(was)) = self.copied.get(&from) else {
+            return None;
+        };
+        let now = Sig::of(&stat_beneath(self.disk, &from).ok()?);
+        let rewritten = now.mode & libc::S_IFMT == libc::S_IFREG && !now.same_version(&was);
+        let to = self.path_now(&moved)?;
+        (rewritten && Sig::of(&st).same_version(&was) && to != from).then_some((from, to, st, now))
+    }
+
     /// Where the directory `h` of the tmpfs was when it went in place, if the seed
     /// copied a directory there, with the disk directory it is the copy of. One moved
-    /// since was at one of the names it went from, in its directory then (`depth`:
+    /// since was at the first name it went from, in its directory then (`depth`:
     /// how many of those were looked up already); one born after the seed's copies
     /// (moved away, made again and moved once more) was nowhere.
     fn at_switch(&self, h: &Handle, depth: usize) -> Option<(Vec<u8>, OwnedFd)> {
@@ -411,15 +550,14 @@ impl Moves<'_> {
         if depth >= DEEPEST || born_later() == Some(true) {
             return None;
         }
-        went.iter().find_map(|(dir, name)| {
-            let (parent, _) = self.at_switch(dir, depth + 1)?;
-            let from = join(&parent, name);
-            let Some(Mark::Entry(was)) = self.copied.get(&from) else {
-                return None;
-            };
-            let on_disk = open_dir_beneath(self.disk, &from).ok()?;
-            (was.is_dir() && stat::fstat(&on_disk).ok()?.st_ino as u64 == was.ino).then_some((from, on_disk))
-        })
+        let (dir, name) = went.first()?;
+        let (parent, _) = self.at_switch(dir, depth + 1)?;
+        let from = join(&parent, name);
+        let Some(Mark::Entry(was)) = self.copied.get(&from) else {
+            return None;
+        };
+        let on_disk = open_dir_beneath(self.disk, &from).ok()?;
+        (was.is_dir() && stat::fstat(&on_disk).ok()?.st_ino as u64 == was.ino).then_some((from, on_disk))
     }
 }
 
@@ -508,12 +646,18 @@ fn record_brought_in(
 /// baseline lacks or records otherwise, as it is on disk now; returns how many.
 ///
 /// For a merge that stopped: what it brought in before is not known, but it is what
-/// both sides have alike. A directory the baseline records keeps its record (what
+/// both sides have alike; and what the merges into moved directories (`followed`)
+/// walked, unchanged on disk since they `began`. A directory the baseline records keeps its record (what
 /// the merge did not bring into it stays the disk's own); copies the application
 /// changed since, and the disk's changes the merge did not reach, differ and keep
 /// theirs. A name brought in that the application deleted in RAM before this look
 /// is missed: the write-back keeps it on disk.
-fn record_agreed(m: &MountSpec, state: &State, seeded: Option<Baseline>) -> anyhow::Result<u64> {
+fn record_agreed(
+    m: &MountSpec,
+    state: &State,
+    (followed, began): (&[Followed], Time),
+    seeded: Option<Baseline>,
+) -> anyhow::Result<u64> {
     let side = state.side(&m.name);
     let open_root = |p: &Path| {
         std::fs::File::open(p)
@@ -526,6 +670,17 @@ fn record_agreed(m: &MountSpec, state: &State, seeded: Option<Baseline>) -> anyh
         None => state.baseline(&m.name)?,
     };
     let mut added = 0u64;
+    // What the merges into moved directories walked, where the tmpfs no longer has
+    // it (see [`record_brought_in`]).
+    for path in walked_in(followed) {
+        if let Ok(st) = stat_beneath(disk.as_fd(), &path) {
+            let sig = Sig::of(&st);
+            if sig.ctime < began && base.get(&path) != Some(Mark::Entry(sig)) {
+                base.marks.insert(&path, Mark::Entry(sig));
+                added += 1;
+            }
+        }
+    }
     let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
     while let Some(dir) = dirs.pop() {
         // A directory either side no longer has (or has as a symlink now) is skipped:
@@ -565,6 +720,17 @@ fn record_agreed(m: &MountSpec, state: &State, seeded: Option<Baseline>) -> anyh
         state.save_baseline(&m.name, &base)?;
     }
     Ok(added)
+}
+
+/// The file `path` below `root`, open for reading, not through a symlink.
+fn open_beneath(root: BorrowedFd<'_>, path: &[u8]) -> nix::Result<OwnedFd> {
+    openat2(
+        root,
+        Path::new(OsStr::from_bytes(path)),
+        OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+    )
 }
 
 /// `path` below `root`, not through a symlink: the application may have made one.

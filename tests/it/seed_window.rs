@@ -729,3 +729,70 @@ fn a_rewrite_through_an_old_descriptor_after_the_merge_is_not_taken_for_the_copy
         "{after:?}\n{out}"
     );
 }
+
+/// A file of the seed's copies the application moves in RAM right after the switch,
+/// after rewriting it on disk during the seed (replaced, or appended to in place;
+/// before the seed's last look, or after): the moved file has the rewrite, in RAM
+/// and after `down`, and the old name is gone. Moved on, it has it too; changed by
+/// the application after the move, its change stands; one not rewritten on disk is
+/// moved as it is. Before, the move counted as the name's deletion: the rewrite was
+/// lost, or came back at the old name.
+#[test]
+fn a_file_moved_in_ram_right_after_the_switch_takes_its_rewrite_on_disk() {
+    use std::io::Write;
+    for stop in ["after-seed", "before-switch"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(
+            &cache,
+            &[
+                ("g", "v1"),
+                ("a/log", "line 1\n"),
+                ("twice", "v1"),
+                ("mine", "v1"),
+                ("same", "s"),
+            ],
+        );
+        let spec = spec(&sb, &cache);
+        let (code, out) = apply_stopped_at(&sb, &spec, &[stop, "seed-switched"], |at| {
+            if at == 0 {
+                fill(
+                    &cache,
+                    &[("g", "v2 of g"), ("twice", "v2 of twice"), ("mine", "v2 of mine")],
+                );
+                let mut log = fs::OpenOptions::new()
+                    .append(true)
+                    .open(cache.join("a/log"))
+                    .unwrap();
+                log.write_all(b"line 2\n").unwrap();
+                return;
+            }
+            fs::rename(cache.join("g"), cache.join("h")).unwrap();
+            fs::rename(cache.join("a/log"), cache.join("log.1")).unwrap();
+            fs::rename(cache.join("twice"), cache.join("a/twice")).unwrap();
+            fs::rename(cache.join("a/twice"), cache.join("twice.2")).unwrap();
+            fs::rename(cache.join("mine"), cache.join("mine.2")).unwrap();
+            fs::write(cache.join("mine.2"), "the application's").unwrap();
+            fs::rename(cache.join("same"), cache.join("same.2")).unwrap();
+        });
+        assert_eq!(code, 0, "{out}");
+        let want: BTreeMap<String, String> = [
+            ("h", "v2 of g"),
+            ("a/", ""),
+            ("log.1", "line 1\nline 2\n"),
+            ("twice.2", "v2 of twice"),
+            ("mine.2", "the application's"),
+            ("same.2", "s"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let in_ram = contents(&cache);
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        let after = contents(&cache);
+        assert!(
+            in_ram == want && after == want,
+            "written on disk at {stop}:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
+        );
+    }
+}
