@@ -52,6 +52,10 @@ use crate::progress::Progress;
 use crate::spec::MountSpec;
 use crate::state::State;
 
+/// How many directories moved in RAM right after the switch [`follow_moved`] merges
+/// into (about 16 ms each): a bound on what it adds to `apply`.
+const MAX_FOLLOWED: usize = 256;
+
 /// How often [`catch_up`] starts again after the application removed a directory
 /// under it, each time another one.
 const MAX_RACES: usize = 1000;
@@ -309,10 +313,11 @@ fn follow_moved(
     let mut followed = Vec::new();
     // The deepest first: what it took is agreed on for the one above it.
     found.sort_by_key(|(from, ..)| std::cmp::Reverse(from.iter().filter(|&&c| c == b'/').count()));
+    let mut merges = 0usize;
     for (from, to, on_disk, moved) in found {
         let below = rebased.remove(&from).unwrap_or_default();
         // Each merge waits for a clock tick or two: none where the disk has nothing
-        // the seed did not copy.
+        // the seed did not copy, and a bounded number in all.
         if as_copied(&on_disk, &below) {
             followed.push(Followed {
                 from,
@@ -320,6 +325,15 @@ fn follow_moved(
             });
             continue;
         }
+        if merges == MAX_FOLLOWED {
+            tracing::warn!(
+                "{}: more than {MAX_FOLLOWED} directories the application wrote in on disk during the seed were moved in RAM right after the switch; {} and those after it count as deleted there",
+                m.name,
+                String::from_utf8_lossy(&from)
+            );
+            break;
+        }
+        merges += 1;
         let mut base = Baseline {
             taken: Some(seed_started),
             ..Baseline::none()
