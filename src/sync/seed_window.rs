@@ -47,7 +47,7 @@ use nix::sys::stat::{self, FileStat};
 use crate::copy::baseline::{Mark, Sig, Time};
 use crate::copy::{self, Baseline, DiskDeletions, Merge, SyncStats};
 use crate::host::deletions::{Deletions, WentFrom};
-use crate::host::fanotify::{fd_path, open_handle, Handle};
+use crate::host::fanotify::{fd_path, handle_of, open_handle, Handle};
 use crate::progress::Progress;
 use crate::spec::MountSpec;
 use crate::state::State;
@@ -550,10 +550,31 @@ impl Moves<'_> {
     /// how many of those were looked up already); one born after the seed's copies
     /// (moved away, made again and moved once more) was nowhere.
     fn at_switch(&self, h: &Handle, depth: usize) -> Option<(Vec<u8>, OwnedFd)> {
-        // A chain of moves longer than this is not an application's.
-        const DEEPEST: usize = 64;
+        // Moves and directories above, looked up one by one: a chain longer than
+        // this is not an application's cache.
+        const DEEPEST: usize = 128;
         let Some(went) = self.moves.get(h) else {
-            let path = self.path_now(&self.live(h)?)?;
+            let fd = self.live(h)?;
+            let path = if same_inode(fd.as_fd(), self.ram.0) {
+                Vec::new()
+            } else {
+                // Not moved itself: in its directory then, which may have moved, under
+                // the name it has now.
+                if depth >= DEEPEST {
+                    return None;
+                }
+                let now = self.path_now(&fd)?;
+                let name = now.rsplit(|&c| c == b'/').next()?.to_vec();
+                let up = nix::fcntl::openat(
+                    &fd,
+                    "..",
+                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    stat::Mode::empty(),
+                )
+                .ok()?;
+                let (parent, _) = self.at_switch(&handle_of(up.as_fd()).ok()?, depth + 1)?;
+                join(&parent, &name)
+            };
             let on_disk = open_dir_beneath(self.disk, &path).ok()?;
             return Some((path, on_disk));
         };

@@ -796,3 +796,53 @@ fn a_file_moved_in_ram_right_after_the_switch_takes_its_rewrite_on_disk() {
         );
     }
 }
+
+/// A directory moved right after the switch whose parent stayed but whose parent's
+/// parent moved too (before it, or after): it is found where the seed copied it, and
+/// gets what was written in it on disk. Before, its path then was taken for its
+/// path now, and the new file was lost.
+#[test]
+fn a_directory_moved_below_a_moved_one_is_followed() {
+    for first in ["the directory", "its grandparent"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(&cache, &[("a/b/c/old", "old"), ("a/b/c/changed", "v1")]);
+        let spec = spec(&sb, &cache);
+        let (code, out) = apply_stopped_at(&sb, &spec, &["after-seed", "seed-switched"], |at| {
+            if at == 0 {
+                fill(&cache, &[("a/b/c/x", "x"), ("a/b/c/changed", "v2")]);
+                return;
+            }
+            let (c, a) = (
+                || fs::rename(cache.join("a/b/c"), cache.join("a/b/c2")).unwrap(),
+                || fs::rename(cache.join("a"), cache.join("a.old")).unwrap(),
+            );
+            if first == "the directory" {
+                c();
+                a();
+            } else {
+                a();
+                fs::rename(cache.join("a.old/b/c"), cache.join("a.old/b/c2")).unwrap();
+            }
+        });
+        assert_eq!(code, 0, "{out}");
+        let want: BTreeMap<String, String> = [
+            ("a.old/", ""),
+            ("a.old/b/", ""),
+            ("a.old/b/c2/", ""),
+            ("a.old/b/c2/old", "old"),
+            ("a.old/b/c2/changed", "v2"),
+            ("a.old/b/c2/x", "x"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let in_ram = contents(&cache);
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        let after = contents(&cache);
+        assert!(
+            in_ram == want && after == want,
+            "{first} moved first:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
+        );
+    }
+}
