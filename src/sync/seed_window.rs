@@ -139,9 +139,12 @@ pub fn catch_up(
         .iter()
         .any(|(_, m)| matches!(m, Mark::Deleted(_)));
     // Otherwise the seed's records stand: the tmpfs holds what it copied and the
-    // application's own changes since, which the write-back takes as such.
+    // application's own changes since, which the write-back takes as such. Where
+    // the tmpfs's version was kept over a disk entry the seed did not copy, that
+    // entry is recorded: the disk's own, it came back once the application deleted
+    // the name in RAM (a hunting helper's probe, 4 of 4).
     crate::failpoint::hit("seed-merged", &m.name);
-    if wrote > 0 || deleted_in_ram || !followed.is_empty() {
+    if wrote > 0 || st.kept_disk > 0 || deleted_in_ram || !followed.is_empty() {
         record_brought_in(m, state, (&merged.baseline, &followed, merges_began), copied)
             .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
     }
@@ -604,10 +607,13 @@ fn proc_fd(fd: &OwnedFd) -> PathBuf {
 
 /// Adds to the seed's baseline of `m` every disk entry among `seen` (the paths the
 /// merge walked) that it lacks or records otherwise, as it is on disk now, where that
-/// is the version the merge compared: what the tmpfs has there in the same version
-/// (type, mode, size and mtime; a directory: a directory), or, where the tmpfs lacks
-/// it (the application deleted or moved it in RAM), a disk entry unchanged since
-/// `began`, when the merges started.
+/// is the version the merge compared: a disk entry unchanged since `began`, when the
+/// merges started, or one the tmpfs has in the same version (type, mode, size and
+/// mtime; a directory: a directory). Where the application's version in RAM won, or
+/// it deleted or moved the name there, the disk's entry is recorded all the same:
+/// unrecorded, it would be the disk's own to the write-back, and come back once the
+/// application deletes the name in RAM (a hunting helper's probe, after this rule
+/// first asked for the same version in RAM).
 ///
 /// The disk directory is hidden under the tmpfs, but a process that kept a
 /// descriptor of it (its working directory) from before the switch still works
@@ -654,17 +660,15 @@ fn record_brought_in(
             continue;
         };
         let sig = Sig::of(&st);
-        let compared = match stat_beneath(ram.as_fd(), path) {
-            Ok(in_ram) => {
+        let compared = sig.ctime < began
+            || stat_beneath(ram.as_fd(), path).is_ok_and(|in_ram| {
                 let in_ram = Sig::of(&in_ram);
                 if sig.is_dir() {
                     in_ram.is_dir()
                 } else {
                     sig.same_version(&in_ram)
                 }
-            }
-            Err(_) => sig.ctime < began,
-        };
+            });
         if compared && base.get(path) != Some(Mark::Entry(sig)) {
             base.marks.insert(path, Mark::Entry(sig));
             added += 1;

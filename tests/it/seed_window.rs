@@ -846,3 +846,46 @@ fn a_directory_moved_below_a_moved_one_is_followed() {
         );
     }
 }
+
+/// A file the application makes on disk during the seed (the copy misses it), writes
+/// again in RAM right after the switch (before the merge reaches it: its version
+/// wins), then deletes or moves away in RAM: after `down` it is gone from its old
+/// name. Before, the disk's version was recorded only where the tmpfs had it, so it
+/// stayed the disk's own and came back (a hunting helper's probe).
+#[test]
+fn a_file_made_on_disk_during_the_seed_and_written_again_in_ram_stays_deleted() {
+    for then in ["deleted", "moved"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(&cache, &[("d/old", "old")]);
+        let spec = spec(&sb, &cache);
+        let (code, out) = apply_stopped_at(&sb, &spec, &["after-seed", "seed-switched"], |at| {
+            if at == 0 {
+                fill(&cache, &[("d/new", "v1, on disk during the seed")]);
+                return;
+            }
+            fs::write(cache.join("d/.tmp"), "v2, in RAM").unwrap();
+            fs::rename(cache.join("d/.tmp"), cache.join("d/new")).unwrap();
+        });
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(
+            fs::read_to_string(cache.join("d/new")).unwrap(),
+            "v2, in RAM",
+            "{out}"
+        );
+        if then == "deleted" {
+            fs::remove_file(cache.join("d/new")).unwrap();
+        } else {
+            fs::rename(cache.join("d/new"), cache.join("d/moved")).unwrap();
+        }
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        let mut want: BTreeMap<String, String> = [("d/", ""), ("d/old", "old")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if then == "moved" {
+            want.insert("d/moved".into(), "v2, in RAM".into());
+        }
+        assert_eq!(contents(&cache), want, "{then}\n{out}");
+    }
+}
