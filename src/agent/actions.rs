@@ -602,6 +602,32 @@ impl Agent {
         }
     }
 
+    /// Retries, once an interval, the write-back of every held tmpfs that no
+    /// fallback record covers: one left by a take-out killed after its switch (this
+    /// agent's before a restart, or a `down`'s). The fallback's record is written
+    /// only once the take-out returns, so the re-offload's retry never saw it, and
+    /// the application's data stayed in RAM only until a `down` (a hunting helper's
+    /// probe: still pending 25 s after the restart).
+    pub(super) fn pending_writebacks(&mut self) {
+        if self.pending_at.is_none_or(|t| Instant::now() < t) {
+            return;
+        }
+        self.pending_at = Some(Instant::now() + self.interval.max(Duration::from_secs(1)));
+        for i in 0..self.mounts.len() {
+            if self.mounts[i].fallback.is_some() || self.mounts[i].spec.persist == Persist::None {
+                continue;
+            }
+            let name = self.mounts[i].spec.name.clone();
+            if let Some(why) = self.retry_pending_writeback(i) {
+                warn!(
+                    mount = name.as_str(),
+                    "{name}: a write-back left pending by a take-out that did not finish: {why}; next try in {}s",
+                    self.interval.as_secs().max(1)
+                );
+            }
+        }
+    }
+
     /// Retries the write-back of a tmpfs the fallback switched away from, if one
     /// is still held: why it is still pending, or `None` when nothing is.
     pub(super) fn retry_pending_writeback(&mut self, i: usize) -> Option<String> {

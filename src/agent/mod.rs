@@ -307,6 +307,9 @@ struct Agent {
     release_at: Option<Instant>,
     /// The wait before the next try while a device stays open.
     release_every: Duration,
+    /// When to look next for write-backs left pending by a take-out that did not
+    /// finish (see [`Agent::pending_writebacks`]).
+    pending_at: Option<Instant>,
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -409,6 +412,8 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         // Devices an earlier agent's take-out left open may be free by now.
         release_at: Some(Instant::now()),
         release_every: RELEASE_RETRY,
+        // A take-out an earlier agent (or `down`) was killed in may have left one.
+        pending_at: Some(Instant::now()),
     };
     agent.settings();
     info!(
@@ -631,6 +636,7 @@ impl Agent {
                 next_check = Instant::now() + self.check_period();
             }
             self.periodic_syncs();
+            self.pending_writebacks();
             self.reoffloads();
             self.release_devices();
             self.publish();
@@ -654,6 +660,7 @@ impl Agent {
             .chain(reload_at)
             .chain(self.next_reoffload())
             .chain(self.release_at)
+            .chain(self.pending_at)
         {
             deadline = deadline.min(t);
         }

@@ -1133,6 +1133,54 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
     }
 }
 
+/// The agent killed in its fallback after the switch, then started again: it
+/// finishes the write-back it left pending by itself (the data reaches the disk
+/// directory without a `down`). Before, only a re-offload retried it, and that
+/// needs the fallback's record, written once the take-out returns.
+#[test]
+fn an_agent_started_again_finishes_the_write_back_its_killed_fallback_left() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop
+    watchdog: { high: 60%, low: 30%, action: fallback }
+",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    drop(agent);
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", "after-switch:c");
+    let mut agent = Agent::start_with(&sb, &spec, c);
+    fill(&cache, "big", 5, MIB as usize);
+    assert_eq!(
+        agent.wait_exit(),
+        None,
+        "the agent was to be killed
+{}",
+        agent.log()
+    );
+    // The application is on its disk directory; the RAM copy waits, held.
+    assert!(!cache.join("big000").exists(), "{}", agent.log());
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    let start = Instant::now();
+    while !(0..5).all(|i| cache.join(format!("big{i:03}")).exists()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the pending write-back was not finished
+{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    for i in 0..5 {
+        assert_eq!(fs::metadata(cache.join(format!("big{i:03}"))).unwrap().len(), MIB);
+    }
+}
+
 /// A cache that refills as fast as it is evicted (Apache under load): the agent
 /// evicts again and again, never gives up, and the writer never meets a full disk.
 #[test]
