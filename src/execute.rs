@@ -241,6 +241,11 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                     return failed(reason);
                 }
             }
+            if seed_started.is_some() {
+                if let Err(e) = state.mark_seed_merge(&m.name) {
+                    tracing::warn!("{}: {e:#}", m.name);
+                }
+            }
             crate::failpoint::hit("before-switch", &m.name);
             switched = Some(b);
         }
@@ -302,11 +307,17 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     }
     state.clear_degraded(&m.name)?;
     if let Some(t0) = seed_started {
-        if let Err(e) = crate::sync::seed_window::catch_up(m, state, t0, opts.progress, (deletions, unlinked))
-        {
+        match crate::sync::seed_window::catch_up(m, state, t0, opts.progress, (deletions, unlinked)) {
+            Ok(_) => {
+                if let Err(e) = state.clear_seed_merge(&m.name) {
+                    tracing::warn!("{}: {e:#}", m.name);
+                }
+            }
             // The mount is in place; what stays on disk is kept by the write-back.
-            tracing::warn!("{}: {e}", m.name);
+            Err(e) => tracing::warn!("{}: {e}", m.name),
         }
+    } else if done.is_empty() {
+        crate::sync::seed_window::finish_interrupted(m, state, &m.path);
     }
     let outcome = if done.is_empty() {
         Outcome::Unchanged

@@ -223,6 +223,26 @@ impl State {
         self.run_dir().join(format!("{name}.journal"))
     }
 
+    /// Marks the seeded tmpfs of a mount whose merge of what the application wrote
+    /// on disk during the seed is not recorded yet (see `sync::seed_window`): set
+    /// before the switch, cleared once recorded, gone with the tmpfs at a reboot.
+    pub fn seed_merge_path(&self, name: &str) -> PathBuf {
+        self.run_dir().join(format!("{name}.seed-merge"))
+    }
+
+    pub fn mark_seed_merge(&self, name: &str) -> Result<()> {
+        self.ensure_run_dir()?;
+        write_atomic(&self.seed_merge_path(name), b"")
+    }
+
+    pub fn seed_merge_pending(&self, name: &str) -> bool {
+        self.seed_merge_path(name).exists()
+    }
+
+    pub fn clear_seed_merge(&self, name: &str) -> Result<()> {
+        remove_if_present(&self.seed_merge_path(name))
+    }
+
     /// Opens the journal for a write-back pass against `base`.
     pub fn journal(&self, name: &str, base: &Baseline) -> Result<Journal> {
         self.ensure_run_dir()?;
@@ -522,6 +542,7 @@ impl State {
             self.degraded_path(name),
             self.baseline_path(name),
             self.journal_path(name),
+            self.seed_merge_path(name),
         ] {
             remove_if_present(&p)?;
         }

@@ -164,6 +164,7 @@ pub fn sync_one(
     by: &str,
     full: bool,
 ) -> Result<SyncResult> {
+    seed_window::finish_interrupted(m, state, src);
     if m.seed == Seed::Overlay {
         // Mounted (or moved with its path): nobody else writes the disk directory.
         let window = copy::overlay::Window::default();

@@ -118,15 +118,17 @@ pub fn catch_up(
             // What it brought in before it stopped is in the tmpfs as on disk:
             // unrecorded, a name of it the application then deletes in RAM
             // would be the disk's own to the write-back, which keeps it.
-            return Err(match record_agreed(m, state, (&followed, merges_began), copied) {
-                Ok(0) => stopped,
-                Ok(n) => format!(
-                    "{stopped}; recorded the {} the tmpfs has as the disk has {}",
-                    crate::plural::count(n, "entry", "entries"),
-                    crate::plural::agree(n, "it", "them")
-                ),
-                Err(re) => format!("{stopped}; recording what it brought in: {re:#}"),
-            });
+            return Err(
+                match record_agreed(m, state, &m.path, (&followed, merges_began), copied) {
+                    Ok(0) => stopped,
+                    Ok(n) => format!(
+                        "{stopped}; recorded the {} the tmpfs has as the disk has {}",
+                        crate::plural::count(n, "entry", "entries"),
+                        crate::plural::agree(n, "it", "them")
+                    ),
+                    Err(re) => format!("{stopped}; recording what it brought in: {re:#}"),
+                },
+            );
         }
     };
     drop(shown);
@@ -680,6 +682,37 @@ fn record_brought_in(
     Ok(())
 }
 
+/// After an `apply` killed between its switch and the records of its merge of what
+/// the application wrote on disk during the seed (marked in the state, see
+/// [`State::mark_seed_merge`]): records what the tmpfs, at `ram`, has alike with
+/// the disk ([`record_agreed`]), so that a name the merge brought in and the
+/// application then deleted in RAM does not come back at the write-back. What the
+/// merge did not bring in stays on disk, hidden until `down`, the disk's own: the
+/// deletion watch that would tell what the application deleted since died with
+/// that `apply`, so no merge brings it in now. Logged; once.
+pub fn finish_interrupted(m: &MountSpec, state: &State, ram: &Path) {
+    if !state.seed_merge_pending(&m.name) {
+        return;
+    }
+    match record_agreed(m, state, ram, (&[], copy::baseline::now_after_tick()), None) {
+        Ok(n) => {
+            tracing::warn!(
+                "{}: an apply stopped before it recorded its merge of what the application wrote on disk during the seed: recorded the {} the tmpfs has as the disk has {}; what it did not bring in stays on disk, hidden under the tmpfs until `down`",
+                m.name,
+                crate::plural::count(n, "entry", "entries"),
+                crate::plural::agree(n, "it", "them")
+            );
+            if let Err(e) = state.clear_seed_merge(&m.name) {
+                tracing::warn!("{}: {e:#}", m.name);
+            }
+        }
+        Err(e) => tracing::warn!(
+            "{}: recording what an interrupted apply brought in during the seed: {e:#}",
+            m.name
+        ),
+    }
+}
+
 /// Adds to the seed's baseline of `m` every disk entry that the tmpfs has in the same
 /// version (type, mode, size and mtime; a directory: a directory there) and the
 /// baseline lacks or records otherwise, as it is on disk now; returns how many.
@@ -694,6 +727,7 @@ fn record_brought_in(
 fn record_agreed(
     m: &MountSpec,
     state: &State,
+    ram: &Path,
     (followed, began): (&[Followed], Time),
     seeded: Option<Baseline>,
 ) -> anyhow::Result<u64> {
@@ -703,7 +737,7 @@ fn record_agreed(
             .map(OwnedFd::from)
             .with_context(|| format!("opening {}", p.display()))
     };
-    let (disk, ram) = (open_root(&side)?, open_root(&m.path)?);
+    let (disk, ram) = (open_root(&side)?, open_root(ram)?);
     let mut base = match seeded {
         Some(b) => b,
         None => state.baseline(&m.name)?,

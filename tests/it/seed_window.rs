@@ -889,3 +889,37 @@ fn a_file_made_on_disk_during_the_seed_and_written_again_in_ram_stays_deleted() 
         assert_eq!(contents(&cache), want, "{then}\n{out}");
     }
 }
+
+/// `apply` killed after its merge after the switch brought in what the application
+/// wrote on disk during the seed, before it recorded that; then `apply` again (it
+/// finds nothing to do) or `sync`. A name the merge brought in that the application
+/// then deletes in RAM stays deleted after `down`. Before, the retried `apply` found
+/// the mount converged, nothing recorded what the merge brought in, and `down` kept
+/// the disk's copy (a hunting helper's probe).
+#[test]
+fn an_apply_killed_before_recording_its_merge_leaves_nothing_to_come_back() {
+    for then in ["apply", "sync"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fill(&cache, &[("d/old", "old")]);
+        let spec = spec(&sb, &cache);
+        crate::no_write_lost::killed_at_last(&sb, "apply", &spec, &["after-seed", "seed-merged"], |at| {
+            if at == 0 {
+                fill(&cache, &[("d/new", "on disk during the seed"), ("d/kept", "k")]);
+            }
+        });
+        assert_eq!(
+            fs::read_to_string(cache.join("d/new")).ok().as_deref(),
+            Some("on disk during the seed"),
+            "{then}: the merge did not bring it in"
+        );
+        sb.run([then.as_ref(), spec.as_os_str()]).code(0);
+        fs::remove_file(cache.join("d/new")).unwrap();
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        let want: BTreeMap<String, String> = [("d/", ""), ("d/old", "old"), ("d/kept", "k")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(contents(&cache), want, "then {then}");
+    }
+}
