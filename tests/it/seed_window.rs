@@ -236,6 +236,31 @@ fn the_applications_changes_in_a_directory_made_again_stay() {
 }
 
 /// Writes `files` (path, contents) below `dir`, making the directories on the way.
+/// A tree's contents as [`contents`] gives them, from (path, content) pairs.
+fn tree<K: AsRef<str>>(pairs: &[(K, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_ref().to_string(), v.to_string()))
+        .collect()
+}
+
+/// Checks that the tmpfs at `cache` holds `want` and, after `down`, the disk too.
+fn in_ram_and_after_down(
+    sb: &Sandbox,
+    spec: &Path,
+    cache: &Path,
+    want: &BTreeMap<String, String>,
+    what: &str,
+) {
+    let in_ram = contents(cache);
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let after = contents(cache);
+    assert!(
+        &in_ram == want && &after == want,
+        "{what}:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}"
+    );
+}
+
 pub(crate) fn fill(dir: &Path, files: &[(&str, &str)]) {
     for (p, c) in files {
         let p = dir.join(p);
@@ -633,7 +658,7 @@ fn a_directory_moved_in_ram_right_after_the_switch_takes_what_was_written_in_it_
             });
             assert_eq!(code, 0, "{out}");
             let at = if variant == "moved twice" { "e/d3" } else { "d2" };
-            let mut want: BTreeMap<String, String> = [
+            let mut want = tree(&[
                 (format!("{at}/"), ""),
                 (format!("{at}/old"), "old"),
                 (format!("{at}/changed"), "v2"),
@@ -645,10 +670,7 @@ fn a_directory_moved_in_ram_right_after_the_switch_takes_what_was_written_in_it_
                 ("e/".into(), ""),
                 ("e/old".into(), "old"),
                 ("e/z".into(), "z"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k, v.to_string()))
-            .collect();
+            ]);
             match variant {
                 "moved and made again" => {
                     want.insert("d/".into(), String::new());
@@ -671,12 +693,12 @@ fn a_directory_moved_in_ram_right_after_the_switch_takes_what_was_written_in_it_
                 }
                 _ => {}
             }
-            let in_ram = contents(&cache);
-            sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-            let after = contents(&cache);
-            assert!(
-                in_ram == want && after == want,
-                "{variant}, written on disk at {stop}:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
+            in_ram_and_after_down(
+                &sb,
+                &spec,
+                &cache,
+                &want,
+                &format!("{variant}, written on disk at {stop}\n{out}"),
             );
         }
     }
@@ -776,23 +798,20 @@ fn a_file_moved_in_ram_right_after_the_switch_takes_its_rewrite_on_disk() {
             fs::rename(cache.join("same"), cache.join("same.2")).unwrap();
         });
         assert_eq!(code, 0, "{out}");
-        let want: BTreeMap<String, String> = [
+        let want = tree(&[
             ("h", "v2 of g"),
             ("a/", ""),
             ("log.1", "line 1\nline 2\n"),
             ("twice.2", "v2 of twice"),
             ("mine.2", "the application's"),
             ("same.2", "s"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let in_ram = contents(&cache);
-        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-        let after = contents(&cache);
-        assert!(
-            in_ram == want && after == want,
-            "written on disk at {stop}:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
+        ]);
+        in_ram_and_after_down(
+            &sb,
+            &spec,
+            &cache,
+            &want,
+            &format!("written on disk at {stop}\n{out}"),
         );
     }
 }
@@ -826,24 +845,15 @@ fn a_directory_moved_below_a_moved_one_is_followed() {
             }
         });
         assert_eq!(code, 0, "{out}");
-        let want: BTreeMap<String, String> = [
+        let want = tree(&[
             ("a.old/", ""),
             ("a.old/b/", ""),
             ("a.old/b/c2/", ""),
             ("a.old/b/c2/old", "old"),
             ("a.old/b/c2/changed", "v2"),
             ("a.old/b/c2/x", "x"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let in_ram = contents(&cache);
-        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-        let after = contents(&cache);
-        assert!(
-            in_ram == want && after == want,
-            "{first} moved first:\nwant  {want:?}\nRAM   {in_ram:?}\nafter {after:?}\n{out}"
-        );
+        ]);
+        in_ram_and_after_down(&sb, &spec, &cache, &want, &format!("{first} moved first\n{out}"));
     }
 }
 
@@ -879,10 +889,7 @@ fn a_file_made_on_disk_during_the_seed_and_written_again_in_ram_stays_deleted() 
             fs::rename(cache.join("d/new"), cache.join("d/moved")).unwrap();
         }
         sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-        let mut want: BTreeMap<String, String> = [("d/", ""), ("d/old", "old")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let mut want = tree(&[("d/", ""), ("d/old", "old")]);
         if then == "moved" {
             want.insert("d/moved".into(), "v2, in RAM".into());
         }
@@ -916,10 +923,7 @@ fn an_apply_killed_before_recording_its_merge_leaves_nothing_to_come_back() {
         sb.run([then.as_ref(), spec.as_os_str()]).code(0);
         fs::remove_file(cache.join("d/new")).unwrap();
         sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-        let want: BTreeMap<String, String> = [("d/", ""), ("d/old", "old"), ("d/kept", "k")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let want = tree(&[("d/", ""), ("d/old", "old"), ("d/kept", "k")]);
         assert_eq!(contents(&cache), want, "then {then}");
     }
 }
