@@ -190,6 +190,11 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut seed_deletions = None;
     let mut switched = None;
     let mut unlinked = std::collections::HashSet::new();
+    // The seeded tmpfs's root, opened at the stage (root's own directory) before it
+    // goes in place: what is done in it after the switch goes through this, never
+    // through the managed path, which a user owning a directory above can replace
+    // by a symlink (to /etc) the moment the tmpfs is there.
+    let mut live_root: Option<std::fs::File> = None;
     for step in &mp.steps {
         let started = Instant::now();
         if let Step::Seed { from, .. } = step {
@@ -245,6 +250,17 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                 if let Err(e) = state.mark_seed_merge(&m.name) {
                     tracing::warn!("{}: {e:#}", m.name);
                 }
+                match std::fs::File::open(stage) {
+                    Ok(root) => live_root = Some(root),
+                    Err(e) => {
+                        let rollback = roll_back(std::mem::take(&mut undo));
+                        let reason = format!("opening {}: {e}", stage.display());
+                        return failed(match rollback {
+                            Ok(()) => reason,
+                            Err(re) => format!("{reason}; rollback failed: {re:#}"),
+                        });
+                    }
+                }
             }
             crate::failpoint::hit("before-switch", &m.name);
             switched = Some(b);
@@ -266,6 +282,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
                     // What was deleted on disk between the last look and the switch.
                     if let (Some(mut w), Some(b)) = (seed_deletions.take(), switched.take()) {
                         let taken = b.taken.expect("set before the switch");
+                        // Opened without a symlink on the way (a magic link included).
                         if let Err(e) = w.drop_after_switch(&m.path, taken, &b) {
                             tracing::warn!(
                                 "{}: dropping what the application deleted on disk during the seed: {e:#}",
@@ -306,8 +323,10 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
         })?;
     }
     state.clear_degraded(&m.name)?;
-    if let Some(t0) = seed_started {
-        match crate::sync::seed_window::catch_up(m, state, t0, opts.progress, (deletions, unlinked)) {
+    if let (Some(t0), Some(root)) = (seed_started, &live_root) {
+        let live = proc_path(root);
+        match crate::sync::seed_window::catch_up(m, state, (&live, t0), opts.progress, (deletions, unlinked))
+        {
             Ok(_) => {
                 if let Err(e) = state.clear_seed_merge(&m.name) {
                     tracing::warn!("{}: {e:#}", m.name);
@@ -317,7 +336,10 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             Err(e) => tracing::warn!("{}: {e}", m.name),
         }
     } else if done.is_empty() {
-        crate::sync::seed_window::finish_interrupted(m, state, &m.path);
+        match crate::mount::PinnedDir::open(&m.path) {
+            Ok(live) => crate::sync::seed_window::finish_interrupted(m, state, &live.proc_path()),
+            Err(e) => tracing::debug!("{}: {e:#}", m.name),
+        }
     }
     let outcome = if done.is_empty() {
         Outcome::Unchanged
@@ -327,6 +349,12 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut r = result(mp, outcome, done, None);
     r.seeded = seeded;
     Ok(r)
+}
+
+/// The path through which this process reaches the open directory `dir`, wherever
+/// it is mounted now.
+fn proc_path(dir: &std::fs::File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(dir)))
 }
 
 /// Drops from the stage what the application deleted on disk after the seed copied it;

@@ -164,12 +164,15 @@ pub fn sync_one(
     by: &str,
     full: bool,
 ) -> Result<SyncResult> {
-    seed_window::finish_interrupted(m, state, src);
     if m.seed == Seed::Overlay {
         // Mounted (or moved with its path): nobody else writes the disk directory.
         let window = copy::overlay::Window::default();
         return overlay::pass(m, Some(src), &state.stage(&m.name), state, window, deletions, by);
     }
+    let pinned = pin_mount_root(src)?;
+    let src_path = pinned.proc_path();
+    let src = src_path.as_path();
+    seed_window::finish_interrupted(m, state, src);
     let started = Instant::now();
     let mut whole_tree = None;
     let (mut raced, mut freed, mut deleted_before) = (std::collections::HashSet::new(), false, 0);
@@ -400,6 +403,26 @@ pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
         .ok()?;
     keeper::take_over(state, &m.name, &mut watch);
     Some(watch)
+}
+
+/// The mount root at `path`, opened without following a symlink on the way (its
+/// `proc_path` names it wherever it is): what a write-back reads. A user owning a
+/// directory above the managed path can move that away and put a symlink (to /etc)
+/// or a directory of its own in its place; the write-back would then copy what it
+/// finds there into the disk directory, and remove from the disk what it lacks.
+/// Such a user cannot make a mount root.
+fn pin_mount_root(path: &Path) -> Result<crate::mount::PinnedDir> {
+    let pinned = crate::mount::PinnedDir::open(path)?;
+    let here = nix::sys::stat::fstat(pinned.as_fd()).with_context(|| format!("stat {}", path.display()))?;
+    let up = nix::sys::stat::fstatat(pinned.as_fd(), "..", nix::fcntl::AtFlags::empty())
+        .with_context(|| format!("stat {}/..", path.display()))?;
+    if (here.st_dev, here.st_ino) != (up.st_dev, up.st_ino) && here.st_dev == up.st_dev {
+        anyhow::bail!(
+            "{} is no longer the mount written back (another directory is there now); nothing was written back",
+            path.display()
+        );
+    }
+    Ok(pinned)
 }
 
 /// Binds the side of a held tmpfs `m` again, to the directory at its path, if the

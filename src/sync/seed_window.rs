@@ -71,7 +71,7 @@ const MAX_RACES: usize = 1000;
 pub fn catch_up(
     m: &MountSpec,
     state: &State,
-    (seed_started, began): (Time, Instant),
+    (live, (seed_started, began)): (&Path, (Time, Instant)),
     terminal: bool,
     (watch, mut touched): (Option<Deletions>, HashSet<u64>),
 ) -> Result<SyncStats, String> {
@@ -97,7 +97,7 @@ pub fn catch_up(
     // switch. Those are not recorded as agreed on (see [`record_brought_in`]).
     let merges_began = copy::baseline::now_after_tick();
     let followed = match (&watch, &copied) {
-        (Some(w), Some(c)) => follow_moved(m, state, (w, c), seed_started, &mut touched),
+        (Some(w), Some(c)) => follow_moved(m, state, live, (w, c), seed_started, &mut touched),
         _ => Vec::new(),
     };
     if let Ok(disk) = std::fs::File::open(state.side(&m.name)) {
@@ -106,7 +106,7 @@ pub fn catch_up(
     let mut shown = Progress::new(state, &m.name, "seed", terminal, None, None).begun_at(began);
     let mut progress = |s: &SyncStats| shown.update(s.compared(), s.bytes_written);
     let merged = merge_in(
-        (&state.side(&m.name), &m.path),
+        (&state.side(&m.name), live),
         (&base, copied.as_ref(), deletions),
         &mut touched,
         Some(&mut progress),
@@ -119,7 +119,7 @@ pub fn catch_up(
             // unrecorded, a name of it the application then deletes in RAM
             // would be the disk's own to the write-back, which keeps it.
             return Err(
-                match record_agreed(m, state, &m.path, (&followed, merges_began), copied) {
+                match record_agreed(m, state, live, (&followed, merges_began), copied) {
                     Ok(0) => stopped,
                     Ok(n) => format!(
                         "{stopped}; recorded the {} the tmpfs has as the disk has {}",
@@ -147,8 +147,14 @@ pub fn catch_up(
     // the name in RAM (a hunting helper's probe, 4 of 4).
     crate::failpoint::hit("seed-merged", &m.name);
     if wrote > 0 || st.kept_disk > 0 || deleted_in_ram || !followed.is_empty() {
-        record_brought_in(m, state, (&merged.baseline, &followed, merges_began), copied)
-            .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
+        record_brought_in(
+            m,
+            state,
+            live,
+            (&merged.baseline, &followed, merges_began),
+            copied,
+        )
+        .map_err(|e| format!("recording what the seed missed: {e:#}"))?;
     }
     Ok(merged.stats)
 }
@@ -251,6 +257,7 @@ fn walked_in(followed: &[Followed]) -> impl Iterator<Item = Vec<u8>> + '_ {
 fn follow_moved(
     m: &MountSpec,
     state: &State,
+    live: &Path,
     (watch, copied): (&Mutex<Deletions>, &Baseline),
     seed_started: Time,
     touched: &mut HashSet<u64>,
@@ -263,7 +270,7 @@ fn follow_moved(
         return Vec::new();
     }
     let side = state.side(&m.name);
-    let roots = std::fs::File::open(&m.path).and_then(|ram| Ok((ram, std::fs::File::open(&side)?)));
+    let roots = std::fs::File::open(live).and_then(|ram| Ok((ram, std::fs::File::open(&side)?)));
     let Ok((ram, disk)) = roots else {
         return Vec::new();
     };
@@ -634,12 +641,13 @@ fn proc_fd(fd: &OwnedFd) -> PathBuf {
 fn record_brought_in(
     m: &MountSpec,
     state: &State,
+    live: &Path,
     (seen, followed, began): (&Baseline, &[Followed], Time),
     seeded: Option<Baseline>,
 ) -> anyhow::Result<()> {
     let side = state.side(&m.name);
     let root = std::fs::File::open(&side).with_context(|| format!("opening {}", side.display()))?;
-    let ram = std::fs::File::open(&m.path).with_context(|| format!("opening {}", m.path.display()))?;
+    let ram = std::fs::File::open(live).with_context(|| format!("opening {}", m.path.display()))?;
     let mut base = match seeded {
         Some(b) => b,
         None => state.baseline(&m.name)?,

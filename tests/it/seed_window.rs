@@ -927,3 +927,46 @@ fn an_apply_killed_before_recording_its_merge_leaves_nothing_to_come_back() {
         assert_eq!(contents(&cache), want, "then {then}");
     }
 }
+
+/// A user owning the directory above the managed path moves it away right after the
+/// switch and puts a symlink to a root-owned directory at the managed path: the
+/// merge of what was written on disk during the seed writes nothing there (it goes
+/// through the tmpfs's root, opened before the switch). Before, the merge opened
+/// the managed path, followed the symlink, and wrote the disk's files into the
+/// root-owned directory, over its own (a review helper's probe).
+#[test]
+fn the_merge_after_the_switch_never_follows_a_symlink_at_the_managed_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    let parent = sb.cache_dir("home/u/.cache", 1000, 1000, 0o755);
+    let cache = sb.cache_dir("home/u/.cache/app", 1000, 1000, 0o755);
+    fill(&cache, &[("keep", "k")]);
+    let victim = sb.cache_dir("etc", 0, 0, 0o755);
+    fill(&victim, &[("passwd", "root's passwd")]);
+    fs::set_permissions(victim.join("passwd"), fs::Permissions::from_mode(0o644)).unwrap();
+    let spec = spec(&sb, &cache);
+    let moved = sb.path("home/u/.cache.old");
+    let (code, out) = apply_stopped_at(&sb, &spec, &["after-seed", "seed-switched"], |at| {
+        if at == 0 {
+            fill(&cache, &[("passwd", "user's passwd"), ("planted", "x")]);
+            return;
+        }
+        fs::rename(&parent, &moved).unwrap();
+        fs::create_dir(&parent).unwrap();
+        std::os::unix::fs::symlink(&victim, &cache).unwrap();
+    });
+    let got = contents(&victim);
+    fs::remove_file(&cache).unwrap();
+    assert_eq!(
+        got,
+        tree(&[("passwd", "root's passwd")]),
+        "apply exit {code}\n{out}"
+    );
+    // The tmpfs went with the directory moved; it got the disk's files.
+    let in_ram = contents(&moved.join("app"));
+    assert_eq!(
+        in_ram,
+        tree(&[("keep", "k"), ("passwd", "user's passwd"), ("planted", "x")]),
+        "{out}"
+    );
+}
