@@ -555,7 +555,7 @@ impl Agent {
                 }
                 continue;
             }
-            if let Some(why) = self.retry_pending_writeback(i) {
+            if let Some(why) = self.retry_pending_writeback(i, self.opts.wait) {
                 warn!(
                     mount = name.as_str(),
                     "{name}: not re-offloaded: the write-back of its last tmpfs is still pending ({why}); next try in {}s",
@@ -618,7 +618,9 @@ impl Agent {
                 continue;
             }
             let name = self.mounts[i].spec.name.clone();
-            if let Some(why) = self.retry_pending_writeback(i) {
+            // Not waiting for the lock: its holder (`down`, another agent) is likely
+            // writing this back; the loop must not stall meanwhile.
+            if let Some(why) = self.retry_pending_writeback(i, Duration::ZERO) {
                 warn!(
                     mount = name.as_str(),
                     "{name}: a write-back left pending by a take-out that did not finish: {why}; next try in {}s",
@@ -630,16 +632,29 @@ impl Agent {
 
     /// Retries the write-back of a tmpfs the fallback switched away from, if one
     /// is still held: why it is still pending, or `None` when nothing is.
-    pub(super) fn retry_pending_writeback(&mut self, i: usize) -> Option<String> {
+    pub(super) fn retry_pending_writeback(&mut self, i: usize, wait: Duration) -> Option<String> {
         let name = self.mounts[i].spec.name.clone();
-        let table = self.host.mounts().ok()?;
-        if !sync::held(&table, &self.mounts[i].spec, &self.state) {
+        let held = |a: &Self| {
+            a.host
+                .mounts()
+                .is_ok_and(|table| sync::held(&table, &a.mounts[i].spec, &a.state))
+        };
+        if !held(self) {
             return None;
         }
-        let _lock = match self.state.lock(self.opts.wait) {
+        let _lock = match self.state.lock(wait) {
             Ok(l) => l,
+            // Without waiting: its holder is at work, likely on this; next time.
+            Err(e) if wait.is_zero() => {
+                debug!("{name}: pending write-back not retried now: {e}");
+                return None;
+            }
             Err(e) => return Some(e.to_string()),
         };
+        // A `down` that held the lock may have finished it meanwhile.
+        if !held(self) {
+            return None;
+        }
         let spec = self.mounts[i].spec.clone();
         match sync::finish_writeback(&spec, &self.host, &self.state, None, "retry") {
             Ok((s, _)) if s.result == SyncOutcome::Synced => {

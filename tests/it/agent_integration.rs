@@ -1181,6 +1181,47 @@ fn an_agent_started_again_finishes_the_write_back_its_killed_fallback_left() {
     }
 }
 
+/// A `down` holding the lock after its switch while the agent runs: the agent
+/// leaves its write-back to it (no retry of its own, no failed write-back
+/// recorded, its loop not held up waiting for the lock). Before, the agent waited
+/// for the lock, then wrote back a tmpfs `down` had finished with, and `status`
+/// showed that failed write-back (a review helper's probe).
+#[test]
+fn the_agent_leaves_a_running_downs_write_back_to_it() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop
+",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fs::write(cache.join("new"), "in RAM").unwrap();
+    let (code, out) = crate::no_write_lost::stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:c",
+        &["after-switch"],
+        |_| {
+            std::thread::sleep(Duration::from_secs(3));
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    let log = agent.log();
+    assert!(
+        !log.contains("FAILED") && !log.contains("ERROR") && !log.contains("left pending"),
+        "{log}"
+    );
+    let st = sb.run(["status".as_ref(), spec.as_os_str()]);
+    assert!(!st.stdout.contains("FAILED"), "{st}\n{log}");
+    assert_eq!(fs::read_to_string(cache.join("new")).unwrap(), "in RAM");
+}
+
 /// A cache that refills as fast as it is evicted (Apache under load): the agent
 /// evicts again and again, never gives up, and the writer never meets a full disk.
 #[test]
