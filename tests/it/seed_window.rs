@@ -970,3 +970,52 @@ fn the_merge_after_the_switch_never_follows_a_symlink_at_the_managed_path() {
         "{out}"
     );
 }
+
+/// A copy the seed made of a file the disk then rewrote (before the seed's last
+/// look, or after) whose ctime the application changes in RAM right after the
+/// switch without writing it: `chmod` to the same mode, a hard link made and removed
+/// (a lock), a rename away and back. The rewrite is in RAM and after `down`. Before,
+/// the copy's new ctime made it the later change, and the rewrite was lost (a review
+/// helper's probe).
+#[test]
+fn a_copy_whose_ctime_the_application_changed_keeps_the_disk_rewrite() {
+    use std::os::unix::fs::PermissionsExt;
+    for stop in ["after-seed", "before-switch"] {
+        for how in ["chmod", "link", "rename"] {
+            let sb = Sandbox::new();
+            let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+            fill(&cache, &[("g", "v1")]);
+            let spec = spec(&sb, &cache);
+            let (code, out) = apply_stopped_at(&sb, &spec, &[stop, "seed-switched"], |at| {
+                if at == 0 {
+                    fill(&cache, &[("g", "v2 of g")]);
+                    return;
+                }
+                let g = cache.join("g");
+                match how {
+                    "chmod" => {
+                        let mode = fs::metadata(&g).unwrap().permissions().mode();
+                        fs::set_permissions(&g, fs::Permissions::from_mode(mode)).unwrap();
+                    }
+                    "link" => {
+                        fs::hard_link(&g, cache.join("g.lock")).unwrap();
+                        fs::remove_file(cache.join("g.lock")).unwrap();
+                    }
+                    _ => {
+                        fs::rename(&g, cache.join("g.tmp")).unwrap();
+                        fs::rename(cache.join("g.tmp"), &g).unwrap();
+                    }
+                }
+            });
+            assert_eq!(code, 0, "{out}");
+            let want = tree(&[("g", "v2 of g")]);
+            in_ram_and_after_down(
+                &sb,
+                &spec,
+                &cache,
+                &want,
+                &format!("{how}, written on disk at {stop}\n{out}"),
+            );
+        }
+    }
+}

@@ -123,16 +123,19 @@ impl Syncer<'_, '_> {
     }
 
     /// What the seed recorded copying to `path`, if the destination entry there (`d`)
-    /// is that copy, unchanged: changed before the copy's time, when only the seed
-    /// wrote there (or since only by this pass, unlinking another name of its inode),
-    /// and with the size, type and mtime of what the seed recorded.
+    /// is that copy, unchanged: with the type, mode, size and mtime of what the seed
+    /// recorded, whatever its ctime. The application may have changed that since the
+    /// switch without writing the file (a `chmod` to the same mode, a hard link made
+    /// and removed as a lock, a rename away and back): it then still holds the seed's
+    /// version, and a rewrite the disk got after the copy is the newer one (a review
+    /// helper's probes lost that rewrite, the copy's ctime taken for the later
+    /// change).
     fn copied_as(&self, path: &[u8], d: &Sig) -> Option<Sig> {
         let copied = self.copied?;
         let Some(Mark::Entry(was)) = copied.get(path) else {
             return None;
         };
-        let unchanged = copied.taken.is_some_and(|t| d.ctime < t) || self.touched.contains(&d.ino);
-        (unchanged && was.same_version(d)).then_some(was)
+        was.same_version(d).then_some(was)
     }
 
     /// The baseline's record of `path`, as the disk entry found there (`disk`) makes
