@@ -324,7 +324,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     }
     state.clear_degraded(&m.name)?;
     if let (Some(t0), Some(root)) = (seed_started, &live_root) {
-        let live = proc_path(root);
+        let live = mount::proc_path(std::os::fd::AsFd::as_fd(root));
         match crate::sync::seed_window::catch_up(m, state, (&live, t0), opts.progress, (deletions, unlinked))
         {
             Ok(_) => {
@@ -336,7 +336,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             Err(e) => tracing::warn!("{}: {e}", m.name),
         }
     } else if done.is_empty() {
-        match crate::mount::PinnedDir::open(&m.path) {
+        match PinnedDir::open(&m.path) {
             Ok(live) => crate::sync::seed_window::finish_interrupted(m, state, &live.proc_path()),
             Err(e) => tracing::debug!("{}: {e:#}", m.name),
         }
@@ -349,12 +349,6 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     let mut r = result(mp, outcome, done, None);
     r.seeded = seeded;
     Ok(r)
-}
-
-/// The path through which this process reaches the open directory `dir`, wherever
-/// it is mounted now.
-fn proc_path(dir: &std::fs::File) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(dir)))
 }
 
 /// Drops from the stage what the application deleted on disk after the seed copied it;

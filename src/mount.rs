@@ -246,9 +246,15 @@ impl PinnedDir {
 
     /// The magic link that names exactly this directory.
     pub fn proc_path(&self) -> std::path::PathBuf {
-        use std::os::fd::AsRawFd;
-        format!("/proc/self/fd/{}", self.fd.as_raw_fd()).into()
+        proc_path(self.as_fd())
     }
+}
+
+/// The magic link through which this process reaches the open file `fd`, wherever
+/// it is now: a path built from names others can change would not be it.
+pub fn proc_path(fd: std::os::fd::BorrowedFd<'_>) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    format!("/proc/self/fd/{}", fd.as_raw_fd()).into()
 }
 
 /// Detaches every mount stacked at `target`.
