@@ -1144,9 +1144,7 @@ fn an_agent_started_again_finishes_the_write_back_its_killed_fallback_left() {
     let spec = spec_one(
         &sb,
         &cache,
-        "    persist: on-stop
-    watchdog: { high: 60%, low: 30%, action: fallback }
-",
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
     );
     let mut agent = Agent::start(&sb, &spec, &[], &[]);
     wait_offloaded(&mut agent, "c");
@@ -1190,12 +1188,7 @@ fn an_agent_started_again_finishes_the_write_back_its_killed_fallback_left() {
 fn the_agent_leaves_a_running_downs_write_back_to_it() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("cache", 0, 0, 0o755);
-    let spec = spec_one(
-        &sb,
-        &cache,
-        "    persist: on-stop
-",
-    );
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
     let mut agent = Agent::start(&sb, &spec, &[], &[]);
     wait_offloaded(&mut agent, "c");
     fs::write(cache.join("new"), "in RAM").unwrap();
