@@ -210,12 +210,22 @@ pub fn attach_tree(tree: std::os::fd::OwnedFd, target: &Path) -> Result<()> {
 }
 
 /// Unmounts if nothing uses the mount; `Ok(false)` when it is busy.
+///
+/// Busy is asked a few times over about 100 ms: a thread of this process that read
+/// the mount (a write-back's worker) is joined before the kernel closes its files
+/// (`do_exit` wakes the joiner before `exit_files`), so the first try can find the
+/// mount busy with this process's own last reads (an overlay's `down` was detached
+/// lazily instead of unmounted, once in a CI run).
 pub fn unmount_if_idle(target: &Path) -> Result<bool> {
-    match umount2(target, MntFlags::empty()) {
-        Ok(()) => Ok(true),
-        Err(Errno::EBUSY) => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("umount {}", target.display())),
+    for attempt in 0..5 {
+        match umount2(target, MntFlags::empty()) {
+            Ok(()) => return Ok(true),
+            Err(Errno::EBUSY) if attempt < 4 => std::thread::sleep(std::time::Duration::from_millis(25)),
+            Err(Errno::EBUSY) => return Ok(false),
+            Err(e) => return Err(e).with_context(|| format!("umount {}", target.display())),
+        }
     }
+    Ok(false)
 }
 
 /// A directory opened (as O_PATH) without following any symlink on the
