@@ -1096,6 +1096,25 @@ fn fallback_then_reoffload_with_a_busy_application_loses_and_resurrects_nothing(
     exp.assert_nothing_lost(&cache, "fallback, then re-offload");
 }
 
+/// A persisted mount with a fallback watchdog, offloaded by an agent, then watched
+/// by an agent started again to be killed (`kill -9`) at `point` of its fallback:
+/// the managed path, the spec and that agent.
+fn offloaded_then_killed_at(sb: &Sandbox, point: &str) -> (PathBuf, PathBuf, Agent) {
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        sb,
+        &cache,
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+    );
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    drop(agent);
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", format!("{point}:c"));
+    let agent = Agent::start_with(sb, &spec, c);
+    (cache, spec, agent)
+}
+
 /// The agent killed (`kill -9`) in every phase of a fallback of a persisted mount,
 /// the application busy all along; `down` finishes the write-back.
 #[test]
@@ -1105,19 +1124,7 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
         .enumerate()
     {
         let sb = Sandbox::new();
-        let cache = sb.cache_dir("cache", 0, 0, 0o755);
-        let spec = spec_one(
-            &sb,
-            &cache,
-            "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
-        );
-        let mut agent = Agent::start(&sb, &spec, &[], &[]);
-        wait_offloaded(&mut agent, "c");
-        drop(agent);
-        // Started again with the crash point, now that the mount is offloaded.
-        let mut c = sb.cmd();
-        c.env("TMPFSCTL_FAILPOINT", format!("{point}:c"));
-        let mut agent = Agent::start_with(&sb, &spec, c);
+        let (cache, spec, mut agent) = offloaded_then_killed_at(&sb, point);
         let app = common::App::paced(cache.clone(), Vec::new(), 40 + i as u64, Duration::from_millis(1));
         std::thread::sleep(Duration::from_millis(200));
         fill(&cache, "big", 5, MIB as usize);
@@ -1140,24 +1147,12 @@ fn agent_killed_in_every_phase_of_a_fallback_loses_and_resurrects_nothing() {
 #[test]
 fn an_agent_started_again_finishes_the_write_back_its_killed_fallback_left() {
     let sb = Sandbox::new();
-    let cache = sb.cache_dir("cache", 0, 0, 0o755);
-    let spec = spec_one(
-        &sb,
-        &cache,
-        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
-    );
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    drop(agent);
-    let mut c = sb.cmd();
-    c.env("TMPFSCTL_FAILPOINT", "after-switch:c");
-    let mut agent = Agent::start_with(&sb, &spec, c);
+    let (cache, spec, mut agent) = offloaded_then_killed_at(&sb, "after-switch");
     fill(&cache, "big", 5, MIB as usize);
     assert_eq!(
         agent.wait_exit(),
         None,
-        "the agent was to be killed
-{}",
+        "the agent was to be killed\n{}",
         agent.log()
     );
     // The application is on its disk directory; the RAM copy waits, held.
