@@ -15,7 +15,8 @@
 //! `seed-dir-dropped` (of any mount) once `apply` emptied, right after the switch, a
 //! directory the disk deleted in the last moment before it; `seed-merged` once
 //! `apply` merged into the tmpfs what the application wrote on disk during the seed,
-//! before it records that.
+//! before it records that; `side-detached` once a write-back took away the side bind
+//! of a disk directory the application removed, before it binds the new one.
 
 use nix::sys::signal::{raise, Signal};
 

@@ -290,6 +290,17 @@ pub fn hand_over(state: &State, name: &str, watch: &mut Deletions) -> Result<()>
     append(&mut file, &seen).with_context(|| format!("writing {}", path.display()))
 }
 
+/// Records that the disk directory `new` was made in place of the removed `old`
+/// while the write-back waited: every later attempt's watch takes the names deleted
+/// with `old` for names deleted in `new` (see [`Deletions::stands_for`]). Written
+/// before the side bind is moved, so that a kill in between loses nothing.
+pub fn made_again(state: &State, name: &str, new: Handle, old: Handle) -> Result<()> {
+    state.ensure_run_dir()?;
+    let path = record_path(state, name);
+    let mut file = open_record(&path, true).with_context(|| format!("opening {}", path.display()))?;
+    append(&mut file, &[Gone::made_again(new, old)]).with_context(|| format!("writing {}", path.display()))
+}
+
 /// The write-back succeeded: the keeper stops and its record goes.
 pub fn finish(state: &State, name: &str) {
     let _ = std::fs::remove_file(record_path(state, name));

@@ -343,7 +343,7 @@ pub fn finish_writeback(
     by: &str,
 ) -> Result<(SyncResult, DownOutcome)> {
     let held = state.held(&m.name);
-    let made_again = side_made_again(m, state)?;
+    let made_again = rebind_side(m, host, state)?;
     let mut watch = watch.or_else(|| watch_deletions(m, state));
     if let (Some(w), Some((new, old))) = (watch.as_mut(), made_again) {
         w.stands_for(new, old);
@@ -429,18 +429,26 @@ fn pin_mount_root(path: &Path) -> Result<crate::mount::PinnedDir> {
 /// application removed the disk directory it was bound to (and perhaps made another)
 /// while the write-back waited: the write-back goes where the application works now.
 /// Creating anything in the removed one fails, so no retry could finish, whatever
-/// its message said to do. Returns the handles of the new directory and the removed
-/// one, for the deletion watch: the application removed only what the disk had, so
+/// its message said to do. The deletion keeper's record gets the new directory's
+/// handle and the removed one's: the application removed only what the disk had, so
 /// what the RAM wrote that it never saw is the RAM's (as for any directory removed
 /// between two attempts).
-fn side_made_again(m: &MountSpec, state: &State) -> Result<Option<(Handle, Handle)>> {
+///
+/// A side that is no mount at all (this, killed between its two steps) is bound the
+/// same way: written into, its bare directory in the state directory would take the
+/// RAM copy, and `down` would then drop it with the side.
+///
+/// Returns the handles of the new directory and the removed one, for a watch
+/// started before this.
+fn rebind_side(m: &MountSpec, host: &Host, state: &State) -> Result<Option<(Handle, Handle)>> {
     let side = state.side(&m.name);
-    let Ok(old) = std::fs::File::open(&side) else {
-        return Ok(None);
-    };
-    if !old
-        .metadata()
-        .is_ok_and(|md| std::os::unix::fs::MetadataExt::nlink(&md) == 0)
+    let mounted = host.mounts()?.top_at(&side).is_some();
+    let old = mounted.then(|| std::fs::File::open(&side).ok()).flatten();
+    if mounted
+        && old.as_ref().is_none_or(|f| {
+            f.metadata()
+                .is_ok_and(|md| std::os::unix::fs::MetadataExt::nlink(&md) != 0)
+        })
     {
         return Ok(None);
     }
@@ -450,19 +458,25 @@ fn side_made_again(m: &MountSpec, state: &State) -> Result<Option<(Handle, Handl
             m.path.display()
         )
     })?;
-    let handles = crate::host::fanotify::handle_of(now.as_fd())
-        .and_then(|new| {
-            Ok((
-                new,
-                crate::host::fanotify::handle_of(std::os::fd::AsFd::as_fd(&old))?,
-            ))
-        })
-        .ok();
+    let handles = old.as_ref().and_then(|old| {
+        crate::host::fanotify::handle_of(now.as_fd())
+            .and_then(|new| {
+                Ok((
+                    new,
+                    crate::host::fanotify::handle_of(std::os::fd::AsFd::as_fd(old))?,
+                ))
+            })
+            .ok()
+    });
+    if let Some((new, old)) = &handles {
+        keeper::made_again(state, &m.name, new.clone(), old.clone())?;
+    }
     crate::mount::detach_all(&side)?;
+    crate::failpoint::hit("side-detached", &m.name);
     crate::mount::ensure_mount_point(&side)?;
     crate::mount::bind_private(&now.proc_path(), &side)?;
     tracing::warn!(
-        "{}: the disk directory was removed while its write-back waited; writing back into {} as it is now",
+        "{}: the disk directory was removed while its write-back waited, or its bind was lost; writing back into {} as it is now",
         m.name,
         m.path.display()
     );

@@ -39,6 +39,20 @@ pub struct Gone {
     pub object: Option<Handle>,
 }
 
+impl Gone {
+    /// Not a deletion: the record that the directory `new` was made in place of the
+    /// removed `old` (see [`Deletions::stands_for`]). No name has a slash.
+    pub fn made_again(new: Handle, old: Handle) -> Gone {
+        Gone {
+            dir: old,
+            name: MADE_AGAIN.to_vec(),
+            object: Some(new),
+        }
+    }
+}
+
+const MADE_AGAIN: &[u8] = b"/";
+
 /// The directories (by handle) and names an entry was moved away from, in order.
 pub type WentFrom = Vec<(Handle, Vec<u8>)>;
 
@@ -119,10 +133,10 @@ impl Deletions {
         self.again.insert(new, old);
     }
 
-    /// `dir`, and the removed directory it was made again for, if any.
-    fn with_removed(&self, dir: Handle) -> impl Iterator<Item = Handle> {
-        let old = self.again.get(&dir).cloned();
-        std::iter::once(dir).chain(old)
+    /// `dir`, and the removed directories it was made again for, newest first (a
+    /// directory removed and made again more than once while a write-back waited).
+    fn with_removed(&self, dir: Handle) -> impl Iterator<Item = Handle> + '_ {
+        std::iter::successors(Some(dir), |d| self.again.get(d).cloned()).take(1 + self.again.len())
     }
 
     /// Keeps, from now on, where each entry moved away went from (its directory and
@@ -181,6 +195,10 @@ impl Deletions {
             return;
         };
         for g in seen {
+            if let (MADE_AGAIN, Some(new)) = (&g.name[..], &g.object) {
+                self.stands_for(new.clone(), g.dir);
+                continue;
+            }
             let key = (g.dir, g.name);
             if let Some(object) = g.object {
                 if self.dir_gone(key.clone(), object.clone()) {
@@ -393,5 +411,30 @@ mod tests {
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!((&seen[0].dir, &seen[0].name[..]), (&top, &b"d"[..]));
         assert!(seen[0].object.is_some());
+    }
+
+    /// A directory made again twice while the write-back waited stands for both
+    /// removed ones (their records come from the keeper, oldest first), and a cycle
+    /// of such records ends.
+    #[test]
+    fn a_directory_made_again_twice_stands_for_both_removed_ones() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let Ok(mut d) = Deletions::watch(dir.path()) else {
+            eprintln!("fanotify with FAN_REPORT_DFID_NAME is not available here");
+            return;
+        };
+        let (first, second, now) = ((1, vec![1; 8]), (1, vec![2; 8]), (1, vec![3; 8]));
+        d.add(Some(vec![
+            Gone::made_again(second.clone(), first.clone()),
+            Gone::made_again(now.clone(), second.clone()),
+        ]));
+        assert!(d.seen().iter().all(|g| g.name != MADE_AGAIN), "not a deletion");
+        let back: Vec<Handle> = d.with_removed(now.clone()).collect();
+        assert_eq!(back, vec![now.clone(), second.clone(), first.clone()]);
+        d.stands_for(first.clone(), now.clone());
+        assert_eq!(d.with_removed(now).count(), 4);
     }
 }

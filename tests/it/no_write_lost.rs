@@ -905,46 +905,71 @@ fn what_the_ram_deleted_goes_last_and_the_application_may_act_on_it_meanwhile() 
     );
 }
 
-/// `down` killed after its switch; the application removes its disk directory and
-/// makes it again before the retry. The retry writes back into the directory at the
-/// path now: what the application wrote in RAM is there, and what it removed with
-/// the directory (the seed's copies, unchanged in RAM) is not. Before, every retry
-/// failed (the side bind kept the removed directory, where nothing can be created),
-/// telling the operator to free disk space. While it is not there, `down` says to
-/// make it again.
+/// `down` killed after its switch; the application writes a name on disk that the
+/// RAM has too, removes its disk directory and makes it again before the retry. The
+/// retry writes back into the directory at the path now: what the application wrote
+/// in RAM and never saw on disk is there, and what it removed with the directory
+/// (the seed's copies, unchanged in RAM, and the name it wrote on both sides) is
+/// not. Before, every retry failed (the side bind kept the removed directory, where
+/// nothing can be created), telling the operator to free disk space. While it is not
+/// there, `down` says to make it again.
+///
+/// Killed between taking the removed directory's bind away and binding the new one,
+/// a retry left the side a bare directory in the state directory; the next one wrote
+/// the RAM copy into it and `down` dropped it: everything the RAM wrote was lost.
 #[test]
 fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("d")).unwrap();
-    for i in 0..10 {
-        fs::write(cache.join(format!("d/seeded{i}")), "s").unwrap();
+    for killed in [false, true] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir(cache.join("d")).unwrap();
+        for i in 0..10 {
+            fs::write(cache.join(format!("d/seeded{i}")), "s").unwrap();
+        }
+        let spec = spec(&sb, &[("cache", &cache)]);
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        for i in 0..5 {
+            fs::write(cache.join(format!("d/ram{i}")), "r").unwrap();
+        }
+        fs::write(cache.join("top"), "t").unwrap();
+        killed_at_last(&sb, "down", &spec, &["after-switch"], |_| {});
+        fs::write(
+            cache.join("d/ram0"),
+            "the application's, removed with the directory",
+        )
+        .unwrap();
+        fs::remove_dir_all(&cache).unwrap();
+        let gone = sb.run(["down".as_ref(), spec.as_os_str()]);
+        assert!(gone.stdout.contains("make it again for the write-back"), "{gone}");
+        fs::create_dir(&cache).unwrap();
+        fs::write(cache.join("made-on-disk"), "m").unwrap();
+        if killed {
+            let out = sb
+                .cmd()
+                .env("TMPFSCTL_FAILPOINT", "side-detached:cache")
+                .args(["down".as_ref(), spec.as_os_str()])
+                .output()
+                .unwrap();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&out.status),
+                Some(libc::SIGKILL),
+                "{out:?}"
+            );
+        }
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        let want: std::collections::BTreeMap<String, String> = (1..5)
+            .map(|i| (format!("d/ram{i}"), "r".to_string()))
+            .chain([
+                ("d/".to_string(), String::new()),
+                ("top".to_string(), "t".to_string()),
+                ("made-on-disk".to_string(), "m".to_string()),
+            ])
+            .collect();
+        assert_eq!(contents(&cache), want, "killed: {killed}\n{down}");
+        assert!(
+            sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
+            "{down}"
+        );
     }
-    let spec = spec(&sb, &[("cache", &cache)]);
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
-    for i in 0..5 {
-        fs::write(cache.join(format!("d/ram{i}")), "r").unwrap();
-    }
-    fs::write(cache.join("top"), "t").unwrap();
-    killed_at_last(&sb, "down", &spec, &["after-switch"], |_| {});
-    fs::remove_dir_all(&cache).unwrap();
-    let gone = sb.run(["down".as_ref(), spec.as_os_str()]);
-    assert!(gone.stdout.contains("make it again for the write-back"), "{gone}");
-    fs::create_dir(&cache).unwrap();
-    fs::write(cache.join("made-on-disk"), "m").unwrap();
-    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
-    down.code(0);
-    let want: std::collections::BTreeMap<String, String> = (0..5)
-        .map(|i| (format!("d/ram{i}"), "r".to_string()))
-        .chain([
-            ("d/".to_string(), String::new()),
-            ("top".to_string(), "t".to_string()),
-            ("made-on-disk".to_string(), "m".to_string()),
-        ])
-        .collect();
-    assert_eq!(contents(&cache), want, "{down}");
-    assert!(
-        sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
-        "{down}"
-    );
 }
