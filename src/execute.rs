@@ -499,14 +499,17 @@ fn run_step(
             // The tmpfs is in place; a later failure must not tear it down.
             undo.retain(|Undo::Detach(p)| p != stage);
         }
-        Step::Remount { path, options, .. } => backend::remount(path, options).map_err(|e| {
-            let hint = if e == nix::errno::Errno::EINVAL {
-                " (the kernel refused; for a shrink, usage may have grown past the new size)"
-            } else {
-                ""
-            };
-            anyhow::anyhow!("remount failed: {e}{hint}")
-        })?,
+        // Through the mount's root opened without following a symlink: by name, a
+        // user owning a directory above it could have it resize another mount.
+        Step::Remount { path, options, .. } => backend::remount(&PinnedDir::open(path)?.proc_path(), options)
+            .map_err(|e| {
+                let hint = if e == nix::errno::Errno::EINVAL {
+                    " (the kernel refused; for a shrink, usage may have grown past the new size)"
+                } else {
+                    ""
+                };
+                anyhow::anyhow!("remount failed: {e}{hint}")
+            })?,
         Step::SetRoot { path, to, .. } => set_root(&pin(pinned, path)?.proc_path(), *to)?,
     }
     Ok(None)
@@ -566,14 +569,31 @@ fn seed(
 
 /// See `Step::RestoreSide`. The scratch bind is private before anything is
 /// taken from it, and is gone afterwards (a leftover after a crash).
+///
+/// The parent is opened without following a symlink and must hold a mount at the
+/// managed path's name; the directory under it is opened the same way. By name, a
+/// user owning a directory above the path could swap in a symlink, and the side,
+/// bound to where it led (/etc), took every later write-back there.
 fn restore_side(path: &Path, side: &Path, scratch: &Path) -> Result<()> {
-    let parent = path.parent().unwrap_or(Path::new("/"));
+    let parent = PinnedDir::open(path.parent().unwrap_or(Path::new("/")))?;
     let base = path
         .file_name()
         .context("the managed path has a last component")?;
+    let dev = |st: nix::sys::stat::FileStat| st.st_dev;
+    let here = nix::sys::stat::fstat(parent.as_fd()).map(dev);
+    let below =
+        nix::sys::stat::fstatat(parent.as_fd(), base, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map(dev);
+    anyhow::ensure!(
+        matches!((here, below), (Ok(a), Ok(b)) if a != b),
+        "{} has no mount on it any more (a directory above it was moved?); the side bind was not restored",
+        path.display()
+    );
     mount::ensure_mount_point(scratch)?;
-    mount::bind_private(parent, scratch)?;
-    let result = mount::ensure_mount_point(side).and_then(|_| mount::bind_private(&scratch.join(base), side));
+    mount::bind_private(&parent.proc_path(), scratch)?;
+    let result = PinnedDir::open(&scratch.join(base)).and_then(|under| {
+        mount::ensure_mount_point(side)?;
+        mount::bind_private(&under.proc_path(), side)
+    });
     mount::detach(scratch)?;
     remove_empty_dir(scratch)?;
     result

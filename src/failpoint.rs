@@ -9,7 +9,7 @@
 //! `before-switch` right before a seeded tmpfs goes in place (its last look for what
 //! the disk deleted meanwhile done), `seed-switched` right after, before what the
 //! disk deleted since that look is dropped; `after-hold`, `after-switch` in the switch to
-//! disk; `after-merge`, `after-baseline` in a write-back; `after-release` once a held
+//! disk, `before-unmount` before a volatile mount's; `after-merge`, `after-baseline` in a write-back; `after-release` once a held
 //! copy is unmounted; `before-removals` (of any mount: give no name) in a write-back
 //! once its copies are durable, before it removes what the RAM deleted;
 //! `seed-dir-dropped` (of any mount) once `apply` emptied, right after the switch, a

@@ -217,8 +217,12 @@ pub fn attach_tree(tree: std::os::fd::OwnedFd, target: &Path) -> Result<()> {
 /// mount busy with this process's own last reads (an overlay's `down` was detached
 /// lazily instead of unmounted, once in a CI run).
 pub fn unmount_if_idle(target: &Path) -> Result<bool> {
+    unmount_if_idle_with(target, MntFlags::empty())
+}
+
+fn unmount_if_idle_with(target: &Path, flags: MntFlags) -> Result<bool> {
     for attempt in 0..5 {
-        match umount2(target, MntFlags::empty()) {
+        match umount2(target, flags) {
             Ok(()) => return Ok(true),
             Err(Errno::EBUSY) if attempt < 4 => std::thread::sleep(std::time::Duration::from_millis(25)),
             Err(Errno::EBUSY) => return Ok(false),
@@ -226,6 +230,84 @@ pub fn unmount_if_idle(target: &Path) -> Result<bool> {
         }
     }
     Ok(false)
+}
+
+/// A mount point, reached through its parent directory opened without following a
+/// symlink, and checked to hold the mount the mount table showed there (by mount
+/// ID). Binding from, remounting and unmounting `path()` (`/proc/self/fd/N/NAME`)
+/// act on that mount. A user owning a directory above it can move that away and put
+/// a symlink, or a directory of its own, in its place: by its name, `down` then
+/// unmounted or bound as the tmpfs whatever that led to (a root-only mount
+/// elsewhere). A mount point itself cannot be renamed, removed or replaced.
+pub struct PinnedMount {
+    parent: PinnedDir,
+    name: std::ffi::OsString,
+}
+
+impl PinnedMount {
+    /// `id`: the mount's ID in the mount table.
+    pub fn open(path: &Path, id: u32) -> Result<PinnedMount> {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            anyhow::bail!("{} is not a mount point tmpfsctl acts on", path.display());
+        };
+        let parent = PinnedDir::open(parent)?;
+        let found = mount_id(parent.as_fd(), name).with_context(|| format!("statx {}", path.display()))?;
+        anyhow::ensure!(
+            found == u64::from(id),
+            "{} is no longer the mount tmpfsctl found there (a directory above it was moved, and a symlink or another directory put in its place); nothing was done to it",
+            path.display()
+        );
+        Ok(PinnedMount {
+            parent,
+            name: name.to_owned(),
+        })
+    }
+
+    /// The path that reaches exactly this mount point.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.parent.proc_path().join(&self.name)
+    }
+
+    /// See [`unmount_if_idle`].
+    pub fn unmount_if_idle(&self) -> Result<bool> {
+        unmount_if_idle_with(&self.path(), MntFlags::UMOUNT_NOFOLLOW)
+    }
+
+    pub fn detach(&self) -> Result<()> {
+        let path = self.path();
+        umount2(&path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
+            .with_context(|| format!("umount -l {}", path.display()))
+    }
+}
+
+/// The ID of the mount `name` in `dir` is on (the top one, where it is a mount
+/// point), not following a symlink.
+fn mount_id(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<u64, Errno> {
+    use std::os::fd::AsRawFd;
+    let name =
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name)).map_err(|_| Errno::EINVAL)?;
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `name` is NUL-terminated and `stx` is a writable statx buffer that
+    // outlives the call; the kernel writes at most its size.
+    let r = unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
+    // field is initialised either way).
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(Errno::ENOSYS);
+    }
+    Ok(stx.stx_mnt_id)
 }
 
 /// A directory opened (as O_PATH) without following any symlink on the

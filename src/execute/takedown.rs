@@ -66,10 +66,12 @@ pub fn run(
             crate::sync::clean_up(name, table, state)?
         }
         Takedown::Unmount(e) => {
-            res.result = if mount::unmount_if_idle(&e.mount_point)? {
+            crate::failpoint::hit("before-unmount", name);
+            let at = mount::PinnedMount::open(&e.mount_point, e.id)?;
+            res.result = if at.unmount_if_idle()? {
                 DownOutcome::Unmounted
             } else {
-                mount::detach(&e.mount_point)?;
+                at.detach()?;
                 DownOutcome::Detached
             };
             crate::sync::clean_up(name, table, state)?;
@@ -155,6 +157,7 @@ pub fn switch_to_disk(
     table: &MountTable,
 ) -> Result<()> {
     let held_path = state.held(name);
+    let at = mount::PinnedMount::open(&live.mount_point, live.id)?;
     match held {
         Some(h) if h.dev == live.dev => {}
         Some(h) => anyhow::bail!(
@@ -166,11 +169,11 @@ pub fn switch_to_disk(
         None => {
             mount::ensure_private_dir(&state.held_root(), table)?;
             mount::ensure_mount_point(&held_path)?;
-            mount::bind_private(&live.mount_point, &held_path)?;
+            mount::bind_private(&at.path(), &held_path)?;
             crate::failpoint::hit("after-hold", name);
         }
     }
-    mount::detach(&live.mount_point)?;
+    at.detach()?;
     crate::failpoint::hit("after-switch", name);
     Ok(())
 }

@@ -19,6 +19,7 @@ mod crash_phases;
 mod diskbench;
 mod examples;
 mod hostile_copy;
+mod hostile_paths;
 mod hostile_state;
 mod linked_names;
 mod no_write_lost;
