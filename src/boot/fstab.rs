@@ -41,6 +41,9 @@ pub fn block(cx: &Context) -> String {
         if m.create {
             o.push("X-mount.mkdir".into());
         }
+        // util-linux 2.39 on: the helper gets the path as written, and refuses a
+        // symlink on the way (see `helper::check_target`); older ones ignore it.
+        o.push("X-mount.nocanonicalize=target".into());
         o.extend(m.before.iter().map(|c| format!("x-systemd.before={c}")));
         b.push_str(&format!(
             "{} {} {FSTYPE} {} 0 0\n",

@@ -284,11 +284,19 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return fail(EX_FAIL, &format!("{e:#}"));
         }
     }
+    let fstab = std::fs::read_to_string(FSTAB).ok();
+    if let Err(why) = check_target(&req, fstab.as_deref()) {
+        return fail(EX_FAIL, &why);
+    }
+    let pinned = match crate::mount::PinnedDir::open(&req.target) {
+        Ok(p) => p,
+        Err(e) => return fail(EX_FAIL, &format!("{e:#}")),
+    };
     // Before the mount covers it: the disk directory's owner and mode.
     let target = if req.options.iter().any(|o| o == "remount") {
         None
     } else {
-        match RootAttrs::of_followed(&req.target) {
+        match RootAttrs::of_followed(&pinned.proc_path()) {
             Ok(a) => Some(a),
             Err(e) => return fail(EX_FAIL, &format!("{e:#}")),
         }
@@ -315,12 +323,12 @@ pub fn main(args: Vec<OsString>) -> i32 {
         return 0;
     }
     let done = if c.remount {
-        crate::mount::remount(&req.target, c.flags, &c.data)
+        crate::mount::remount(&pinned.proc_path(), c.flags, &c.data)
             .map_err(|e| anyhow::anyhow!("mount -o remount,{} {}: {e}", c.data, req.target.display()))
     } else {
         crate::mount::mount_fs(
             &req.source,
-            &req.target,
+            &pinned.proc_path(),
             crate::backend::tmpfs::FSTYPE,
             c.flags,
             &c.data,
@@ -332,6 +340,69 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
 }
 
+/// Where mount(8) reads the lines it runs this helper for (with `-T`, elsewhere:
+/// then no line is found here, and only the path it passes is checked).
+const FSTAB: &str = "/etc/fstab";
+
+/// mount(8) passes the target with every symlink on the way resolved (util-linux
+/// before 2.39 cannot be told not to). A user owning a directory above the managed
+/// path could put a symlink to /etc there before a boot, and the tmpfs covered
+/// /etc. So the target must be the path the fstab line of this source names; the
+/// directory is then opened without following symlinks (where mount(8) passes the
+/// path as written, `X-mount.nocanonicalize`, that refuses the symlink itself).
+pub fn check_target(req: &Request, fstab: Option<&str>) -> Result<(), String> {
+    let Some(written) = fstab.and_then(|f| fstab_target(f, &req.source)) else {
+        return Ok(());
+    };
+    if written == req.target {
+        return Ok(());
+    }
+    Err(format!(
+        "the fstab line of {} names {}, but mount(8) passed {}: a symlink on the way was followed; nothing was mounted (remove the symlink, or fix the line with `tmpfsctl boot install`)",
+        req.source,
+        written.display(),
+        req.target.display()
+    ))
+}
+
+/// The target of the first line of type `tmpfsctl` with `source` in `fstab`.
+pub fn fstab_target(fstab: &str, source: &str) -> Option<PathBuf> {
+    fstab.lines().find_map(|line| {
+        let mut fields = line.split_whitespace().map(unescape);
+        let (src, target, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+        (!line.trim_start().starts_with('#')
+            && src == source.as_bytes()
+            && fstype == super::fstab::FSTYPE.as_bytes())
+        .then(|| PathBuf::from(OsString::from_vec(target)))
+    })
+}
+
+/// An fstab field with its octal escapes (`\040`) decoded.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(
+                    d.iter()
+                        .fold(0u8, |n, c| n.wrapping_mul(8).wrapping_add(c - b'0')),
+                );
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn fail(code: i32, why: &str) -> i32 {
     crate::out::eprint(&format!("{NAME}: {}\n", crate::out::escape(why)));
     code
@@ -340,6 +411,41 @@ fn fail(code: i32, why: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fstab_line_of_the_source_names_the_target() {
+        let fstab = "# tmpfsctl-a /commented tmpfsctl size=1M 0 0\n\
+            tmpfsctl-a /other tmpfs size=1M 0 0\n\
+            tmpfsctl-b /srv/b tmpfsctl size=1M 0 0\n\
+            \ttmpfsctl-a   /srv/var\\040cache/caf\\303\\251\\134x  tmpfsctl size=1M 0 0\n";
+        assert_eq!(
+            fstab_target(fstab, "tmpfsctl-a"),
+            Some(PathBuf::from("/srv/var cache/café\\x"))
+        );
+        assert_eq!(fstab_target(fstab, "tmpfsctl-b"), Some(PathBuf::from("/srv/b")));
+        assert_eq!(fstab_target(fstab, "tmpfsctl-c"), None);
+        assert_eq!(unescape("a\\04"), b"a\\04", "a short escape stays");
+        assert_eq!(unescape("\\08x"), b"\\08x", "not octal");
+    }
+
+    #[test]
+    fn a_target_other_than_the_lines_is_refused() {
+        let req = |t: &str| parse(&args(&format!("tmpfsctl-b {t}"))).unwrap();
+        let fstab = Some("tmpfsctl-b /srv/b tmpfsctl size=1M 0 0\n");
+        assert_eq!(check_target(&req("/srv/b"), fstab), Ok(()));
+        let why = check_target(&req("/etc"), fstab).unwrap_err();
+        assert!(why.contains("names /srv/b, but mount(8) passed /etc"), "{why}");
+        assert_eq!(
+            check_target(&req("/etc"), None),
+            Ok(()),
+            "no fstab (mount -T elsewhere)"
+        );
+        assert_eq!(
+            check_target(&req("/etc"), Some("")),
+            Ok(()),
+            "no line of this source"
+        );
+    }
 
     fn args(s: &str) -> Vec<String> {
         s.split(' ').map(String::from).collect()

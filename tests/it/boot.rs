@@ -876,3 +876,66 @@ fn boot_install_refuses_what_a_unit_file_cannot_hold() {
         );
     }
 }
+
+/// A user owning a directory above a managed path puts a symlink to a root-owned
+/// directory in its place before a boot. mount(8) resolves it before it runs the
+/// helper, which finds the path it was passed is not the one its fstab line names
+/// and mounts nothing. Before, a tmpfs (the user's, with `owner:`) covered the
+/// root-owned directory (a security review's probe).
+#[test]
+fn the_fstab_helper_never_mounts_where_a_symlink_leads() {
+    let sb = Sandbox::new();
+    let parent = sb.cache_dir("home/u/c", 1000, 1000, 0o755);
+    let cache = sb.cache_dir("home/u/c/cache", 1000, 1000, 0o755);
+    let etc = sb.cache_dir("etc", 0, 0, 0o755);
+    fs::write(etc.join("passwd"), "root's").unwrap();
+    let spec = sb.write_spec(
+        "spec.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 4MiB\n    owner: 1000\n",
+            cache.display()
+        ),
+    );
+    let root = sb.path("root");
+    mirror(&root, &[&cache]);
+    sb.run([
+        "boot".as_ref(),
+        "install".as_ref(),
+        spec.as_os_str(),
+        "--mode".as_ref(),
+        "fstab".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ])
+    .code(0);
+    // mount(8) and the helper both read this namespace's /etc/fstab.
+    nix::mount::mount(
+        Some(&root.join("etc/fstab")),
+        "/etc/fstab",
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    provide_mount_helper(&sb);
+    fs::remove_dir(&cache).unwrap();
+    std::os::unix::fs::symlink(&etc, &cache).unwrap();
+    let out = Command::new("mount").arg("-a").output().unwrap();
+    let text = output_text(&out);
+    assert!(
+        sb.top(&etc).is_none(),
+        "mounted over the symlink's target:\n{text}"
+    );
+    assert_eq!(fs::read_to_string(etc.join("passwd")).unwrap(), "root's");
+    assert!(
+        !out.status.success() && text.contains("a symlink on the way was followed"),
+        "{text}"
+    );
+    // With the symlink gone, the same boot mounts the directory.
+    fs::remove_file(&cache).unwrap();
+    fs::create_dir(&cache).unwrap();
+    let out = Command::new("mount").arg("-a").output().unwrap();
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert_eq!(sb.top(&cache).map(|t| t.source), Some("tmpfsctl-c".to_string()));
+    let _ = parent;
+}
