@@ -151,9 +151,12 @@ impl Syncer<'_, '_> {
             .unwrap_or(parent.disk_deleted_at);
         let tentative = tentative.map(|at| {
             // Only where the baseline records what the disk had can a name the disk
-            // lacks be known never to have been there. (With no records, as for the
-            // merge of what the application wrote during a seed, it counts as before.)
-            let went = if gone.is_empty() || self.base.marks.is_empty() {
+            // lacks be known never to have been there. (With no records, it counts as
+            // before. The merge of what the application wrote on disk during a seed
+            // has the seed's: a directory the application removed in the tmpfs lost
+            // only what the tmpfs had, and a file written on disk that it never saw
+            // is brought in, as a write-back brings in what the RAM wrote.)
+            let went = if gone.is_empty() || (self.base.marks.is_empty() && self.copied.is_none()) {
                 Went::Before
             } else {
                 Went::Meanwhile
