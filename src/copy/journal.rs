@@ -15,6 +15,12 @@
 //! reach the page cache before the next name is created. Each record carries its own
 //! checksum; replay stops at the first one that does not check out.
 //!
+//! A name the pass removed from the disk (the RAM had deleted it) is recorded once it
+//! is gone, as gone: a retry forgets the older baseline's record of it, and of
+//! everything below it. Kept, that record would say the disk had the name, so one
+//! the RAM made again since would count as deleted on disk, at the time of any
+//! later change to its directory, and be lost.
+//!
 //! A journal belongs to the baseline it extends (the header names its `taken` time):
 //! one left beside a newer baseline (a crash between saving the baseline and removing
 //! the journal) is ignored.
@@ -49,17 +55,34 @@ fn header(base_taken: Option<Time>) -> Vec<u8> {
     out
 }
 
-fn record(path: &[u8], mark: &Mark) -> Vec<u8> {
+/// The kind byte of a journal record of a name removed (no [`Mark`] has it).
+const GONE: u8 = 0xff;
+
+fn record(path: &[u8], mark: Option<&Mark>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + path.len());
-    put_record(&mut out, path, mark);
+    match mark {
+        Some(mark) => put_record(&mut out, path, mark),
+        None => {
+            out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+            out.extend_from_slice(path);
+            out.push(GONE);
+        }
+    }
     let sum = fnv1a(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     out
 }
 
-/// The records of `data` that belong to a baseline taken at `base_taken`, in order,
-/// up to the first damaged or partial one.
-fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Mark)> {
+/// A gone record at the start of `r`'s data: its path.
+fn gone<'a>(r: &mut RecordReader<'a>) -> Option<&'a [u8]> {
+    let len = u32::from_le_bytes(r.array().ok()?) as usize;
+    let path = r.take(len).ok()?;
+    (r.take(1).ok()? == [GONE]).then_some(path)
+}
+
+/// The records of `data` that belong to a baseline taken at `base_taken`, in order
+/// (`None`: the name was removed), up to the first damaged or partial one.
+fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Option<Mark>)> {
     let head = header(base_taken);
     let Some(mut rest) = data.strip_prefix(head.as_slice()) else {
         return Vec::new();
@@ -67,7 +90,11 @@ fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Mark)> {
     let mut out = Vec::new();
     loop {
         let mut r = RecordReader(rest);
-        let (Ok((path, mark)), Ok(sum)) = (r.record(), r.array::<8>()) else {
+        let found = match gone(&mut RecordReader(rest)) {
+            Some(_) => gone(&mut r).map(|p| (p, None)),
+            None => r.record().ok().map(|(p, m)| (p, Some(m))),
+        };
+        let (Some((path, mark)), Ok(sum)) = (found, r.array::<8>()) else {
             break;
         };
         let body = &rest[..rest.len() - r.0.len() - 8];
@@ -115,7 +142,12 @@ impl Journal {
 
     /// Records what the pass established for `path` (relative to the synced root).
     pub fn note(&self, path: &[u8], mark: &Mark) -> io::Result<()> {
-        (&self.file).write_all(&record(path, mark))
+        (&self.file).write_all(&record(path, Some(mark)))
+    }
+
+    /// Records that the pass removed `path` from the disk (once it is gone).
+    pub fn note_gone(&self, path: &[u8]) -> io::Result<()> {
+        (&self.file).write_all(&record(path, None))
     }
 
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
@@ -128,7 +160,15 @@ impl Journal {
         };
         let found = records(&data, base.taken);
         let n = found.len();
-        for (p, mark) in found {
+        // Each path's last record, and the last removal of each path, by position.
+        let mut noted: std::collections::HashMap<Box<[u8]>, usize> = Default::default();
+        let mut removed: std::collections::HashMap<Box<[u8]>, usize> = Default::default();
+        for (i, (p, mark)) in found.into_iter().enumerate() {
+            let Some(mark) = mark else {
+                removed.insert(p, i);
+                continue;
+            };
+            noted.insert(p.clone(), i);
             match mark {
                 Mark::Placing(_) => {
                     if let Some(before) = base.marks.get(&p).filter(|m| !matches!(m, Mark::Placing(_))) {
@@ -141,8 +181,37 @@ impl Journal {
             }
             base.marks.insert(&p, mark);
         }
+        if !removed.is_empty() {
+            forget_removed(base, &noted, &removed);
+        }
         Ok(n)
     }
+}
+
+/// Drops from `base` every record at or below a path the journal recorded as
+/// removed after the record's own (the older baseline's come before any).
+fn forget_removed(
+    base: &mut Baseline,
+    noted: &std::collections::HashMap<Box<[u8]>, usize>,
+    removed: &std::collections::HashMap<Box<[u8]>, usize>,
+) {
+    let gone = |p: &[u8]| {
+        let since = noted.get(p).copied();
+        let ends = p
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'/')
+            .map(|(i, _)| i)
+            .chain([p.len()]);
+        ends.filter_map(|end| removed.get(&p[..end]))
+            .any(|&at| since.is_none_or(|s| at > s))
+    };
+    let mut kept = super::baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes());
+    for (p, mark) in base.marks.iter().filter(|(p, _)| !gone(p)) {
+        kept.insert(p, mark);
+    }
+    base.marks = kept;
+    base.placing_before.retain(|p, _| !gone(p));
 }
 
 #[cfg(test)]
@@ -186,6 +255,40 @@ mod tests {
         assert_eq!(Journal::replay(&path, &mut third).unwrap(), 3);
     }
 
+    /// A removal forgets the older baseline's records at and below its path, and a
+    /// journal record made before it; one made after it stands. A name that only
+    /// starts like a removed directory's keeps its record.
+    #[test]
+    fn a_removal_forgets_the_records_at_and_below_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut older = base(Some((100, 0)));
+        for (p, ino) in [("d", 1), ("d/a.log", 2), ("d/e/f", 3), ("dx", 4), ("k", 5)] {
+            older.marks.insert(p.as_bytes(), Mark::Entry(sig(ino)));
+        }
+        let j = Journal::open(&path, &older).unwrap();
+        j.note(b"n", &Mark::Entry(sig(6))).unwrap();
+        j.note_gone(b"d").unwrap();
+        j.note_gone(b"n").unwrap();
+        j.note_gone(b"k").unwrap();
+        j.note(b"k", &Mark::Entry(sig(7))).unwrap();
+        drop(j);
+        let mut again = older.clone();
+        assert_eq!(Journal::replay(&path, &mut again).unwrap(), 5);
+        let left: Vec<(String, Mark)> = again
+            .marks
+            .iter()
+            .map(|(p, m)| (String::from_utf8_lossy(p).into_owned(), m))
+            .collect();
+        assert_eq!(
+            left,
+            vec![
+                ("dx".to_string(), Mark::Entry(sig(4))),
+                ("k".to_string(), Mark::Entry(sig(7))),
+            ]
+        );
+    }
+
     #[test]
     fn a_journal_of_another_baseline_is_ignored_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
@@ -215,7 +318,7 @@ mod tests {
             let mut data = full.clone();
             data.truncate(cut);
             let n = records(&data, None).len();
-            let one = header(None).len() + record(b"a", &Mark::Entry(sig(1))).len();
+            let one = header(None).len() + record(b"a", Some(&Mark::Entry(sig(1)))).len();
             assert_eq!(n, usize::from(cut >= one), "cut at {cut}");
         }
         let mut flipped = full.clone();

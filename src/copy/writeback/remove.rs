@@ -265,14 +265,20 @@ impl Syncer<'_, '_> {
                     return Ok(None);
                 }
                 let went = self.remove_compared(dir, &name, d)?;
+                if went > 0 {
+                    self.journal_gone(&item.path)?;
+                }
                 Ok(Some((went, 1 - went)))
             }
             Removal::Dir(ino, ram_deleted_at) => {
                 if now.st_ino != *ino || file_type(&now) != libc::S_IFDIR {
                     return Ok(None);
                 }
-                self.remove_merged(dir, &name, &item.path, *ram_deleted_at)
-                    .map(Some)
+                let res = self.remove_merged(dir, &name, &item.path, *ram_deleted_at)?;
+                if stat::fstatat(dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) {
+                    self.journal_gone(&item.path)?;
+                }
+                Ok(Some(res))
             }
         }
     }

@@ -294,6 +294,17 @@ impl Syncer<'_, '_> {
         }
     }
 
+    /// Records in the journal that the pass removed `path` from the disk (see
+    /// [`Journal::note_gone`](crate::copy::journal::Journal::note_gone)).
+    pub(super) fn journal_gone(&self, path: &[u8]) -> Result<(), Failed> {
+        match self.journal {
+            Some(j) => j
+                .note_gone(path)
+                .map_err(dst_err("record in the write-back journal")),
+            None => Ok(()),
+        }
+    }
+
     /// Records the entry the walk itself just put in place under `name`.
     pub(super) fn record_placed(
         &mut self,
