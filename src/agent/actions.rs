@@ -140,15 +140,37 @@ impl Agent {
         }
     }
 
+    /// The state lock, if no other process holds it now; `None` (logged once a
+    /// minute for each action of a mount) when one does. The loop never waits for
+    /// it: a wait there stops every eviction, and the action is tried again at a
+    /// later check.
+    fn lock_now(&mut self, i: usize, what: &str) -> Option<nix::fcntl::Flock<File>> {
+        match self.state.lock(Duration::ZERO) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                let w = &mut self.mounts[i];
+                if w.quiet.pass(&format!("{what} postponed"), Instant::now(), 0, 0) {
+                    warn!("{}: {what} postponed: {e}", w.spec.name);
+                }
+                None
+            }
+        }
+    }
+
     /// Online remount to `size` (grow, or shrink back), with every option.
+    ///
+    /// The state lock is only tried: waiting for it here, the loop evicted nothing
+    /// while a `down` or `sync` held it, and a growing mount filled (a hunting
+    /// helper's probe: 32 of 48 writes met a full mount). Busy, the chain goes on to
+    /// its next action.
     pub(super) fn resize(&mut self, i: usize, size: u64, nr_inodes: Option<u64>, by: &str) -> bool {
         let _busy = self.alive.busy();
-        let _lock = match self.state.lock(self.opts.wait) {
-            Ok(l) => l,
-            Err(e) => {
-                warn!("{}: resize postponed: {e}", self.mounts[i].spec.name);
-                return false;
+        let Some(_lock) = self.lock_now(i, "resize") else {
+            let w = &mut self.mounts[i];
+            if w.tracker.stage + 1 < w.spec.watchdog.actions.len() {
+                w.tracker.stage += 1;
             }
+            return false;
         };
         let w = &mut self.mounts[i];
         let name = w.spec.name.clone();
@@ -288,13 +310,7 @@ impl Agent {
     ) -> Option<(down::DownResult, (Busy, nix::fcntl::Flock<File>))> {
         let busy = self.alive.busy();
         let name = self.mounts[i].spec.name.clone();
-        let lock = match self.state.lock(self.opts.wait) {
-            Ok(l) => l,
-            Err(e) => {
-                warn!("{name}: {called} postponed: {e}");
-                return None;
-            }
-        };
+        let lock = self.lock_now(i, called)?;
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
         let failed = match down::down_one(&self.spec, &name, &self.host, &self.state, action) {
@@ -442,8 +458,8 @@ impl Agent {
             };
             let name = w.spec.name.clone();
             let _busy = self.alive.busy();
-            let res = match self.state.lock(self.opts.wait) {
-                Ok(_lock) => sync::sync(
+            let res = match self.lock_now(i, "periodic write-back") {
+                Some(_lock) => sync::sync(
                     &self.spec,
                     std::slice::from_ref(&name),
                     &self.host,
@@ -451,8 +467,7 @@ impl Agent {
                     "schedule",
                     false,
                 ),
-                Err(e) => {
-                    warn!("{name}: periodic write-back postponed: {e}");
+                None => {
                     self.mounts[i].next_sync =
                         Some(Instant::now() + self.interval.max(Duration::from_secs(5)));
                     continue;
@@ -555,7 +570,7 @@ impl Agent {
                 }
                 continue;
             }
-            if let Some(why) = self.retry_pending_writeback(i, self.opts.wait) {
+            if let Some(why) = self.retry_pending_writeback(i, true) {
                 warn!(
                     mount = name.as_str(),
                     "{name}: not re-offloaded: the write-back of its last tmpfs is still pending ({why}); next try in {}s",
@@ -602,25 +617,26 @@ impl Agent {
         }
     }
 
-    /// Retries, once an interval, the write-back of every held tmpfs that no
-    /// fallback record covers: one left by a take-out killed after its switch (this
-    /// agent's before a restart, or a `down`'s). The fallback's record is written
-    /// only once the take-out returns, so the re-offload's retry never saw it, and
-    /// the application's data stayed in RAM only until a `down` (a hunting helper's
-    /// probe: still pending 25 s after the restart).
+    /// Retries, once an interval, the write-back of every held tmpfs: one left by a
+    /// take-out killed after its switch (this agent's before a restart, or a
+    /// `down`'s), whose fallback record was never written, and one a fallback left
+    /// pending (a full disk). Before, only the re-offload retried, once due and only
+    /// with `reoffload_after`, and the application's data stayed in RAM only until a
+    /// `down` (hunting helpers' probes: still pending 25 s after a restart, and 30 s
+    /// after the disk had room again).
     pub(super) fn pending_writebacks(&mut self) {
         if self.pending_at.is_none_or(|t| Instant::now() < t) {
             return;
         }
         self.pending_at = Some(Instant::now() + self.interval.max(Duration::from_secs(1)));
         for i in 0..self.mounts.len() {
-            if self.mounts[i].fallback.is_some() || self.mounts[i].spec.persist == Persist::None {
+            if self.mounts[i].spec.persist == Persist::None {
                 continue;
             }
             let name = self.mounts[i].spec.name.clone();
             // Not waiting for the lock: its holder (`down`, another agent) is likely
             // writing this back; the loop must not stall meanwhile.
-            if let Some(why) = self.retry_pending_writeback(i, Duration::ZERO) {
+            if let Some(why) = self.retry_pending_writeback(i, false) {
                 warn!(
                     mount = name.as_str(),
                     "{name}: a write-back left pending by a take-out that did not finish: {why}; next try in {}s",
@@ -631,8 +647,11 @@ impl Agent {
     }
 
     /// Retries the write-back of a tmpfs the fallback switched away from, if one
-    /// is still held: why it is still pending, or `None` when nothing is.
-    pub(super) fn retry_pending_writeback(&mut self, i: usize, wait: Duration) -> Option<String> {
+    /// is still held: why it is still pending, or `None` when nothing is. The state
+    /// lock is only tried (the loop never waits for it); busy, the write-back counts
+    /// as pending if `busy_pending`, else it is left to the lock's holder, likely at
+    /// work on it, and to the next try.
+    pub(super) fn retry_pending_writeback(&mut self, i: usize, busy_pending: bool) -> Option<String> {
         let name = self.mounts[i].spec.name.clone();
         let held = |a: &Self| {
             a.host
@@ -642,22 +661,34 @@ impl Agent {
         if !held(self) {
             return None;
         }
-        let _lock = match self.state.lock(wait) {
+        let _lock = match self.state.lock(Duration::ZERO) {
             Ok(l) => l,
-            // Without waiting: its holder is at work, likely on this; next time.
-            Err(e) if wait.is_zero() => {
+            Err(e) if busy_pending => return Some(e.to_string()),
+            Err(e) => {
                 debug!("{name}: pending write-back not retried now: {e}");
                 return None;
             }
-            Err(e) => return Some(e.to_string()),
         };
         // A `down` that held the lock may have finished it meanwhile.
         if !held(self) {
             return None;
         }
         let spec = self.mounts[i].spec.clone();
+        let fallback = self.mounts[i].fallback.clone().zip(self.state.degraded(&name));
         match sync::finish_writeback(&spec, &self.host, &self.state, None, "retry") {
             Ok((s, _)) if s.result == SyncOutcome::Synced => {
+                // Its clean-up forgot the mount, the fallback's marker with it; the
+                // fallback stays in force (`status`, the re-offload). Forgotten, the
+                // mount was never offloaded again (a hunting helper's probe).
+                if let Some((rec, marker)) = fallback {
+                    if let Err(e) = self
+                        .state
+                        .set_degraded(&name, &marker)
+                        .and_then(|_| self.state.set_fallback(&name, &rec))
+                    {
+                        error!("{name}: recording the fallback again: {e:#}");
+                    }
+                }
                 self.record_sync(i, &s);
                 info!(mount = name.as_str(), "{name}: pending write-back done");
                 None

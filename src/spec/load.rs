@@ -23,6 +23,20 @@ pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, Spec
 /// ends.
 pub(super) const MAX_SPEC_BYTES: u64 = 1 << 20;
 
+/// Opens `file` for reading without waiting for a writer: a spec replaced by a
+/// FIFO no process writes to hung the agent's reload in `open` for good, and with
+/// it every eviction and its answer to SIGTERM (a hunting helper's probe). The
+/// reads then block as usual, so `<(command)` still works.
+fn open_without_waiting(file: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)?;
+    nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()))?;
+    Ok(f)
+}
+
 /// The text of a spec file: at most [`MAX_SPEC_BYTES`], UTF-8 (else an
 /// error located at the first bad byte).
 pub fn read_text(file: &Path) -> Result<String, SpecLoadError> {
@@ -32,7 +46,7 @@ pub fn read_text(file: &Path) -> Result<String, SpecLoadError> {
         source: e,
     };
     let mut bytes = Vec::new();
-    std::fs::File::open(file)
+    open_without_waiting(file)
         .and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_end(&mut bytes))
         .map_err(read_err)?;
     if bytes.len() as u64 > MAX_SPEC_BYTES {

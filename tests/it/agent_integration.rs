@@ -1333,3 +1333,92 @@ fn evict_removes_apache_entries_whole() {
     // The entries whose header was read last (the first ones) stay.
     assert!(sub.join("k000xYz.data").exists());
 }
+
+/// Another tmpfsctl holds the state lock (a long `down` or `sync`) while a mount
+/// with `action: [grow, evict]` fills: the agent does not wait for the lock to grow
+/// it, but goes on to evict, and the writer never meets a full mount. Before, each
+/// check waited the `--wait` time for the lock, gave up, and tried to grow again:
+/// nothing was evicted and 32 of 48 writes found the mount full (a hunting helper's
+/// probe).
+#[test]
+fn evict_goes_on_while_another_tmpfsctl_holds_the_lock() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog:\n      high: 80%\n      low: 40%\n      action: [grow, evict]\n      max_size: 64MiB\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &["--wait", "10"], &[]);
+    wait_offloaded(&mut agent, "c");
+    let lock = fs::OpenOptions::new()
+        .write(true)
+        .open(sb.path("state/lock"))
+        .unwrap();
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+    let mut enospc = 0;
+    let chunk = vec![0x42u8; 256 << 10];
+    for i in 0..64 {
+        if let Err(e) = fs::write(cache.join(format!("obj{i:03}")), &chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            enospc += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+    let m = agent.metrics();
+    assert!(m.actions("c", "evict") >= 1.0, "no eviction\n{}", agent.log());
+    assert_eq!(enospc, 0, "writes that found the mount full\n{}", agent.log());
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
+/// A fallback whose write-back fails on a full disk, without `reoffload_after`: once
+/// the disk has room again, the agent finishes the write-back within a few
+/// intervals, and the mount stays fallen back (to be offloaded again). Before, it
+/// was retried only by a due re-offload, so never without `reoffload_after`, and the
+/// application's files stayed in the held RAM copy until a `down`; and after a retry
+/// that succeeded, the mount was forgotten as fallen back (a hunting helper's probes).
+#[test]
+fn a_fallback_left_pending_by_a_full_disk_finishes_once_there_is_room() {
+    let sb = Sandbox::new();
+    let disk = sb.path("disk");
+    fs::create_dir(&disk).unwrap();
+    nix::mount::mount(
+        Some("disk"),
+        &disk,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=24m"),
+    )
+    .unwrap();
+    let cache = disk.join("cache");
+    fs::create_dir(&cache).unwrap();
+    fs::write(disk.join("filler"), vec![0u8; 14 << 20]).unwrap();
+    let spec = sb.one_mount_spec(
+        "c",
+        &cache,
+        "20MiB",
+        "    persist: on-stop\n    watchdog: { high: 50%, low: 20%, action: fallback }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let mut written = Vec::new();
+    for i in 0..12 {
+        let name = format!("big{i:02}");
+        if fs::write(cache.join(&name), vec![i as u8; 1 << 20]).is_ok() {
+            written.push(name);
+        }
+    }
+    agent.wait_for("the fallback", |m| m.state("c") == Some("fallback"));
+    std::thread::sleep(Duration::from_secs(1));
+    fs::remove_file(disk.join("filler")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let on_disk = || written.iter().filter(|n| cache.join(n).exists()).count();
+    while on_disk() < written.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(on_disk(), written.len(), "{}", agent.log());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(agent.metrics().state("c"), Some("fallback"), "{}", agent.log());
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
