@@ -458,7 +458,7 @@ fn run_step(
             }
         }
         Step::PrivateSide { side } => mount::make_private(side)?,
-        Step::RestoreSide { path, side, scratch } => restore_side(path, side, scratch)?,
+        Step::RestoreSide { path, side, scratch } => restore_side(path, name, side, scratch)?,
         Step::CreateDir { path, root } => {
             create_dir(path)?;
             set_root(&pin(pinned, path)?.proc_path(), *root)?;
@@ -499,17 +499,16 @@ fn run_step(
             // The tmpfs is in place; a later failure must not tear it down.
             undo.retain(|Undo::Detach(p)| p != stage);
         }
-        // Through the mount's root opened without following a symlink: by name, a
-        // user owning a directory above it could have it resize another mount.
-        Step::Remount { path, options, .. } => backend::remount(&PinnedDir::open(path)?.proc_path(), options)
-            .map_err(|e| {
+        Step::Remount { path, options, .. } => {
+            backend::remount(&backend::own_mount(path, name)?.proc_path(), options).map_err(|e| {
                 let hint = if e == nix::errno::Errno::EINVAL {
                     " (the kernel refused; for a shrink, usage may have grown past the new size)"
                 } else {
                     ""
                 };
                 anyhow::anyhow!("remount failed: {e}{hint}")
-            })?,
+            })?
+        }
         Step::SetRoot { path, to, .. } => set_root(&pin(pinned, path)?.proc_path(), *to)?,
     }
     Ok(None)
@@ -574,20 +573,14 @@ fn seed(
 /// managed path's name; the directory under it is opened the same way. By name, a
 /// user owning a directory above the path could swap in a symlink, and the side,
 /// bound to where it led (/etc), took every later write-back there.
-fn restore_side(path: &Path, side: &Path, scratch: &Path) -> Result<()> {
+fn restore_side(path: &Path, name: &str, side: &Path, scratch: &Path) -> Result<()> {
     let parent = PinnedDir::open(path.parent().unwrap_or(Path::new("/")))?;
     let base = path
         .file_name()
         .context("the managed path has a last component")?;
-    let dev = |st: nix::sys::stat::FileStat| st.st_dev;
-    let here = nix::sys::stat::fstat(parent.as_fd()).map(dev);
-    let below =
-        nix::sys::stat::fstatat(parent.as_fd(), base, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map(dev);
-    anyhow::ensure!(
-        matches!((here, below), (Ok(a), Ok(b)) if a != b),
-        "{} has no mount on it any more (a directory above it was moved?); the side bind was not restored",
-        path.display()
-    );
+    let on_it = mount::PinnedMount::id_at(&parent, base)
+        .with_context(|| format!("finding the mount of {}", path.display()))?;
+    backend::is_own_mount(on_it, name, path)?;
     mount::ensure_mount_point(scratch)?;
     mount::bind_private(&parent.proc_path(), scratch)?;
     let result = PinnedDir::open(&scratch.join(base)).and_then(|under| {

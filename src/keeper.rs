@@ -301,6 +301,16 @@ pub fn made_again(state: &State, name: &str, new: Handle, old: Handle) -> Result
     append(&mut file, &[Gone::made_again(new, old)]).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The directory the last [`made_again`] record of `name` named as the new one.
+pub fn last_made_again(state: &State, name: &str) -> Option<Handle> {
+    let data = crate::copy::baseline::read_nofollow(&record_path(state, name)).ok()?;
+    decode(&data)
+        .into_iter()
+        .rev()
+        .find_map(Gone::into_made_again)
+        .map(|(new, _)| new)
+}
+
 /// The write-back succeeded: the keeper stops and its record goes.
 pub fn finish(state: &State, name: &str) {
     let _ = std::fs::remove_file(record_path(state, name));

@@ -263,6 +263,11 @@ impl PinnedMount {
         })
     }
 
+    /// The ID of the mount at `name` in the pinned directory `parent`.
+    pub fn id_at(parent: &PinnedDir, name: &std::ffi::OsStr) -> Result<u64, Errno> {
+        mount_id(parent.as_fd(), name)
+    }
+
     /// The path that reaches exactly this mount point.
     pub fn path(&self) -> std::path::PathBuf {
         self.parent.proc_path().join(&self.name)
@@ -283,31 +288,52 @@ impl PinnedMount {
 /// The ID of the mount `name` in `dir` is on (the top one, where it is a mount
 /// point), not following a symlink.
 fn mount_id(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<u64, Errno> {
+    use nix::fcntl::{openat, OFlag};
+    let fd = openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    mount_id_of(std::os::fd::AsFd::as_fd(&fd))
+}
+
+/// The ID (as in the mount table) of the mount the open file `fd` is on: `statx`'s
+/// `STATX_MNT_ID` (Linux 5.8), else the `mnt_id` of its `/proc/self/fdinfo`.
+pub fn mount_id_of(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, Errno> {
     use std::os::fd::AsRawFd;
-    let name =
-        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name)).map_err(|_| Errno::EINVAL)?;
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `name` is NUL-terminated and `stx` is a writable statx buffer that
-    // outlives the call; the kernel writes at most its size.
+    // SAFETY: the path is a NUL-terminated empty string (with AT_EMPTY_PATH: the
+    // descriptor itself) and `stx` is a writable statx buffer that outlives the
+    // call; the kernel writes at most its size.
     let r = unsafe {
         libc::statx(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
             libc::STATX_MNT_ID,
             stx.as_mut_ptr(),
         )
     };
-    if r != 0 {
-        return Err(Errno::last());
+    if r == 0 {
+        // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
+        // field is initialised either way).
+        let stx = unsafe { stx.assume_init() };
+        if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+            return Ok(stx.stx_mnt_id);
+        }
     }
-    // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
-    // field is initialised either way).
-    let stx = unsafe { stx.assume_init() };
-    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
-        return Err(Errno::ENOSYS);
-    }
-    Ok(stx.stx_mnt_id)
+    fdinfo_mount_id(fd)
+}
+
+fn fdinfo_mount_id(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, Errno> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or(Errno::ENOSYS)
 }
 
 /// A directory opened (as O_PATH) without following any symlink on the
@@ -413,5 +439,22 @@ pub fn mount_scratch_tmpfs(source: &str, target: &Path, size: u64) -> Result<()>
 pub fn unmount_or_detach(target: &Path) {
     if umount2(target, MntFlags::empty()).is_err() {
         let _ = umount2(target, MntFlags::MNT_DETACH);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where `statx` cannot tell a mount's ID (Linux before 5.8), `fdinfo` tells the
+    /// same one; and both are the mount table's.
+    #[test]
+    fn the_mount_id_from_fdinfo_is_the_one_statx_and_the_table_give() {
+        let root = PinnedDir::open(Path::new("/")).unwrap();
+        let by_statx = mount_id_of(root.as_fd()).unwrap();
+        assert_eq!(fdinfo_mount_id(root.as_fd()).unwrap(), by_statx);
+        let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/self/mountinfo")).unwrap();
+        let top = table.top_at(Path::new("/")).unwrap();
+        assert_eq!(u64::from(top.id), by_statx);
     }
 }

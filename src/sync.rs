@@ -169,7 +169,7 @@ pub fn sync_one(
         let window = copy::overlay::Window::default();
         return overlay::pass(m, Some(src), &state.stage(&m.name), state, window, deletions, by);
     }
-    let pinned = pin_mount_root(src)?;
+    let pinned = backend::own_mount(src, &m.name)?;
     let src_path = pinned.proc_path();
     let src = src_path.as_path();
     seed_window::finish_interrupted(m, state, src);
@@ -405,26 +405,6 @@ pub fn watch_deletions(m: &MountSpec, state: &State) -> Option<Deletions> {
     Some(watch)
 }
 
-/// The mount root at `path`, opened without following a symlink on the way (its
-/// `proc_path` names it wherever it is): what a write-back reads. A user owning a
-/// directory above the managed path can move that away and put a symlink (to /etc)
-/// or a directory of its own in its place; the write-back would then copy what it
-/// finds there into the disk directory, and remove from the disk what it lacks.
-/// Such a user cannot make a mount root.
-fn pin_mount_root(path: &Path) -> Result<crate::mount::PinnedDir> {
-    let pinned = crate::mount::PinnedDir::open(path)?;
-    let here = nix::sys::stat::fstat(pinned.as_fd()).with_context(|| format!("stat {}", path.display()))?;
-    let up = nix::sys::stat::fstatat(pinned.as_fd(), "..", nix::fcntl::AtFlags::empty())
-        .with_context(|| format!("stat {}/..", path.display()))?;
-    if (here.st_dev, here.st_ino) != (up.st_dev, up.st_ino) && here.st_dev == up.st_dev {
-        anyhow::bail!(
-            "{} is no longer the mount written back (another directory is there now); nothing was written back",
-            path.display()
-        );
-    }
-    Ok(pinned)
-}
-
 /// Binds the side of a held tmpfs `m` again, to the directory at its path, if the
 /// application removed the disk directory it was bound to (and perhaps made another)
 /// while the write-back waited: the write-back goes where the application works now.
@@ -458,16 +438,16 @@ fn rebind_side(m: &MountSpec, host: &Host, state: &State) -> Result<Option<(Hand
             m.path.display()
         )
     })?;
-    let handles = old.as_ref().and_then(|old| {
-        crate::host::fanotify::handle_of(now.as_fd())
-            .and_then(|new| {
-                Ok((
-                    new,
-                    crate::host::fanotify::handle_of(std::os::fd::AsFd::as_fd(old))?,
-                ))
-            })
-            .ok()
-    });
+    // Unmounted by an attempt killed right after, the side was last bound to the
+    // directory that attempt recorded as made again.
+    let was = match &old {
+        Some(old) => crate::host::fanotify::handle_of(std::os::fd::AsFd::as_fd(old)).ok(),
+        None => keeper::last_made_again(state, &m.name),
+    };
+    let handles = crate::host::fanotify::handle_of(now.as_fd())
+        .ok()
+        .zip(was)
+        .filter(|(new, was)| new != was);
     if let Some((new, old)) = &handles {
         keeper::made_again(state, &m.name, new.clone(), old.clone())?;
     }

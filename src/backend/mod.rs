@@ -11,6 +11,7 @@ pub mod zram;
 
 use std::path::Path;
 
+use anyhow::Context;
 use nix::errno::Errno;
 use nix::mount::MsFlags;
 use serde::Serialize;
@@ -143,6 +144,34 @@ pub fn any_recorded(state: &State) -> bool {
 /// else's.
 pub fn is_ours(e: &MountEntry, source: &str) -> bool {
     tmpfs::is_ours(e, source) || zram::is_ours(e, source) || overlay::is_ours(e, source)
+}
+
+/// The root of the mount `name` has at `path`, opened without following a
+/// symlink, and checked to be that mount (by its mount ID, in the mount table): by
+/// name, a user owning the directories above two managed paths could swap them,
+/// and a remount of one resized the other, or a `sync` wrote one's tmpfs into
+/// the other's disk directory (a review helper's probes).
+pub fn own_mount(path: &Path, name: &str) -> anyhow::Result<crate::mount::PinnedDir> {
+    let pinned = crate::mount::PinnedDir::open(path)?;
+    let id = crate::mount::mount_id_of(pinned.as_fd())
+        .with_context(|| format!("finding the mount of {}", path.display()))?;
+    is_own_mount(id, name, path)?;
+    Ok(pinned)
+}
+
+/// Fails unless the mount with `id` is one of `name`'s (its tmpfs, zram or overlay).
+pub fn is_own_mount(id: u64, name: &str, path: &Path) -> anyhow::Result<()> {
+    let table = crate::host::mountinfo::MountTable::read(Path::new("/proc/self/mountinfo"))?;
+    let source = crate::spec::source_for(name);
+    anyhow::ensure!(
+        table
+            .entries
+            .iter()
+            .any(|e| u64::from(e.id) == id && is_ours(e, &source)),
+        "{} is no longer the mount of `{name}` (a directory above it was moved, and another put in its place); nothing was done to it",
+        path.display()
+    );
+    Ok(())
 }
 
 /// Every mount in `table` with `source`, wherever it is.

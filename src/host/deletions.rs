@@ -51,6 +51,16 @@ impl Gone {
     }
 }
 
+impl Gone {
+    /// The directories (new, removed) of a [`Gone::made_again`] record.
+    pub fn into_made_again(self) -> Option<(Handle, Handle)> {
+        match (&self.name[..], self.object) {
+            (MADE_AGAIN, Some(new)) => Some((new, self.dir)),
+            _ => None,
+        }
+    }
+}
+
 const MADE_AGAIN: &[u8] = b"/";
 
 /// The directories (by handle) and names an entry was moved away from, in order.
@@ -195,8 +205,10 @@ impl Deletions {
             return;
         };
         for g in seen {
-            if let (MADE_AGAIN, Some(new)) = (&g.name[..], &g.object) {
-                self.stands_for(new.clone(), g.dir);
+            if g.name == MADE_AGAIN {
+                if let Some((new, old)) = g.into_made_again() {
+                    self.stands_for(new, old);
+                }
                 continue;
             }
             let key = (g.dir, g.name);

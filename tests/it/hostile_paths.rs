@@ -141,3 +141,54 @@ fn apply_never_binds_the_side_to_where_a_symlink_leads() {
     );
     assert_eq!(fs::read_dir(&etc).unwrap().count(), 1, "{out}\n{sync}");
 }
+
+/// Two managed paths with the same last name under two directories of the user's;
+/// `apply` resizes one and is stopped just before (after another mount's step)
+/// while the user swaps the two directories. The resize is refused, and neither
+/// tmpfs changes size. Before, the resize meant for the first landed on the
+/// second's tmpfs (a review helper's probe).
+#[test]
+fn a_resize_never_lands_on_another_mount_swapped_in() {
+    let sb = Sandbox::new();
+    let p1 = sb.cache_dir("home/u/c1", 1000, 1000, 0o755);
+    let p2 = sb.cache_dir("home/u/c2", 1000, 1000, 0o755);
+    let c1 = sb.cache_dir("home/u/c1/cache", 1000, 1000, 0o755);
+    let c2 = sb.cache_dir("home/u/c2/cache", 1000, 1000, 0o755);
+    let first = sb.cache_dir("a", 0, 0, 0o755);
+    sb.run([
+        "apply".as_ref(),
+        spec(&sb, &[("c1", &c1), ("c2", &c2)], "on-stop").as_os_str(),
+    ])
+    .code(0);
+    let spec = sb.write_spec(
+        "cache.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: a\n    path: {}\n    size: 8MiB\n  - name: c1\n    path: {}\n    size: 16MiB\n    persist: on-stop\n  - name: c2\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
+            first.display(),
+            c1.display(),
+            c2.display()
+        ),
+    );
+    let tmp = sb.path("home/u/tmp");
+    let (code, out) = stopped_at(
+        &sb,
+        "apply",
+        &spec,
+        "stop=after-move-into-place:a",
+        &["after-move-into-place"],
+        |_| {
+            fs::rename(&p1, &tmp).unwrap();
+            fs::rename(&p2, &p1).unwrap();
+            fs::rename(&tmp, &p2).unwrap();
+        },
+    );
+    let size = |source: &str| {
+        let e = sb.mounts().into_iter().find(|e| e.source == source).unwrap();
+        let st = nix::sys::statvfs::statvfs(&e.mount_point).unwrap();
+        st.blocks() as u64 * st.fragment_size() as u64
+    };
+    assert_eq!(size("tmpfsctl-c2"), 8 << 20, "c2's tmpfs was resized\n{out}");
+    assert_eq!(size("tmpfsctl-c1"), 8 << 20, "{out}");
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("is no longer the mount of `c1`"), "{out}");
+}

@@ -917,9 +917,12 @@ fn what_the_ram_deleted_goes_last_and_the_application_may_act_on_it_meanwhile() 
 /// Killed between taking the removed directory's bind away and binding the new one,
 /// a retry left the side a bare directory in the state directory; the next one wrote
 /// the RAM copy into it and `down` dropped it: everything the RAM wrote was lost.
+/// The application may remove and make the directory again once more before that
+/// next retry (`again`): its deletions still count (a review helper's probe lost all
+/// of `d/` that way).
 #[test]
 fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
-    for killed in [false, true] {
+    for (killed, again) in [(false, false), (true, false), (true, true), (false, true)] {
         let sb = Sandbox::new();
         let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
         fs::create_dir(cache.join("d")).unwrap();
@@ -956,6 +959,11 @@ fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
                 "{out:?}"
             );
         }
+        if again {
+            fs::remove_dir_all(&cache).unwrap();
+            fs::create_dir(&cache).unwrap();
+            fs::write(cache.join("made-on-disk"), "m").unwrap();
+        }
         let down = sb.run(["down".as_ref(), spec.as_os_str()]);
         down.code(0);
         let want: std::collections::BTreeMap<String, String> = (1..5)
@@ -966,7 +974,7 @@ fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
                 ("made-on-disk".to_string(), "m".to_string()),
             ])
             .collect();
-        assert_eq!(contents(&cache), want, "killed: {killed}\n{down}");
+        assert_eq!(contents(&cache), want, "killed: {killed}, again: {again}\n{down}");
         assert!(
             sb.mounts().iter().all(|e| !e.source.starts_with("tmpfsctl-")),
             "{down}"

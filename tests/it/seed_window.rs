@@ -464,6 +464,50 @@ fn a_file_written_on_disk_in_a_directory_removed_in_ram_right_after_the_switch_i
     }
 }
 
+/// The application moves a directory the seed copied into another one and removes
+/// its old parent, in RAM right after the switch, while the disk got a file during
+/// the seed elsewhere, in the old parent, or in the moved directory itself. Nothing
+/// of the seed's comes back at the old path, and the file written on disk is kept
+/// (the last one at the old path: a move out of a directory then removed is not
+/// followed). Before, the moved directory's copies came back at the old path (a
+/// review helper's probe of the fix above).
+#[test]
+fn a_directory_moved_out_of_one_removed_in_ram_right_after_the_switch_does_not_come_back() {
+    for stop in ["after-seed", "before-switch"] {
+        for (written, extra) in [
+            ("z.data", vec![("z.data", "disk")]),
+            ("M/w", vec![("M/", ""), ("M/w", "disk")]),
+            (
+                "M/N/x.data",
+                vec![("M/", ""), ("M/N/", ""), ("M/N/x.data", "disk")],
+            ),
+        ] {
+            let sb = Sandbox::new();
+            let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+            fill(&cache, &[("M/N/old.data", "old"), ("P/p", "p"), ("keep", "k")]);
+            let spec = spec(&sb, &cache);
+            let (code, out) = apply_stopped_at(&sb, &spec, &[stop, "seed-switched"], |at| {
+                if at == 0 {
+                    fill(&cache, &[(written, "disk")]);
+                    return;
+                }
+                fs::rename(cache.join("M/N"), cache.join("P/N")).unwrap();
+                fs::remove_dir_all(cache.join("M")).unwrap();
+            });
+            assert_eq!(code, 0, "{out}");
+            let mut want = tree(&[
+                ("P/", ""),
+                ("P/N/", ""),
+                ("P/N/old.data", "old"),
+                ("P/p", "p"),
+                ("keep", "k"),
+            ]);
+            want.extend(tree(&extra));
+            in_ram_and_after_down(&sb, &spec, &cache, &want, &format!("{stop}, {written}\n{out}"));
+        }
+    }
+}
+
 /// An application's cleaner: empties (of its file `old`) and removes each of a set
 /// of directories as soon as something opens it, as htcacheclean removes each
 /// directory it emptied, from a thread of its own.

@@ -36,6 +36,15 @@ impl Syncer<'_, '_> {
                     at,
                     ..
                 }) => Some(Mark::Deleted(*at)),
+                // A merge into a seed's copy: what the seed copied there went with the
+                // directory the application removed, even where no deletion of its own
+                // was seen (moved away before: a directory moved out of it and its
+                // parent removed came back at the old path, a review helper's probe).
+                Some(Tentative {
+                    went: Went::Meanwhile,
+                    at,
+                    ..
+                }) if self.copied.is_some_and(|c| c.get(path).is_some()) => Some(Mark::Deleted(*at)),
                 _ => {
                     let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
                     CString::new(name)
