@@ -152,6 +152,10 @@ pub struct Baseline {
     /// Records of an interrupted pass's journal were replayed into it: what they
     /// establish is saved only with the next baseline. Not saved.
     pub replayed: bool,
+    /// The disk inodes an interrupted pass's journal says it unlinked, replaced or
+    /// linked a name of while others stayed (see
+    /// [`Merge::touched`](super::Merge::touched)). Not saved.
+    pub touched: std::collections::HashSet<u64>,
 }
 
 impl Baseline {
@@ -329,6 +333,7 @@ impl Baseline {
             marks,
             placing_before: HashMap::new(),
             replayed: false,
+            touched: Default::default(),
         })
     }
 

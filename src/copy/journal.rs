@@ -55,34 +55,57 @@ fn header(base_taken: Option<Time>) -> Vec<u8> {
     out
 }
 
-/// The kind byte of a journal record of a name removed (no [`Mark`] has it).
+/// The kind bytes of the journal's own records (no [`Mark`] has them): a name
+/// removed, and a disk inode one of whose names went while others stay.
 const GONE: u8 = 0xff;
+const TOUCHED: u8 = 0xfe;
 
-fn record(path: &[u8], mark: Option<&Mark>) -> Vec<u8> {
+/// One journal record.
+#[derive(Debug, Clone, PartialEq)]
+enum Noted {
+    Mark(Mark),
+    /// The name was removed from the disk.
+    Gone,
+    /// The disk inode (its number is the record's path, little-endian) is about to
+    /// lose a name or gain one: its ctime is the pass's, not the application's (see
+    /// [`Merge::touched`](super::Merge::touched)).
+    Touched,
+}
+
+fn record(path: &[u8], noted: &Noted) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + path.len());
-    match mark {
-        Some(mark) => put_record(&mut out, path, mark),
-        None => {
-            out.extend_from_slice(&(path.len() as u32).to_le_bytes());
-            out.extend_from_slice(path);
-            out.push(GONE);
+    let own = match noted {
+        Noted::Mark(mark) => {
+            put_record(&mut out, path, mark);
+            None
         }
+        Noted::Gone => Some(GONE),
+        Noted::Touched => Some(TOUCHED),
+    };
+    if let Some(kind) = own {
+        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        out.extend_from_slice(path);
+        out.push(kind);
     }
     let sum = fnv1a(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     out
 }
 
-/// A gone record at the start of `r`'s data: its path.
-fn gone<'a>(r: &mut RecordReader<'a>) -> Option<&'a [u8]> {
+/// A record of the journal's own kinds at the start of `r`'s data.
+fn own<'a>(r: &mut RecordReader<'a>) -> Option<(&'a [u8], Noted)> {
     let len = u32::from_le_bytes(r.array().ok()?) as usize;
     let path = r.take(len).ok()?;
-    (r.take(1).ok()? == [GONE]).then_some(path)
+    match r.take(1).ok()? {
+        [GONE] => Some((path, Noted::Gone)),
+        [TOUCHED] => Some((path, Noted::Touched)),
+        _ => None,
+    }
 }
 
-/// The records of `data` that belong to a baseline taken at `base_taken`, in order
-/// (`None`: the name was removed), up to the first damaged or partial one.
-fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Option<Mark>)> {
+/// The records of `data` that belong to a baseline taken at `base_taken`, in order,
+/// up to the first damaged or partial one.
+fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Noted)> {
     let head = header(base_taken);
     let Some(mut rest) = data.strip_prefix(head.as_slice()) else {
         return Vec::new();
@@ -90,18 +113,18 @@ fn records(data: &[u8], base_taken: Option<Time>) -> Vec<(Box<[u8]>, Option<Mark
     let mut out = Vec::new();
     loop {
         let mut r = RecordReader(rest);
-        let found = match gone(&mut RecordReader(rest)) {
-            Some(_) => gone(&mut r).map(|p| (p, None)),
-            None => r.record().ok().map(|(p, m)| (p, Some(m))),
+        let found = match own(&mut RecordReader(rest)) {
+            Some(_) => own(&mut r),
+            None => r.record().ok().map(|(p, m)| (p, Noted::Mark(m))),
         };
-        let (Some((path, mark)), Ok(sum)) = (found, r.array::<8>()) else {
+        let (Some((path, noted)), Ok(sum)) = (found, r.array::<8>()) else {
             break;
         };
         let body = &rest[..rest.len() - r.0.len() - 8];
         if fnv1a(body).to_le_bytes() != sum {
             break;
         }
-        out.push((path.into(), mark));
+        out.push((path.into(), noted));
         rest = r.0;
     }
     out
@@ -142,12 +165,20 @@ impl Journal {
 
     /// Records what the pass established for `path` (relative to the synced root).
     pub fn note(&self, path: &[u8], mark: &Mark) -> io::Result<()> {
-        (&self.file).write_all(&record(path, Some(mark)))
+        (&self.file).write_all(&record(path, &Noted::Mark(*mark)))
     }
 
     /// Records that the pass removed `path` from the disk (once it is gone).
     pub fn note_gone(&self, path: &[u8]) -> io::Result<()> {
-        (&self.file).write_all(&record(path, None))
+        (&self.file).write_all(&record(path, &Noted::Gone))
+    }
+
+    /// Records, before the pass unlinks, replaces or links a name of the disk inode
+    /// `ino` that has (or will have) other names, that its ctime is the pass's: a
+    /// retry after a kill must not take it for the application's change (a name of
+    /// it the RAM deleted came back, a rotated log's new version was lost).
+    pub fn note_touched(&self, ino: u64) -> io::Result<()> {
+        (&self.file).write_all(&record(&ino.to_le_bytes(), &Noted::Touched))
     }
 
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
@@ -163,10 +194,19 @@ impl Journal {
         // Each path's last record, and the last removal of each path, by position.
         let mut noted: std::collections::HashMap<Box<[u8]>, usize> = Default::default();
         let mut removed: std::collections::HashMap<Box<[u8]>, usize> = Default::default();
-        for (i, (p, mark)) in found.into_iter().enumerate() {
-            let Some(mark) = mark else {
-                removed.insert(p, i);
-                continue;
+        for (i, (p, record)) in found.into_iter().enumerate() {
+            let mark = match record {
+                Noted::Mark(mark) => mark,
+                Noted::Gone => {
+                    removed.insert(p, i);
+                    continue;
+                }
+                Noted::Touched => {
+                    if let Ok(ino) = <[u8; 8]>::try_from(&*p) {
+                        base.touched.insert(u64::from_le_bytes(ino));
+                    }
+                    continue;
+                }
             };
             noted.insert(p.clone(), i);
             match mark {
@@ -318,7 +358,7 @@ mod tests {
             let mut data = full.clone();
             data.truncate(cut);
             let n = records(&data, None).len();
-            let one = header(None).len() + record(b"a", Some(&Mark::Entry(sig(1)))).len();
+            let one = header(None).len() + record(b"a", &Noted::Mark(Mark::Entry(sig(1)))).len();
             assert_eq!(n, usize::from(cut >= one), "cut at {cut}");
         }
         let mut flipped = full.clone();

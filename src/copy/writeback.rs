@@ -269,6 +269,8 @@ pub fn sync_tree(
         (merge.journal, merge.deletions, merge.copied, merge.barriers);
     let mut own = HashSet::new();
     let touched = merge.touched.take().unwrap_or(&mut own);
+    // An earlier process's, from the journal.
+    touched.extend(&merge.base.touched);
     let first = sync_pass(
         src,
         dst,

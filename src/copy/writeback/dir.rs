@@ -110,7 +110,7 @@ impl Syncer<'_, '_> {
                 if let Some(d) = other {
                     // A non-directory the RAM side won over, unless the application
                     // changed it since.
-                    self.touch(&d);
+                    self.touch(&d)?;
                     if self.remove_compared(dst_dir, name, &d)? == 0 {
                         self.skip_scanned()?;
                         self.keep_disk(path, Verdict::Disk(None), None)?;

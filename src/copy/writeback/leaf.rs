@@ -149,11 +149,11 @@ impl Syncer<'_, '_> {
             return Ok(outcome);
         }
         if let Some(d) = &d {
-            self.touch(d);
+            self.touch(d)?;
         }
         // The new link gives the group's inode a new ctime: no sign of the
         // application's change on its other names either.
-        self.touched.insert(ino);
+        self.touch_ino(ino)?;
         if !self.write_hard_link(stack, name, (&first, ino), d.as_ref())? {
             self.reporter.stats.kept_disk += 1;
             return Ok(outcome);
@@ -174,7 +174,7 @@ impl Syncer<'_, '_> {
         d: Option<&FileStat>,
     ) -> Result<Option<Option<u64>>, Failed> {
         if let Some(d) = d {
-            self.touch(d);
+            self.touch(d)?;
         }
         self.rewrite(src_dir, dst, name, s, d)
     }

@@ -106,7 +106,7 @@ impl Syncer<'_, '_> {
         let what = if file_type(d) == libc::S_IFDIR {
             Removal::Dir(d.st_ino, ram_deleted_at)
         } else {
-            self.touch(d);
+            self.touch(d)?;
             Removal::Entry(*d)
         };
         self.deferred.push(Deferred { path, dir_ino, what });

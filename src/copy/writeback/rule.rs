@@ -54,6 +54,19 @@ impl Syncer<'_, '_> {
                 }
             };
         }
+        if let (None, Disk::Absent, Some(s)) = (mark, disk, src) {
+            // A merge into a seed's copy: the copy was there, and the source has not
+            // changed since, so the application deleted or moved it, even where no
+            // deletion of that name was seen (a directory moved away with it, and its
+            // parent removed: under load the parent's removal and the source's last
+            // change fell in one clock tick, and the copy came back at its old path).
+            if let Some(taken) = self
+                .copied_as(path, &Sig::of(s))
+                .and(self.copied.and_then(|c| c.taken))
+            {
+                mark = Some(Mark::Deleted(taken));
+            }
+        }
         let outdated = mark.is_none()
             && match src {
                 Some(_) => self.copy_outdated(path, src, disk),
@@ -177,11 +190,24 @@ impl Syncer<'_, '_> {
         sig
     }
 
-    /// A name of the destination inode `d` goes (unlinked or replaced).
-    pub(super) fn touch(&mut self, d: &FileStat) {
+    /// A name of the destination inode `d` goes (unlinked or replaced): noted, and
+    /// journaled first.
+    pub(super) fn touch(&mut self, d: &FileStat) -> Result<(), Failed> {
         if d.st_nlink > 1 {
-            self.touched.insert(d.st_ino);
+            self.touch_ino(d.st_ino)?;
         }
+        Ok(())
+    }
+
+    /// The destination inode `ino` loses or gains a name while it has others.
+    pub(super) fn touch_ino(&mut self, ino: u64) -> Result<(), Failed> {
+        if self.touched.insert(ino) {
+            if let Some(j) = self.journal {
+                j.note_touched(ino)
+                    .map_err(dst_err("record in the write-back journal"))?;
+            }
+        }
+        Ok(())
     }
 
     /// The disk side won: left as it is (`d`, if it has the name), and remembered, so
