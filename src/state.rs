@@ -349,6 +349,34 @@ impl State {
         Ok(())
     }
 
+    /// The agent's own lock (`STATE/agent.lock`), held for its whole life: `None`
+    /// when another agent holds it. Two agents on one state directory both acted on
+    /// the same mounts (two fallbacks of one mount, one detached lazily with the
+    /// other as its holder), and `status` lost the one still running.
+    pub fn agent_lock(&self) -> Result<Option<Flock<File>>, LockError> {
+        self.secure()?;
+        let path = self.dir.join("agent.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|source| LockError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(lock)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(LockError::Io {
+                path,
+                source: e.into(),
+            }),
+        }
+    }
+
     /// Takes the exclusive lock, waiting up to `wait`.
     pub fn lock(&self, wait: Duration) -> Result<Flock<File>, LockError> {
         let path = self.dir.join("lock");

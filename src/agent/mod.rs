@@ -348,6 +348,16 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
     let spec_text = spec::read_text(spec_path)?;
     let mem_total = host.meminfo()?.mem_total;
     let spec = spec::parse(spec_path, &spec_text, mem_total).map_err(spec::SpecLoadError::Invalid)?;
+    let Some(_one_agent) = state.agent_lock()? else {
+        let running = state
+            .agent_status()
+            .map_or(String::new(), |st| format!(" (pid {})", st.pid));
+        error!(
+            "another agent runs on the state directory {}{running}; two would act on the same mounts. Stop it first, or give this one its own --state-dir",
+            state.dir().display()
+        );
+        return Ok(ExitCode::Busy);
+    };
 
     // Signals arrive through a descriptor; blocked before any thread starts
     // so every thread inherits the mask.

@@ -1422,3 +1422,33 @@ fn a_fallback_left_pending_by_a_full_disk_finishes_once_there_is_room() {
     assert_eq!(agent.metrics().state("c"), Some("fallback"), "{}", agent.log());
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
+
+/// A second agent on the same state directory is refused (exit 4, naming the one
+/// running) and changes nothing; the first goes on. Before, both acted on the same
+/// mounts, and `status` lost the running one once the second stopped (a hunting
+/// helper's probe).
+#[test]
+fn a_second_agent_on_the_same_state_directory_is_refused() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 85%, low: 60%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let second = sb
+        .cmd()
+        .arg("agent")
+        .arg(&spec)
+        .env("TMPFSCTL_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(4), "{err}");
+    assert!(err.contains("another agent runs on the state directory"), "{err}");
+    let st = sb.run(["status".as_ref(), spec.as_os_str()]);
+    assert!(st.stdout.contains("agent: running"), "{st}");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
