@@ -229,7 +229,7 @@ pub fn main() -> i32 {
     if !matches!(cli.command, Command::Agent { .. }) {
         // Warnings of a command (a conflict kept, a watch that overflowed) reach the
         // operator; the agent sets up its own logging.
-        crate::logging::init("warn");
+        crate::logging::init("warn", false);
     }
     let code = match run(cli) {
         Ok(code) => code,
@@ -239,6 +239,7 @@ pub fn main() -> i32 {
             code
         }
     };
+    crate::logging::flush(std::time::Duration::from_secs(2));
     match out::stdout_failure() {
         Some(why) => {
             out::eprint(&format!("error: writing the output: {}\n", escape(&why)));

@@ -342,7 +342,7 @@ fn raise_priority() {
 
 pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Result<ExitCode> {
     let psi_trigger = psi_trigger(&host);
-    crate::logging::init("info");
+    crate::logging::init("info", true);
     raise_priority();
     spec::only_root_can_change(spec_path)?;
     let spec_text = spec::read_text(spec_path)?;

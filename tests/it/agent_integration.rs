@@ -1452,3 +1452,59 @@ fn a_second_agent_on_the_same_state_directory_is_refused() {
     assert!(st.stdout.contains("agent: running"), "{st}");
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
+
+/// The agent's stderr is a pipe nobody reads: 3,000 reloads (a log line each)
+/// fill it. The agent goes on (its metrics stay fresh) and stops at SIGTERM.
+/// Before, it blocked in `write` for good once the pipe was full, and ignored
+/// SIGTERM (a hunting helper's probe).
+#[test]
+fn an_agent_whose_stderr_is_not_read_goes_on() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 85%, low: 60%, action: evict }\n",
+    );
+    let metrics = sb.path("metrics.prom");
+    let mut child = sb
+        .cmd()
+        .arg("agent")
+        .arg(&spec)
+        .arg("--metrics")
+        .arg(&metrics)
+        .args(["--interval", "200ms"])
+        .env("TMPFSCTL_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let start = Instant::now();
+    while !fs::read_to_string(&metrics)
+        .unwrap_or_default()
+        .contains("state=\"offloaded\"} 1")
+    {
+        assert!(start.elapsed() < DEADLINE, "never offloaded");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..3000 {
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("the agent did not stop with its stderr unread");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}
