@@ -450,7 +450,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         ],
     );
     agent.status_last = status;
-    Ok(agent.main_loop(&signals, spec_watch.as_ref(), mountinfo.as_ref(), watchdog_period))
+    Ok(agent.main_loop(&signals, spec_watch, mountinfo.as_ref(), watchdog_period))
 }
 
 /// fanotify write events wake the usage checks, unless disabled or unavailable.
@@ -558,7 +558,7 @@ impl Agent {
     fn main_loop(
         &mut self,
         signals: &SignalFd,
-        spec_watch: Option<&specwatch::SpecWatch>,
+        mut spec_watch: Option<specwatch::SpecWatch>,
         mountinfo: Option<&File>,
         watchdog_period: Option<Duration>,
     ) -> ExitCode {
@@ -581,7 +581,7 @@ impl Agent {
                 .unwrap_or(PollTimeout::MAX);
 
             let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
-            let spec_at = spec_watch.map(|w| {
+            let spec_at = spec_watch.as_ref().map(|w| {
                 fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
                 fds.len() - 1
             });
@@ -615,24 +615,39 @@ impl Agent {
             let psi = psi_at.is_some_and(ready);
             drop(fds);
 
+            // Watched again after each reload and rescan: the directories the spec's
+            // path leads through change (a symlink swapped, as for a Kubernetes
+            // ConfigMap, or a directory renamed away and made again), and a watch of
+            // the old one saw no later change (a hunting helper's probes).
+            let mut watch_again = false;
             if sig {
                 while let Ok(Some(si)) = signals.read_signal() {
                     match Signal::try_from(si.ssi_signo as i32) {
-                        Ok(Signal::SIGHUP) => self.reload("SIGHUP", true),
+                        Ok(Signal::SIGHUP) => {
+                            self.reload("SIGHUP", true);
+                            watch_again = true;
+                        }
                         Ok(s) => return self.stop(s),
                         Err(_) => {}
                     }
                 }
             }
-            if reload_wake && spec_watch.is_some_and(|w| w.changed()) {
+            if reload_wake && spec_watch.as_ref().is_some_and(|w| w.changed()) {
                 reload_at = Some(Instant::now() + RELOAD_SETTLE);
             }
             if reload_at.is_some_and(|t| Instant::now() >= t) {
                 reload_at = None;
                 self.reload("spec file changed", false);
+                watch_again = true;
             }
             if mi || self.last_rescan.elapsed() >= RESCAN_EVERY {
                 self.rescan();
+                watch_again = true;
+            }
+            if watch_again {
+                if let Some(w) = specwatch::SpecWatch::new(&self.path) {
+                    spec_watch = Some(w);
+                }
             }
             let mut check = Instant::now() >= next_check || psi;
             if woke {

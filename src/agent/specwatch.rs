@@ -46,7 +46,9 @@ impl SpecWatch {
             | AddWatchFlags::IN_CREATE
             | AddWatchFlags::IN_DELETE
             | AddWatchFlags::IN_MOVED_FROM
-            | AddWatchFlags::IN_MOVED_TO;
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF;
         let mut watching = false;
         let mut dirs: Vec<&PathBuf> = watch.iter().map(|(d, _)| d).collect();
         dirs.dedup();
@@ -76,9 +78,13 @@ impl SpecWatch {
             if events.is_empty() {
                 break;
             }
+            // A watched directory itself gone or moved away: the spec may be
+            // elsewhere now (a symlink's new target, a directory made again).
+            let gone =
+                AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED;
             hit |= events
                 .iter()
-                .any(|e| e.name.as_ref().is_some_and(|n| self.names.contains(n)));
+                .any(|e| e.mask.intersects(gone) || e.name.as_ref().is_some_and(|n| self.names.contains(n)));
         }
         hit
     }

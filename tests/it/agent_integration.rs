@@ -1508,3 +1508,44 @@ fn an_agent_whose_stderr_is_not_read_goes_on() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+/// The spec is a symlink into a directory swapped at each update, as Kubernetes
+/// mounts a ConfigMap (`spec.yaml -> ..data/spec.yaml`, `..data -> ..v1`, then
+/// `..v2`, `..v3`, each old one removed). Every update is reloaded. Before, the
+/// first was and the later ones were not (until a SIGHUP): the watch stayed on the
+/// first target directory (a hunting helper's probe).
+#[test]
+fn a_spec_in_a_swapped_symlinked_directory_is_reloaded_at_every_update() {
+    use std::os::unix::fs::symlink;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let cfg = sb.path("cfg");
+    fs::create_dir(&cfg).unwrap();
+    let text = |high: u32| {
+        format!(
+            "version: 1\nmounts:\n  - name: c\n    path: {}\n    size: 8MiB\n    watchdog: {{ high: {high}%, low: 40%, action: evict }}\n",
+            cache.display()
+        )
+    };
+    let publish = |v: u32| {
+        let dir = cfg.join(format!("..v{v}"));
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("spec.yaml"), text(90 - v)).unwrap();
+        symlink(format!("..v{v}"), cfg.join("..data_tmp")).unwrap();
+        fs::rename(cfg.join("..data_tmp"), cfg.join("..data")).unwrap();
+        if v > 1 {
+            fs::remove_dir_all(cfg.join(format!("..v{}", v - 1))).unwrap();
+        }
+    };
+    publish(1);
+    symlink("..data/spec.yaml", cfg.join("spec.yaml")).unwrap();
+    let mut agent = Agent::start(&sb, &cfg.join("spec.yaml"), &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    for (v, reloads) in [(2, 1.0), (3, 2.0), (4, 3.0)] {
+        publish(v);
+        agent.wait_for(&format!("the reload of ..v{v}"), |m| {
+            m.get("tmpfsctl_agent_reloads_total{result=\"ok\"}") == reloads
+        });
+    }
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
