@@ -148,6 +148,7 @@ impl Agent {
         match self.state.lock(Duration::ZERO) {
             Ok(l) => Some(l),
             Err(e) => {
+                self.lock_busy = true;
                 let w = &mut self.mounts[i];
                 if w.quiet.pass(&format!("{what} postponed"), Instant::now(), 0, 0) {
                     warn!("{}: {what} postponed: {e}", w.spec.name);
@@ -159,17 +160,12 @@ impl Agent {
 
     /// Online remount to `size` (grow, or shrink back), with every option.
     ///
-    /// The state lock is only tried: waiting for it here, the loop evicted nothing
-    /// while a `down` or `sync` held it, and a growing mount filled (a hunting
-    /// helper's probe: 32 of 48 writes met a full mount). Busy, the chain goes on to
-    /// its next action.
+    /// The state lock is only tried (see [`Self::lock_now`]): waiting for it here,
+    /// the loop evicted nothing while a `down` or `sync` held it, and a growing
+    /// mount filled (a hunting helper's probe: 32 of 48 writes met a full mount).
     pub(super) fn resize(&mut self, i: usize, size: u64, nr_inodes: Option<u64>, by: &str) -> bool {
         let _busy = self.alive.busy();
         let Some(_lock) = self.lock_now(i, "resize") else {
-            let w = &mut self.mounts[i];
-            if w.tracker.stage + 1 < w.spec.watchdog.actions.len() {
-                w.tracker.stage += 1;
-            }
             return false;
         };
         let w = &mut self.mounts[i];

@@ -246,7 +246,26 @@ impl Agent {
             }
             let Some(act) = v.act else { return };
             let cause = if v.early { Cause::Early } else { Cause::Watchdog };
+            self.lock_busy = false;
             let done = self.perform(i, &act, &cause);
+            if matches!(act, Act::Grow { .. }) && !done && std::mem::take(&mut self.lock_busy) {
+                // Another process holds the state lock: for this check only, an
+                // eviction later in the chain acts (it needs no lock), never a
+                // fallback; the chain stays at grow, which runs once the lock is
+                // free (a review helper's probe fell back instead).
+                let w = &self.mounts[i];
+                let later = w.spec.watchdog.actions.iter().skip(w.tracker.stage + 1);
+                if later
+                    .take_while(|a| **a != Action::Fallback)
+                    .any(|a| *a == Action::Evict)
+                {
+                    let evict = Act::Evict {
+                        target: decide::EvictTarget::low(&wd, &u, memory),
+                    };
+                    self.perform(i, &evict, &cause);
+                }
+                return;
+            }
             match (&act, done) {
                 (Act::Warn | Act::Fallback, _) | (_, false) => return,
                 _ => {}

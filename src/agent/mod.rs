@@ -310,6 +310,9 @@ struct Agent {
     /// When to look next for write-backs left pending by a take-out that did not
     /// finish (see [`Agent::pending_writebacks`]).
     pending_at: Option<Instant>,
+    /// Set when an action found the state lock held by another process (see
+    /// [`Agent::lock_now`]); taken by the check that ran it.
+    lock_busy: bool,
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -424,6 +427,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         release_every: RELEASE_RETRY,
         // A take-out an earlier agent (or `down`) was killed in may have left one.
         pending_at: Some(Instant::now()),
+        lock_busy: false,
     };
     agent.settings();
     info!(

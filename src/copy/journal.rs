@@ -208,12 +208,17 @@ impl Journal {
                     continue;
                 }
             };
+            // The record a placing replaces is no longer there if the path (or one
+            // above it) was removed since it was made.
+            let forgotten = gone_since(&p, &noted, &removed);
             noted.insert(p.clone(), i);
             match mark {
                 Mark::Placing(_) => {
-                    if let Some(before) = base.marks.get(&p).filter(|m| !matches!(m, Mark::Placing(_))) {
-                        base.placing_before.insert(p.clone(), before);
-                    }
+                    let before = base.marks.get(&p).filter(|m| !matches!(m, Mark::Placing(_)));
+                    match before.filter(|_| !forgotten) {
+                        Some(before) => base.placing_before.insert(p.clone(), before),
+                        None => base.placing_before.remove(&p),
+                    };
                 }
                 _ => {
                     base.placing_before.remove(&p);
@@ -228,6 +233,24 @@ impl Journal {
     }
 }
 
+/// Whether `p`, or a path above it, was recorded as removed after `p`'s own last
+/// record (the older baseline's come before any).
+fn gone_since(
+    p: &[u8],
+    noted: &std::collections::HashMap<Box<[u8]>, usize>,
+    removed: &std::collections::HashMap<Box<[u8]>, usize>,
+) -> bool {
+    let since = noted.get(p).copied();
+    let ends = p
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == b'/')
+        .map(|(i, _)| i)
+        .chain([p.len()]);
+    ends.filter_map(|end| removed.get(&p[..end]))
+        .any(|&at| since.is_none_or(|s| at > s))
+}
+
 /// Drops from `base` every record at or below a path the journal recorded as
 /// removed after the record's own (the older baseline's come before any).
 fn forget_removed(
@@ -235,17 +258,7 @@ fn forget_removed(
     noted: &std::collections::HashMap<Box<[u8]>, usize>,
     removed: &std::collections::HashMap<Box<[u8]>, usize>,
 ) {
-    let gone = |p: &[u8]| {
-        let since = noted.get(p).copied();
-        let ends = p
-            .iter()
-            .enumerate()
-            .filter(|&(_, &b)| b == b'/')
-            .map(|(i, _)| i)
-            .chain([p.len()]);
-        ends.filter_map(|end| removed.get(&p[..end]))
-            .any(|&at| since.is_none_or(|s| at > s))
-    };
+    let gone = |p: &[u8]| gone_since(p, noted, removed);
     let mut kept = super::baseline::Marks::with_capacity(base.marks.len(), base.marks.path_bytes());
     for (p, mark) in base.marks.iter().filter(|(p, _)| !gone(p)) {
         kept.insert(p, mark);
@@ -327,6 +340,25 @@ mod tests {
                 ("k".to_string(), Mark::Entry(sig(7))),
             ]
         );
+    }
+
+    /// A name removed, then about to be placed again by a later pass of the same
+    /// journal, killed before the rename: the retry takes the name as unknown, not
+    /// as the older baseline's record the removal forgot (a review helper's probe).
+    #[test]
+    fn a_placing_after_a_removal_does_not_bring_back_the_removed_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut older = base(Some((100, 0)));
+        older.marks.insert(b"d/a.log", Mark::Entry(sig(2)));
+        let j = Journal::open(&path, &older).unwrap();
+        j.note_gone(b"d").unwrap();
+        j.note(b"d/a.log", &Mark::Placing(sig(9))).unwrap();
+        drop(j);
+        let mut again = older.clone();
+        Journal::replay(&path, &mut again).unwrap();
+        assert_eq!(again.placing_before.get(&b"d/a.log"[..]).copied(), None);
+        assert_eq!(again.get(b"d/a.log"), Some(Mark::Placing(sig(9))));
     }
 
     #[test]

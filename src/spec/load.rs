@@ -23,16 +23,21 @@ pub fn load_with(file: &Path, mem_total: u64, paths: Paths) -> Result<Spec, Spec
 /// ends.
 pub(super) const MAX_SPEC_BYTES: u64 = 1 << 20;
 
-/// Opens `file` for reading without waiting for a writer: a spec replaced by a
-/// FIFO no process writes to hung the agent's reload in `open` for good, and with
-/// it every eviction and its answer to SIGTERM (a hunting helper's probe). The
-/// reads then block as usual, so `<(command)` still works.
+/// Opens `file` for reading without waiting for a writer, and only if it is a
+/// regular file: a spec replaced by a FIFO hung the agent's reload in `open` (no
+/// writer) or in `read` (a writer that writes nothing) for good, and with it
+/// every eviction and its answer to SIGTERM (hunting and review helpers' probes).
 fn open_without_waiting(file: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(file)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a FIFO or device could keep the reader waiting)",
+        ));
+    }
     nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()))?;
     Ok(f)
 }

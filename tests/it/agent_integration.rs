@@ -1549,3 +1549,35 @@ fn a_spec_in_a_swapped_symlinked_directory_is_reloaded_at_every_update() {
     }
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
+
+/// `action: [grow, fallback]` while another tmpfsctl holds the state lock for a
+/// few seconds: the mount grows once the lock is free and does not fall back.
+/// Before this check only handed over, the busy grow moved the chain on for good,
+/// and the mount went to disk (a review helper's probe: 4 of 4).
+#[test]
+fn a_grow_the_lock_holds_up_is_not_taken_for_a_fallback() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop\n    watchdog:\n      high: 80%\n      low: 40%\n      action: [grow, fallback]\n      max_size: 64MiB\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let lock = fs::OpenOptions::new()
+        .write(true)
+        .open(sb.path("state/lock"))
+        .unwrap();
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+    for i in 0..7 {
+        fs::write(cache.join(format!("obj{i}")), vec![0u8; 1 << 20]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    drop(held);
+    let m = agent.wait_for("the grow", |m| m.actions("c", "grow") >= 1.0);
+    assert_eq!(m.actions("c", "fallback"), 0.0, "{}", agent.log());
+    assert_eq!(m.state("c"), Some("offloaded"), "{}", agent.log());
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}

@@ -992,18 +992,27 @@ fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
 /// lack of space, with no kill: a hunting helper's probe).
 #[test]
 fn a_name_made_again_in_ram_after_a_killed_write_back_removed_it_is_kept() {
-    for how in ["rm", "mv", "dir"] {
+    for how in ["rm", "mv", "dir", "dir, partly kept"] {
         let sb = Sandbox::new();
         let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
         fs::create_dir(cache.join("d")).unwrap();
         fs::write(cache.join("d/a.log"), "old log").unwrap();
         fs::write(cache.join("d/x"), "x").unwrap();
+        // A process that works in the disk directory from before `apply`.
+        let disk = fs::File::open(&cache).unwrap();
         let spec = spec(&sb, &[("cache", &cache)]);
         sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
         match how {
             "rm" => fs::remove_file(cache.join("d/a.log")).unwrap(),
             "mv" => fs::rename(cache.join("d/a.log"), cache.join("d/a.log.1")).unwrap(),
             _ => fs::remove_dir_all(cache.join("d")).unwrap(),
+        }
+        if how == "dir, partly kept" {
+            // Its change on disk keeps the directory the RAM removed, and `x` in it:
+            // the pass removes `d/a.log` alone.
+            std::thread::sleep(Duration::from_millis(50));
+            let x = format!("/proc/self/fd/{}/d/x", std::os::fd::AsRawFd::as_raw_fd(&disk));
+            fs::write(x, "changed on disk").unwrap();
         }
         let killed = sb
             .cmd()
@@ -1020,6 +1029,7 @@ fn a_name_made_again_in_ram_after_a_killed_write_back_removed_it_is_kept() {
         fs::create_dir_all(cache.join("d")).unwrap();
         fs::write(cache.join("d/a.log"), "new log from RAM").unwrap();
         let other = if how == "dir" { "other" } else { "d/other" };
+        drop(disk);
         let (code, out) = stopped_at(
             &sb,
             "down",

@@ -363,6 +363,10 @@ trait Rule {
     /// kept nothing (the application may have put something there since): whether it
     /// went.
     fn remove_dir(&mut self, above: BorrowedFd<'_>, name: &CStr, dir: &OwnedFd) -> Result<bool, Failed>;
+    /// The walk removed the entry at `path` (once it is gone).
+    fn removed(&mut self, _path: &[u8]) -> Result<(), Failed> {
+        Ok(())
+    }
 }
 
 /// One directory of a removal walk, listed whole when entered.
@@ -409,6 +413,7 @@ fn remove_walk(
             let mut kept = done.kept;
             if kept == 0 {
                 if rule.remove_dir(above, &done.name, &done.dir)? {
+                    rule.removed(&done.path)?;
                     removed += 1;
                 } else {
                     kept = 1;
@@ -435,6 +440,7 @@ fn remove_walk(
             }
             Step::RemoveSeen(d, temp) => {
                 if remove_seen(dir, entry.name.as_c_str(), Seen::of(&d), &temp).map_err(dst_err("remove"))? {
+                    rule.removed(&child)?;
                     removed += 1;
                 } else {
                     level.kept += 1;
@@ -443,6 +449,7 @@ fn remove_walk(
             }
             Step::Unlink => match unistd::unlinkat(dir, entry.name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) => {
+                    rule.removed(&child)?;
                     removed += 1;
                     continue;
                 }
@@ -512,9 +519,7 @@ impl Rule for Merged<'_, '_, '_> {
         if is_dir {
             return Ok(Step::Enter);
         }
-        if d.st_nlink > 1 {
-            s.touched.insert(d.st_ino);
-        }
+        s.touch(&d)?;
         Ok(Step::RemoveSeen(d, s.temps.next()))
     }
 
@@ -524,6 +529,13 @@ impl Rule for Merged<'_, '_, '_> {
             Err(Errno::ENOTEMPTY | Errno::EEXIST) => Ok(false),
             Err(e) => Err(dst_err("remove directory")(e)),
         }
+    }
+
+    /// Journaled one by one: a directory the walk empties only in part (the disk
+    /// changed something in it) stays, and the records of what went from it must
+    /// not (a review helper's probe lost a file the RAM wrote there again).
+    fn removed(&mut self, path: &[u8]) -> Result<(), Failed> {
+        self.syncer.journal_gone(path)
     }
 }
 
