@@ -203,17 +203,7 @@ fn a_linked_name_deleted_in_ram_stays_deleted_after_a_killed_down() {
             "mv" => fs::rename(cache.join("d/b"), cache.join("d/b2")).unwrap(),
             _ => fs::rename(cache.join("d/b"), cache.join("x")).unwrap(),
         }
-        let killed = sb
-            .cmd()
-            .env("TMPFSCTL_FAILPOINT", "before-removals")
-            .args(["down".as_ref(), spec.as_os_str()])
-            .output()
-            .unwrap();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&killed.status),
-            Some(libc::SIGKILL),
-            "{how}: {killed:?}"
-        );
+        crate::no_write_lost::killed_at(&sb, "down", &spec, "before-removals");
         let down = sb.run(["down".as_ref(), spec.as_os_str()]);
         down.code(0);
         assert!(!cache.join("d/b").exists(), "{how}: d/b came back\n{down}");

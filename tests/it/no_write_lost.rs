@@ -656,6 +656,22 @@ pub(crate) fn stopped_at(
     run_stopped(sb, verb, spec, (failpoint, points), act, false)
 }
 
+/// Runs `tmpfsctl VERB SPEC` with `TMPFSCTL_FAILPOINT=failpoint` and checks that it
+/// was killed there (`kill -9`, as a power cut or the OOM killer would).
+pub(crate) fn killed_at(sb: &Sandbox, verb: &str, spec: &Path, failpoint: &str) {
+    let out = sb
+        .cmd()
+        .env("TMPFSCTL_FAILPOINT", failpoint)
+        .args([verb.as_ref(), spec.as_os_str()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL),
+        "{verb} was not killed at {failpoint}: {out:?}"
+    );
+}
+
 /// [`stopped_at`] the `points` of the mount `cache`, killed (`kill -9`) at the last
 /// once `act` is done there.
 pub(crate) fn killed_at_last(sb: &Sandbox, verb: &str, spec: &Path, points: &[&str], act: impl FnMut(usize)) {
@@ -947,17 +963,7 @@ fn a_disk_directory_made_again_while_its_write_back_waits_gets_it() {
         fs::create_dir(&cache).unwrap();
         fs::write(cache.join("made-on-disk"), "m").unwrap();
         if killed {
-            let out = sb
-                .cmd()
-                .env("TMPFSCTL_FAILPOINT", "side-detached:cache")
-                .args(["down".as_ref(), spec.as_os_str()])
-                .output()
-                .unwrap();
-            assert_eq!(
-                std::os::unix::process::ExitStatusExt::signal(&out.status),
-                Some(libc::SIGKILL),
-                "{out:?}"
-            );
+            killed_at(&sb, "down", &spec, "side-detached:cache");
         }
         if again {
             fs::remove_dir_all(&cache).unwrap();
@@ -1014,17 +1020,7 @@ fn a_name_made_again_in_ram_after_a_killed_write_back_removed_it_is_kept() {
             let x = format!("/proc/self/fd/{}/d/x", std::os::fd::AsRawFd::as_raw_fd(&disk));
             fs::write(x, "changed on disk").unwrap();
         }
-        let killed = sb
-            .cmd()
-            .env("TMPFSCTL_FAILPOINT", "after-merge:cache")
-            .args(["sync".as_ref(), spec.as_os_str()])
-            .output()
-            .unwrap();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&killed.status),
-            Some(libc::SIGKILL),
-            "{how}: {killed:?}"
-        );
+        killed_at(&sb, "sync", &spec, "after-merge:cache");
         std::thread::sleep(Duration::from_millis(50));
         fs::create_dir_all(cache.join("d")).unwrap();
         fs::write(cache.join("d/a.log"), "new log from RAM").unwrap();
