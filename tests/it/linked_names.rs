@@ -215,3 +215,33 @@ fn a_linked_name_deleted_in_ram_stays_deleted_after_a_killed_down() {
         }
     }
 }
+
+/// A file with two names, one renamed in RAM; `down` killed once its copies are
+/// durable; the application then writes the file in place on disk (after the
+/// switch); `down` again. The disk's write stays, under both names. Before, the
+/// retry took the file's new ctime for the killed pass's own link change (journaled
+/// as touched) and wrote the older RAM version over it: 10 of 10 (a hunting
+/// helper's probe of the journaled touched inodes).
+#[test]
+fn a_write_on_disk_into_a_linked_file_a_killed_down_touched_is_kept() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("d")).unwrap();
+    fs::write(cache.join("d/a"), "seed version").unwrap();
+    fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
+    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::rename(cache.join("d/b"), cache.join("d/c")).unwrap();
+    crate::no_write_lost::killed_at(&sb, "down", &spec, "after-merge:cache");
+    fs::write(cache.join("d/a"), "the application's, on disk").unwrap();
+    let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+    down.code(0);
+    for name in ["d/a", "d/c"] {
+        assert_eq!(
+            fs::read_to_string(cache.join(name)).ok().as_deref(),
+            Some("the application's, on disk"),
+            "{name}\n{down}"
+        );
+    }
+    assert!(!cache.join("d/b").exists(), "{down}");
+}

@@ -181,9 +181,13 @@ impl Syncer<'_, '_> {
             return sig;
         }
         // Whether agreed on or the disk's version that won: the record's ctime is the
-        // one the application gave it.
+        // one the application gave it, while the file is still that version. A pass
+        // never changes a file's size or mtime by a link or unlink of its own, so a
+        // file written since is the application's change (a retry after a kill took
+        // its write for the pass's and lost it, once the touched inodes were
+        // journaled: a hunting helper's probe).
         if let Some(Mark::Entry(base) | Mark::DiskWon(base)) = self.base.get(path) {
-            if base.ino == sig.ino {
+            if base.ino == sig.ino && base.same_version(&sig) {
                 sig.ctime = base.ctime;
             }
         }
