@@ -619,7 +619,7 @@ impl Agent {
             let psi = psi_at.is_some_and(ready);
             drop(fds);
 
-            // Watched again after each reload and rescan: the directories the spec's
+            // Watched again after each reload and timed rescan: the directories the spec's
             // path leads through change (a symlink swapped, as for a Kubernetes
             // ConfigMap, or a directory renamed away and made again), and a watch of
             // the old one saw no later change (a hunting helper's probes).
@@ -644,9 +644,12 @@ impl Agent {
                 self.reload("spec file changed", false);
                 watch_again = true;
             }
-            if mi || self.last_rescan.elapsed() >= RESCAN_EVERY {
+            let timed = self.last_rescan.elapsed() >= RESCAN_EVERY;
+            if mi || timed {
                 self.rescan();
-                watch_again = true;
+                // Not at every change of the mount table: a host starting
+                // containers changes it many times a second.
+                watch_again |= timed;
             }
             if watch_again {
                 if let Some(w) = specwatch::SpecWatch::new(&self.path) {

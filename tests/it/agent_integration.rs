@@ -1438,13 +1438,22 @@ fn a_second_agent_on_the_same_state_directory_is_refused() {
     );
     let mut agent = Agent::start(&sb, &spec, &[], &[]);
     wait_offloaded(&mut agent, "c");
-    let second = sb
+    let mut second = sb
         .cmd()
         .arg("agent")
         .arg(&spec)
         .env("TMPFSCTL_LOG", "info")
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    // Bounded: a second agent that is not refused runs until stopped.
+    let start = Instant::now();
+    while second.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = second.kill();
+    let second = second.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(4), "{err}");
     assert!(err.contains("another agent runs on the state directory"), "{err}");
