@@ -220,6 +220,30 @@ pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
 ///
 /// `by` is recorded with the write-back: `down`, or `fallback` for the agent.
 pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -> Result<DownResult> {
+    take_down(spec, name, host, state, by, false).map(|(res, _)| res)
+}
+
+/// [`down_one`] up to the switch: a persisted mount's write-back is left to the
+/// caller, `Pending` with its [`takedown::Handoff`] (the agent's fallback, which
+/// writes back on its worker thread while it goes on watching the other mounts).
+pub fn switch_one(
+    spec: &Spec,
+    name: &str,
+    host: &Host,
+    state: &State,
+    by: &str,
+) -> Result<(DownResult, Option<takedown::Handoff>)> {
+    take_down(spec, name, host, state, by, true)
+}
+
+fn take_down(
+    spec: &Spec,
+    name: &str,
+    host: &Host,
+    state: &State,
+    by: &str,
+    defer: bool,
+) -> Result<(DownResult, Option<takedown::Handoff>)> {
     let table = host.mounts()?;
     let found = find(spec, name, &table, state);
     // Where the application sees the tmpfs, else where the spec says it goes.
@@ -249,9 +273,10 @@ pub fn down_one(spec: &Spec, name: &str, host: &Host, state: &State, by: &str) -
         host,
         state,
         by,
+        defer,
     };
-    takedown::run(&cx, name, takedown, &found, &table, &mut res)?;
-    Ok(res)
+    let handoff = takedown::run(&cx, name, takedown, &found, &table, &mut res)?;
+    Ok((res, handoff))
 }
 
 #[cfg(test)]

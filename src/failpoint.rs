@@ -2,8 +2,13 @@
 //! SIGKILLs this process when it reaches that point (for that mount), as `kill -9`
 //! or a power cut would. `TMPFSCTL_FAILPOINT=stop=<point>[,<point>…][:<name>]` stops
 //! it at each of those points instead (SIGSTOP), so that a test can act in that
-//! window, as an application would, and then let it go on (SIGCONT). Unset, each
-//! check is one environment lookup.
+//! window, as an application would, and then let it go on (SIGCONT).
+//! `TMPFSCTL_FAILPOINT=hold=<point>[,<point>…][:<name>]` holds only the thread that
+//! reaches it, until the file `TMPFSCTL_FAILPOINT_GO` names exists (at most
+//! [`HOLD_AT_MOST`]; `<that file>.held` is made as it starts): a long write-back,
+//! while the rest of the process goes on (the agent's loop beside its write-back
+//! worker). Unset, each check is one environment
+//! lookup.
 //!
 //! Points: `after-<action>` after each step of `apply` (see [`crate::execute`]) and
 //! `before-switch` right before a seeded tmpfs goes in place (its last look for what
@@ -16,9 +21,16 @@
 //! directory the disk deleted in the last moment before it; `seed-merged` once
 //! `apply` merged into the tmpfs what the application wrote on disk during the seed,
 //! before it records that; `side-detached` once a write-back took away the side bind
-//! of a disk directory the application removed, before it binds the new one.
+//! of a disk directory the application removed, before it binds the new one;
+//! `before-writeback` as the write-back of a held tmpfs starts (`down`'s after its
+//! switch, the agent's on its worker).
+
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{raise, Signal};
+
+/// How long a `hold=` point holds its thread when the test never lets it go.
+pub const HOLD_AT_MOST: Duration = Duration::from_secs(120);
 
 /// Dies (or stops) here if the tests asked for it.
 pub fn hit(point: &str, name: &str) {
@@ -26,16 +38,38 @@ pub fn hit(point: &str, name: &str) {
         return;
     };
     let fp = fp.to_string_lossy();
-    let (signal, fp) = match fp.strip_prefix("stop=") {
-        Some(rest) => (Signal::SIGSTOP, rest),
-        None => (Signal::SIGKILL, &*fp),
+    let (signal, fp) = if let Some(rest) = fp.strip_prefix("stop=") {
+        (Some(Signal::SIGSTOP), rest)
+    } else if let Some(rest) = fp.strip_prefix("hold=") {
+        (None, rest)
+    } else {
+        (Some(Signal::SIGKILL), &*fp)
     };
     let (want, mount) = fp.split_once(':').unwrap_or((fp, name));
     let wanted = match signal {
-        Signal::SIGSTOP => want.split(',').any(|w| w == point),
-        _ => want == point,
+        Some(Signal::SIGKILL) => want == point,
+        _ => want.split(',').any(|w| w == point),
     };
-    if wanted && mount == name {
-        let _ = raise(signal);
+    if !wanted || mount != name {
+        return;
+    }
+    match signal {
+        Some(s) => {
+            let _ = raise(s);
+        }
+        None => hold(),
+    }
+}
+
+fn hold() {
+    let go = std::env::var_os("TMPFSCTL_FAILPOINT_GO");
+    if let Some(g) = &go {
+        let mut held = g.clone();
+        held.push(".held");
+        let _ = std::fs::write(held, b"");
+    }
+    let start = Instant::now();
+    while start.elapsed() < HOLD_AT_MOST && !go.as_ref().is_some_and(|g| std::path::Path::new(g).exists()) {
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -342,6 +342,7 @@ pub fn finish_writeback(
     watch: Option<Deletions>,
     by: &str,
 ) -> Result<(SyncResult, DownOutcome)> {
+    crate::failpoint::hit("before-writeback", &m.name);
     let held = state.held(&m.name);
     let made_again = rebind_side(m, host, state)?;
     let mut watch = watch.or_else(|| watch_deletions(m, state));

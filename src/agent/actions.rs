@@ -143,19 +143,29 @@ impl Agent {
     /// The state lock, if no other process holds it now; `None` (logged once a
     /// minute for each action of a mount) when one does. The loop never waits for
     /// it: a wait there stops every eviction, and the action is tried again at a
-    /// later check.
-    fn lock_now(&mut self, i: usize, what: &str) -> Option<nix::fcntl::Flock<File>> {
-        match self.state.lock(Duration::ZERO) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                self.lock_busy = true;
-                let w = &mut self.mounts[i];
-                if w.quiet.pass(&format!("{what} postponed"), Instant::now(), 0, 0) {
-                    warn!("{}: {what} postponed: {e}", w.spec.name);
-                }
-                None
+    /// later check. While the worker writes back (the agent holds the lock for it),
+    /// an action on another mount goes on under it, and one on the mount being
+    /// written back waits the same way, unless it is `beside_own`: a remount's new
+    /// limits do not change what a write-back of the live tmpfs reads.
+    pub(super) fn lock_now(&mut self, i: usize, what: &str, beside_own: bool) -> Option<Lock> {
+        let name = self.mounts[i].spec.name.clone();
+        let why = if self.worker.holds_lock() {
+            if beside_own || !self.worker.has(&name) {
+                return Some(Lock::Worker);
             }
+            "its write-back is under way".to_string()
+        } else {
+            match self.state.lock(Duration::ZERO) {
+                Ok(l) => return Some(Lock::Own(l)),
+                Err(e) => e.to_string(),
+            }
+        };
+        self.lock_busy = true;
+        let w = &mut self.mounts[i];
+        if w.quiet.pass(&format!("{what} postponed"), Instant::now(), 0, 0) {
+            warn!("{name}: {what} postponed: {why}");
         }
+        None
     }
 
     /// Online remount to `size` (grow, or shrink back), with every option.
@@ -165,7 +175,7 @@ impl Agent {
     /// mount filled (a hunting helper's probe: 32 of 48 writes met a full mount).
     pub(super) fn resize(&mut self, i: usize, size: u64, nr_inodes: Option<u64>, by: &str) -> bool {
         let _busy = self.alive.busy();
-        let Some(_lock) = self.lock_now(i, "resize") else {
+        let Some(_lock) = self.lock_now(i, "resize", true) else {
             return false;
         };
         let w = &mut self.mounts[i];
@@ -231,8 +241,17 @@ impl Agent {
         let started = Instant::now();
         let name = self.mounts[i].spec.name.clone();
         let before = self.mounts[i].usage;
+        // `apply` follows at once, which acts only while the worker is idle.
+        if !self.worker.idle() {
+            self.lock_busy = true;
+            let w = &mut self.mounts[i];
+            if w.quiet.pass("eviction postponed", Instant::now(), 0, 0) {
+                warn!("{name}: eviction postponed: a write-back is under way");
+            }
+            return false;
+        }
         // Released before `apply`, which takes the lock itself.
-        let Some((r, _)) = self.take_out(i, ("evict", "eviction"), "the upper layer stays") else {
+        let Some((r, _, _)) = self.take_out(i, ("evict", "eviction"), "the upper layer stays", false) else {
             return false;
         };
         if r.result == DownOutcome::Pending {
@@ -296,23 +315,30 @@ impl Agent {
 
     /// Writes mount `i` back and takes it down as `tmpfsctl down` does (`action`: the
     /// name its write-backs and logs carry, and how a log line calls it), with the
-    /// state lock held; the result and the guards, or `None` when it was postponed,
+    /// state lock held; the result, with `defer` the write-back left to the caller
+    /// (see [`down::switch_one`]), and the guards, or `None` when it was postponed,
     /// failed or was refused (logged; what `stays` then).
     fn take_out(
         &mut self,
         i: usize,
         (action, called): (&str, &str),
         stays: &str,
-    ) -> Option<(down::DownResult, (Busy, nix::fcntl::Flock<File>))> {
+        defer: bool,
+    ) -> Option<(down::DownResult, Option<Handoff>, (Busy, Lock))> {
         let busy = self.alive.busy();
         let name = self.mounts[i].spec.name.clone();
-        let lock = self.lock_now(i, called)?;
+        let lock = self.lock_now(i, called, false)?;
         // Let go of the root first, so an idle mount unmounts cleanly.
         self.unwatch(i);
-        let failed = match down::down_one(&self.spec, &name, &self.host, &self.state, action) {
+        let taken = if defer {
+            down::switch_one(&self.spec, &name, &self.host, &self.state, action)
+        } else {
+            down::down_one(&self.spec, &name, &self.host, &self.state, action).map(|r| (r, None))
+        };
+        let failed = match taken {
             // Nothing switched (an overlay's first pass failed, say): nothing was
             // taken out, and nothing must count as done.
-            Ok(r) if matches!(r.result, DownOutcome::Refused | DownOutcome::Failed) => {
+            Ok((r, _)) if matches!(r.result, DownOutcome::Refused | DownOutcome::Failed) => {
                 for s in &r.syncs {
                     self.record_sync(i, s);
                 }
@@ -323,14 +349,14 @@ impl Agent {
                 };
                 format!("{called} {how}, {stays}: {}", r.reason.unwrap_or_default())
             }
-            Ok(r) => {
+            Ok((r, handoff)) => {
                 for s in &r.syncs {
                     self.record_sync(i, s);
                 }
                 // Its device may outlive the mount for a while.
                 self.release_at = Some(Instant::now() + RELEASE_RETRY);
                 self.release_every = RELEASE_RETRY;
-                return Some((r, (busy, lock)));
+                return Some((r, handoff, (busy, lock)));
             }
             Err(e) => format!("{called} failed: {e:#}"),
         };
@@ -340,14 +366,16 @@ impl Agent {
         None
     }
 
-    /// Takes the mount out of RAM (write-back first when persisted), the
-    /// same way `tmpfsctl down` does; the application continues on its disk
-    /// directory.
+    /// Takes the mount out of RAM the same way `tmpfsctl down` does; the
+    /// application continues on its disk directory at once, and a persisted
+    /// mount's RAM copy is written back from where it is held by the worker.
     pub(super) fn fallback(&mut self, i: usize, by: &str) -> bool {
         let name = self.mounts[i].spec.name.clone();
         let usage = self.mounts[i].usage;
         let ram = check::memory_text(self.mounts[i].memory, &self.mounts[i].spec.watchdog);
-        let Some((r, _guards)) = self.take_out(i, ("fallback", "fallback"), "the tmpfs stays") else {
+        let Some((r, handoff, (_busy, lock))) =
+            self.take_out(i, ("fallback", "fallback"), "the tmpfs stays", true)
+        else {
             return false;
         };
         let w = &mut self.mounts[i];
@@ -387,6 +415,9 @@ impl Agent {
                 "detached lazily; {} open files until they close them",
                 holders_keep(&r.holders)
             ),
+            DownOutcome::Pending if handoff.is_some() => {
+                "switched; its RAM copy is being written back".into()
+            }
             DownOutcome::Pending => format!(
                 "switched, but the write-back is pending: {}",
                 r.reason.clone().unwrap_or_default()
@@ -406,7 +437,140 @@ impl Agent {
                 )
             }
         );
+        if let Some(h) = handoff {
+            self.queue_writeback(
+                i,
+                "fallback",
+                Task::Held {
+                    watch: Box::new(h.watch),
+                },
+                lock,
+            );
+        }
         true
+    }
+
+    /// Hands the write-back of mount `i` to the worker, under `lock`.
+    pub(super) fn queue_writeback(&mut self, i: usize, by: &'static str, task: Task, lock: Lock) {
+        let name = self.mounts[i].spec.name.clone();
+        let fallback = self.mounts[i].fallback.clone().zip(self.state.degraded(&name));
+        if matches!(task, Task::Scheduled) {
+            // Due again once this one ended.
+            self.mounts[i].next_sync = None;
+        }
+        let job = Job {
+            name: name.clone(),
+            spec: self.spec.clone(),
+            host: self.host.clone(),
+            state: self.state.clone(),
+            by,
+            task,
+            fallback,
+        };
+        debug!(mount = name.as_str(), "{name}: write-back ({by}) queued");
+        self.worker.push(
+            job,
+            match lock {
+                Lock::Own(l) => Some(l),
+                Lock::Worker => None,
+            },
+        );
+    }
+
+    /// What the worker finished: recorded and logged; the schedule goes on. Once it
+    /// is idle, an `apply` that waited for it runs.
+    pub(super) fn reap_writebacks(&mut self) {
+        for f in self.worker.reap() {
+            self.writeback_done(f);
+        }
+        if self.worker.idle() && !self.apply_waiting.is_empty() {
+            let names = std::mem::take(&mut self.apply_waiting);
+            self.apply(&names, "after the write-backs");
+        }
+    }
+
+    pub(super) fn writeback_done(&mut self, f: Finished) {
+        let name = f.name;
+        let Some(i) = self.mounts.iter().position(|w| w.spec.name == name) else {
+            info!(
+                "{name}: write-back ({}) ended after {:.3}s; no longer in the spec",
+                f.by, f.seconds
+            );
+            return;
+        };
+        match f.outcome {
+            Outcome::Scheduled(res) => {
+                match res {
+                    Ok(results) => {
+                        for s in &results {
+                            self.record_sync(i, s);
+                        }
+                    }
+                    Err(e) => error!("{name}: periodic write-back failed: {e:#}"),
+                }
+                if let Persist::Every(secs) = self.mounts[i].spec.persist {
+                    self.mounts[i].next_sync = Some(decide::deadline(Instant::now(), secs));
+                }
+            }
+            Outcome::Held(res) => self.held_writeback_done(i, &name, f.by, f.fallback, *res),
+        }
+    }
+
+    fn held_writeback_done(
+        &mut self,
+        i: usize,
+        name: &str,
+        by: &str,
+        fallback: Option<(FallbackRecord, String)>,
+        res: Result<(SyncResult, DownOutcome)>,
+    ) {
+        match res {
+            Ok((s, outcome)) if s.result == SyncOutcome::Synced => {
+                // Its clean-up forgot the mount, the fallback's marker with it; the
+                // fallback stays in force (`status`, the re-offload). Forgotten, the
+                // mount was never offloaded again (a hunting helper's probe).
+                if let Some((rec, marker)) = fallback {
+                    if let Err(e) = self
+                        .state
+                        .set_degraded(name, &marker)
+                        .and_then(|_| self.state.set_fallback(name, &rec))
+                    {
+                        error!("{name}: recording the fallback again: {e:#}");
+                    }
+                    // A rescan since the clean-up (its unmount changed the table) found none.
+                    let w = &mut self.mounts[i];
+                    if w.root.is_none() {
+                        w.fallback = Some(rec);
+                        w.state = MountState::Fallback;
+                    }
+                }
+                self.record_sync(i, &s);
+                let how = match outcome {
+                    DownOutcome::Detached => "detached lazily",
+                    _ => "unmounted",
+                };
+                info!(
+                    mount = name,
+                    "{name}: the RAM copy the {} left is written back; its tmpfs {how}",
+                    if by == "fallback" { "fallback" } else { "take-out" }
+                );
+                self.release_at = Some(Instant::now() + RELEASE_RETRY);
+                self.release_every = RELEASE_RETRY;
+            }
+            Ok((s, _)) => {
+                self.record_sync(i, &s);
+                warn!(
+                    mount = name,
+                    "{name}: the RAM copy stays held at {} for the next try, in {}s",
+                    self.state.held(name).display(),
+                    self.interval.as_secs().max(1)
+                );
+            }
+            Err(e) => error!(
+                mount = name,
+                "{name}: writing back the held RAM copy failed: {e:#}; it stays for the next try"
+            ),
+        }
     }
 
     pub(super) fn record_sync(&mut self, i: usize, s: &SyncResult) {
@@ -439,7 +603,7 @@ impl Agent {
         }
     }
 
-    /// `persist: every <d>`: write back when due.
+    /// `persist: every <d>`: write back when due, on the worker.
     pub(super) fn periodic_syncs(&mut self) {
         let now = Instant::now();
         for i in 0..self.mounts.len() {
@@ -449,35 +613,16 @@ impl Agent {
             if (w.root.is_none() && !overlay) || w.next_sync.is_none_or(|t| t > now) {
                 continue;
             }
-            let Persist::Every(secs) = w.spec.persist else {
+            if !matches!(w.spec.persist, Persist::Every(_)) {
                 continue;
-            };
-            let name = w.spec.name.clone();
-            let _busy = self.alive.busy();
-            let res = match self.lock_now(i, "periodic write-back") {
-                Some(_lock) => sync::sync(
-                    &self.spec,
-                    std::slice::from_ref(&name),
-                    &self.host,
-                    &self.state,
-                    "schedule",
-                    false,
-                ),
+            }
+            match self.lock_now(i, "periodic write-back", false) {
+                Some(lock) => self.queue_writeback(i, "schedule", Task::Scheduled, lock),
                 None => {
                     self.mounts[i].next_sync =
                         Some(Instant::now() + self.interval.max(Duration::from_secs(5)));
-                    continue;
                 }
-            };
-            match res {
-                Ok(results) => {
-                    for s in &results {
-                        self.record_sync(i, s);
-                    }
-                }
-                Err(e) => error!("{name}: periodic write-back failed: {e:#}"),
             }
-            self.mounts[i].next_sync = Some(decide::deadline(Instant::now(), secs));
         }
     }
 
@@ -566,11 +711,22 @@ impl Agent {
                 }
                 continue;
             }
-            if let Some(why) = self.retry_pending_writeback(i, true) {
+            if let Some(why) = self.queue_pending_writeback(i, true) {
                 warn!(
                     mount = name.as_str(),
                     "{name}: not re-offloaded: the write-back of its last tmpfs is still pending ({why}); next try in {}s",
                     self.interval.as_secs().max(1)
+                );
+                if let Some(f) = self.mounts[i].fallback.as_mut() {
+                    f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
+                }
+                continue;
+            }
+            if !self.worker.idle() {
+                // `apply` acts only while the worker is idle; looked at again in one interval.
+                debug!(
+                    "{name}: re-offload waits for the write-back of {}",
+                    self.worker.current().unwrap_or("another mount")
                 );
                 if let Some(f) = self.mounts[i].fallback.as_mut() {
                     f.reoffload_at = Some(now.saturating_add(self.interval.as_secs().max(1)));
@@ -626,29 +782,25 @@ impl Agent {
         }
         self.pending_at = Some(Instant::now() + self.interval.max(Duration::from_secs(1)));
         for i in 0..self.mounts.len() {
-            if self.mounts[i].spec.persist == Persist::None {
-                continue;
-            }
-            let name = self.mounts[i].spec.name.clone();
-            // Not waiting for the lock: its holder (`down`, another agent) is likely
-            // writing this back; the loop must not stall meanwhile.
-            if let Some(why) = self.retry_pending_writeback(i, false) {
-                warn!(
-                    mount = name.as_str(),
-                    "{name}: a write-back left pending by a take-out that did not finish: {why}; next try in {}s",
-                    self.interval.as_secs().max(1)
-                );
+            if self.mounts[i].spec.persist != Persist::None {
+                // Not waiting for the lock: its holder (`down`, another agent) is
+                // likely writing this back; the loop must not stall meanwhile.
+                self.queue_pending_writeback(i, false);
             }
         }
     }
 
-    /// Retries the write-back of a tmpfs the fallback switched away from, if one
-    /// is still held: why it is still pending, or `None` when nothing is. The state
-    /// lock is only tried (the loop never waits for it); busy, the write-back counts
-    /// as pending if `busy_pending`, else it is left to the lock's holder, likely at
-    /// work on it, and to the next try.
-    pub(super) fn retry_pending_writeback(&mut self, i: usize, busy_pending: bool) -> Option<String> {
+    /// Hands the write-back of the tmpfs a take-out of mount `i` left held to the
+    /// worker, if one is held and not queued yet: why the mount is still pending,
+    /// or `None` when nothing is. The state lock is only tried; busy, the
+    /// write-back counts as pending if `busy_pending`, else it is left to the
+    /// lock's holder, likely at work on it, and to the next try.
+    pub(super) fn queue_pending_writeback(&mut self, i: usize, busy_pending: bool) -> Option<String> {
         let name = self.mounts[i].spec.name.clone();
+        let under_way = || Some("its write-back is under way".to_string());
+        if self.worker.has(&name) {
+            return under_way();
+        }
         let held = |a: &Self| {
             a.host
                 .mounts()
@@ -657,44 +809,31 @@ impl Agent {
         if !held(self) {
             return None;
         }
-        let _lock = match self.state.lock(Duration::ZERO) {
-            Ok(l) => l,
-            Err(e) if busy_pending => return Some(e.to_string()),
-            Err(e) => {
-                debug!("{name}: pending write-back not retried now: {e}");
-                return None;
+        let lock = if self.worker.holds_lock() {
+            Lock::Worker
+        } else {
+            match self.state.lock(Duration::ZERO) {
+                Ok(l) => Lock::Own(l),
+                Err(e) if busy_pending => return Some(e.to_string()),
+                Err(e) => {
+                    debug!("{name}: pending write-back not retried now: {e}");
+                    return None;
+                }
             }
         };
         // A `down` that held the lock may have finished it meanwhile.
         if !held(self) {
             return None;
         }
-        let spec = self.mounts[i].spec.clone();
-        let fallback = self.mounts[i].fallback.clone().zip(self.state.degraded(&name));
-        match sync::finish_writeback(&spec, &self.host, &self.state, None, "retry") {
-            Ok((s, _)) if s.result == SyncOutcome::Synced => {
-                // Its clean-up forgot the mount, the fallback's marker with it; the
-                // fallback stays in force (`status`, the re-offload). Forgotten, the
-                // mount was never offloaded again (a hunting helper's probe).
-                if let Some((rec, marker)) = fallback {
-                    if let Err(e) = self
-                        .state
-                        .set_degraded(&name, &marker)
-                        .and_then(|_| self.state.set_fallback(&name, &rec))
-                    {
-                        error!("{name}: recording the fallback again: {e:#}");
-                    }
-                }
-                self.record_sync(i, &s);
-                info!(mount = name.as_str(), "{name}: pending write-back done");
-                None
-            }
-            Ok((s, _)) => {
-                self.record_sync(i, &s);
-                Some(s.reason.unwrap_or_default())
-            }
-            Err(e) => Some(format!("{e:#}")),
-        }
+        self.queue_writeback(
+            i,
+            "retry",
+            Task::Held {
+                watch: Box::new(None),
+            },
+            lock,
+        );
+        under_way()
     }
 
     /// Seeding mount `i` again would put it at or above `high` (its disk
@@ -729,6 +868,16 @@ impl Agent {
     pub(super) fn apply(&mut self, names: &[String], why: &str) {
         if names.is_empty() {
             self.rescan();
+            return;
+        }
+        if !self.worker.idle() {
+            // It would wait for the lock the agent holds for its own write-back.
+            info!("{why}: {} waits for the write-backs under way", names.join(", "));
+            for n in names {
+                if !self.apply_waiting.contains(n) {
+                    self.apply_waiting.push(n.clone());
+                }
+            }
             return;
         }
         let res = (|| -> Result<execute::ApplyReport> {

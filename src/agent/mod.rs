@@ -10,7 +10,8 @@
 //!   across mounts. `check` measures and asks; `actions` carries the
 //!   decisions out: eviction in `evict`, remounts through `backend` with
 //!   every option, fallback through `down::down_one` (the same decision,
-//!   write-back, detach and clean-up as `tmpfsctl down`).
+//!   write-back, detach and clean-up as `tmpfsctl down`); `worker` runs the
+//!   write-backs on a thread of their own, so the checks go on meanwhile.
 //! - `mounts` follows the mount table and the spec; `publish` writes what
 //!   the agent shows (status line, `metrics`, what `tmpfsctl status` reads);
 //!   the loop itself is here.
@@ -34,6 +35,7 @@ mod publish;
 mod quiet;
 mod specwatch;
 mod wake;
+mod worker;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -54,6 +56,7 @@ use crate::backend;
 use crate::down::{self, DownOutcome};
 use crate::error::ExitCode;
 use crate::execute;
+use crate::execute::takedown::Handoff;
 use crate::host::usage::Usage;
 use crate::host::Host;
 use crate::mount;
@@ -65,6 +68,7 @@ use crate::state::{unix_now, AgentAction, AgentMount, AgentStatus, FallbackRecor
 use crate::sync::{self, SyncOutcome, SyncResult};
 use decide::{Act, Budget, Guard, Level, Limits, MemView, PressureView, Tracker};
 use metrics::{MountMetrics, Snapshot};
+use worker::{Finished, Job, Outcome, Task, Worker};
 
 pub use evict::{fdinfo_flags, open_for_write, Evicted};
 
@@ -313,6 +317,17 @@ struct Agent {
     /// Set when an action found the state lock held by another process (see
     /// [`Agent::lock_now`]); taken by the check that ran it.
     lock_busy: bool,
+    /// Runs the write-backs (see [`worker`]).
+    worker: Worker,
+    /// Mounts whose `apply` (a reload's) waits for the worker to be idle.
+    apply_waiting: Vec<String>,
+}
+
+/// The state lock for an action of the loop: its own, or the one the agent holds
+/// for its worker.
+enum Lock {
+    Own(nix::fcntl::Flock<File>),
+    Worker,
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns the exit status.
@@ -428,6 +443,8 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
         // A take-out an earlier agent (or `down`) was killed in may have left one.
         pending_at: Some(Instant::now()),
         lock_busy: false,
+        worker: Worker::new()?,
+        apply_waiting: Vec::new(),
     };
     agent.settings();
     info!(
@@ -597,6 +614,10 @@ impl Agent {
                 fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
                 fds.len() - 1
             });
+            let worker_at = {
+                fds.push(PollFd::new(self.worker.fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            };
             let wake_at = match (&self.wake, wake_open) {
                 (Some(w), true) => {
                     fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
@@ -617,7 +638,11 @@ impl Agent {
             let mi = mi_at.is_some_and(ready);
             let woke = wake_at.is_some_and(ready);
             let psi = psi_at.is_some_and(ready);
+            let worker_ended = ready(worker_at);
             drop(fds);
+            if worker_ended {
+                self.reap_writebacks();
+            }
 
             // Watched again after each reload and timed rescan: the directories the spec's
             // path leads through change (a symlink swapped, as for a Kubernetes
@@ -711,6 +736,10 @@ impl Agent {
         self.state.clear_agent_status(std::process::id());
         info!("{sig}: stopping");
         let _busy = self.alive.busy();
+        // The write-backs under way, and those queued, end first.
+        for f in self.worker.finish_all() {
+            self.writeback_done(f);
+        }
         let persisted: Vec<String> = self
             .mounts
             .iter()

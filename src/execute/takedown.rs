@@ -1,13 +1,15 @@
 //! Carries out `down`'s decision for one mount ([`Takedown`], decided by
 //! `down::decide`): refuse, clean up, unmount, or switch the application to
 //! its disk directory and write the RAM copy back. `down` and the agent's
-//! fallback both come here.
+//! fallback both come here. The agent's fallback leaves the write-back to its
+//! worker thread ([`Handoff`]).
 
 use std::time::Instant;
 
 use anyhow::Result;
 
 use crate::down::{DownOutcome, DownResult, Found, Takedown};
+use crate::host::deletions::Deletions;
 use crate::host::mountinfo::{MountEntry, MountTable};
 use crate::host::Host;
 use crate::mount;
@@ -22,9 +24,20 @@ pub struct Actor<'a> {
     pub state: &'a State,
     /// Recorded with the write-back: `down`, or `fallback` for the agent.
     pub by: &'a str,
+    /// Switch only, and hand the write-back over ([`Handoff`]).
+    pub defer: bool,
 }
 
-/// Carries out `takedown` for `name` as `found` in `table`, filling in `res`.
+/// A held tmpfs whose write-back the caller carries out
+/// ([`crate::sync::finish_writeback`]), with the watch for the application's
+/// deletions on disk started before the switch.
+pub struct Handoff {
+    pub watch: Option<Deletions>,
+}
+
+/// Carries out `takedown` for `name` as `found` in `table`, filling in `res`;
+/// with `cx.defer`, a write-back is left to the caller (`Pending`, with its
+/// [`Handoff`]).
 pub fn run(
     cx: &Actor,
     name: &str,
@@ -32,12 +45,13 @@ pub fn run(
     found: &Found,
     table: &MountTable,
     res: &mut DownResult,
-) -> Result<()> {
+) -> Result<Option<Handoff>> {
     let Actor {
         spec,
         host,
         state,
         by,
+        defer,
     } = *cx;
     match takedown {
         Takedown::Refuse(reason) => {
@@ -60,7 +74,7 @@ pub fn run(
                         "the upper layer left at {} was not written back ({why}); it stays for a retry",
                         state.stage(name).display()
                     ));
-                    return Ok(());
+                    return Ok(None);
                 }
             }
             crate::sync::clean_up(name, table, state)?
@@ -85,7 +99,7 @@ pub fn run(
                 if m.seed == crate::spec::Seed::Overlay
                     && !overlay_first_pass(m, &e.mount_point, state, by, res)?
                 {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let started = Instant::now();
                 // From before the switch: the application's deletions on disk from
@@ -93,6 +107,14 @@ pub fn run(
                 watch = watch_deletions(m, state);
                 switch_to_disk(state, name, e, found.held.as_ref(), table)?;
                 res.switch_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            }
+            if defer {
+                res.result = DownOutcome::Pending;
+                res.held = Some(state.held(name));
+                res.reason = Some(
+                    "the application is on its disk directory; the RAM copy is being written back".into(),
+                );
+                return Ok(Some(Handoff { watch }));
             }
             let (sync, outcome) = finish_writeback(m, host, state, watch, by)?;
             let failed = sync.result == SyncOutcome::Failed;
@@ -114,7 +136,7 @@ pub fn run(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The write-back of an overlay while it is still mounted, before the switch:

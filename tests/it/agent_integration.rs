@@ -482,6 +482,8 @@ fn fallback_with_a_busy_writer_keeps_the_writer_working_and_the_data() {
     stop.store(true, Ordering::Relaxed);
     let lines = writer.join().unwrap().expect("the writer saw no error");
     assert!(lines > 10);
+    // The RAM copy is written back after the switch, beside the agent's checks.
+    let m = agent.wait_for("the fallback's write-back", |m| m.actions("c", "sync") >= 1.0);
     // New files land on the disk directory.
     fs::write(cache.join("after-fallback"), "on disk").unwrap();
     assert!(sb.top(&cache).is_none());

@@ -10,6 +10,7 @@ mod common_copy;
 
 mod advise;
 mod agent_integration;
+mod agent_writeback;
 mod apply;
 mod bad_specs;
 mod boot;

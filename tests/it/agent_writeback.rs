@@ -1,0 +1,158 @@
+//! The agent's write-backs run beside its checks: a long write-back of one mount
+//! (held at a failpoint for as long as the test wants) never stops the eviction of
+//! another, and a fallback's write-back keeps what the application deleted on disk
+//! after the switch deleted.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::agent_integration::{wait_offloaded, Agent};
+use crate::common::Sandbox;
+
+/// Two mounts: `big`, persisted with `persist_big`, and `vol`, volatile, 8 MiB,
+/// evicting at 80%.
+fn two_mounts(sb: &Sandbox, persist_big: &str, watchdog_big: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let big = sb.cache_dir("big", 0, 0, 0o755);
+    let vol = sb.cache_dir("vol", 0, 0, 0o755);
+    let spec = sb.path("two.yaml");
+    fs::write(
+        &spec,
+        format!(
+            "version: 1\nmounts:\n  - name: big\n    path: {}\n    size: 8MiB\n    persist: {persist_big}\n{watchdog_big}  - name: vol\n    path: {}\n    size: 8MiB\n    watchdog: {{ high: 80%, low: 40%, action: evict }}\n",
+            big.display(),
+            vol.display()
+        ),
+    )
+    .unwrap();
+    (spec, big, vol)
+}
+
+/// Waits until a thread of the agent is held at its failpoint.
+fn wait_held(agent: &mut Agent, go: &Path) {
+    let held = go.with_extension("held");
+    let start = std::time::Instant::now();
+    while !held.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the failpoint was never reached\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes 64 files of 256 KiB (twice `vol`'s size) into `vol`, one every 20 ms; the
+/// writes that found it full.
+fn fill_twice_over(vol: &Path) -> usize {
+    let chunk = vec![0x42u8; 256 << 10];
+    let mut enospc = 0;
+    for i in 0..64 {
+        if let Err(e) = fs::write(vol.join(format!("obj{i:03}")), &chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            enospc += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    enospc
+}
+
+/// While the schedule's write-back of `big` is held, `vol` is filled to twice its
+/// size: every write finds room. Before, the write-back ran in the agent's loop and
+/// nothing was evicted until it ended.
+#[test]
+fn a_long_periodic_write_back_does_not_hold_up_the_eviction_of_another_mount() {
+    let sb = Sandbox::new();
+    let (spec, big, vol) = two_mounts(&sb, "every 10s", "");
+    let go = sb.path("go");
+    let mut agent = Agent::start(
+        &sb,
+        &spec,
+        &[],
+        &[
+            ("TMPFSCTL_FAILPOINT", Path::new("hold=after-merge:big")),
+            ("TMPFSCTL_FAILPOINT_GO", &go),
+        ],
+    );
+    wait_offloaded(&mut agent, "big");
+    wait_offloaded(&mut agent, "vol");
+    fs::write(big.join("kept"), "v1").unwrap();
+    wait_held(&mut agent, &go);
+    let enospc = fill_twice_over(&vol);
+    assert_eq!(
+        agent.metrics().actions("big", "sync"),
+        0.0,
+        "the write-back was not held\n{}",
+        agent.log()
+    );
+    fs::write(&go, "").unwrap();
+    agent.wait_for("the write-back", |m| m.actions("big", "sync") >= 1.0);
+    assert_eq!(enospc, 0, "writes that found vol full\n{}", agent.log());
+    assert!(agent.metrics().actions("vol", "evict") >= 1.0, "{}", agent.log());
+    assert_eq!(fs::read_to_string(sb.state.join("lower/big/kept")).unwrap(), "v1");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
+/// `big` falls back; its write-back is held. The application is on its disk
+/// directory at once; there it makes a name the RAM copy has and deletes it again,
+/// and deletes a file both sides had. Meanwhile `vol` fills twice over and every
+/// write finds room. Once the write-back is let go, the RAM's own file is on disk,
+/// and neither deleted name came back: the watch for deletions started before the
+/// switch went with the write-back to the worker.
+#[test]
+fn a_fallback_switches_at_once_and_writes_back_beside_the_checks() {
+    let sb = Sandbox::new();
+    let (spec, big, vol) = two_mounts(
+        &sb,
+        "on-stop",
+        "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
+    );
+    fs::write(big.join("both"), "seeded").unwrap();
+    let go = sb.path("go");
+    let mut agent = Agent::start(
+        &sb,
+        &spec,
+        &[],
+        &[
+            ("TMPFSCTL_FAILPOINT", Path::new("hold=before-writeback:big")),
+            ("TMPFSCTL_FAILPOINT_GO", &go),
+        ],
+    );
+    wait_offloaded(&mut agent, "big");
+    wait_offloaded(&mut agent, "vol");
+    fs::write(big.join("again"), "ram").unwrap();
+    fs::write(big.join("ram-only"), "ram").unwrap();
+    fs::write(big.join("filler"), vec![1u8; 5 << 20]).unwrap();
+    wait_held(&mut agent, &go);
+    let top = sb.top(&big);
+    assert!(
+        top.as_ref().is_none_or(|e| e.fstype != "tmpfs"),
+        "still on the tmpfs: {top:?}"
+    );
+    fs::write(big.join("again"), "disk").unwrap();
+    fs::remove_file(big.join("again")).unwrap();
+    fs::remove_file(big.join("both")).unwrap();
+    let enospc = fill_twice_over(&vol);
+    assert!(
+        sb.state.join("held/big").exists(),
+        "the write-back was not held\n{}",
+        agent.log()
+    );
+    fs::write(&go, "").unwrap();
+    agent.wait_for("the write-back", |m| m.actions("big", "sync") >= 1.0);
+    assert_eq!(enospc, 0, "writes that found vol full\n{}", agent.log());
+    assert!(agent.metrics().actions("vol", "evict") >= 1.0, "{}", agent.log());
+    assert_eq!(fs::read_to_string(big.join("ram-only")).unwrap(), "ram");
+    assert!(
+        !big.join("again").exists(),
+        "a name deleted on disk came back\n{}",
+        agent.log()
+    );
+    assert!(
+        !big.join("both").exists(),
+        "a name deleted on disk came back\n{}",
+        agent.log()
+    );
+    assert_eq!(agent.metrics().state("big"), Some("fallback"));
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
