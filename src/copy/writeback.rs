@@ -370,6 +370,7 @@ fn sync_pass(
             links: HashMap::new(),
             claimed: HashSet::new(),
             touched: std::mem::take(touched),
+            linked: std::cell::OnceCell::new(),
             transfer: Transfer::default(),
             temps: TempNames::new(),
             scan: scan::start(scope, src_fd, src_st, filter.as_ref(), base.taken),
@@ -646,6 +647,9 @@ struct Syncer<'p, 'b> {
     /// Multiply-linked destination inodes this pass unlinked or replaced a name of:
     /// that changed their ctime, which is then no sign of the application's change.
     touched: HashSet<u64>,
+    /// Disk inodes the baseline records under two names or more (see
+    /// [`Syncer::disk_sig`]): built at the first need.
+    linked: std::cell::OnceCell<HashSet<u64>>,
     transfer: Transfer,
     temps: TempNames,
     /// The source, read ahead on the scan's thread.

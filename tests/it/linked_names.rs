@@ -245,3 +245,54 @@ fn a_write_on_disk_into_a_linked_file_a_killed_down_touched_is_kept() {
     }
     assert!(!cache.join("d/b").exists(), "{down}");
 }
+
+/// `d/a` and `d/b` are one file on both sides. The application rewrites `d/a` in
+/// RAM (a new file renamed over it); after `down`'s switch it removes, renames or
+/// links `d/b` on disk. The RAM's rewrite reaches the disk: only the disk inode's
+/// link count changed, which moves its ctime but not `d/a`'s version. Before, that
+/// ctime counted as the disk's later change and the rewrite was lost (8 of 8, a
+/// hunting helper's probe).
+#[test]
+fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
+    for (k, disk_act) in ["rm", "mv", "ln"].into_iter().enumerate() {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir(cache.join("d")).unwrap();
+        fs::write(cache.join("d/a"), "seed version").unwrap();
+        fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
+        let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        fs::write(cache.join("d/.a.tmp"), "rewritten in RAM").unwrap();
+        fs::rename(cache.join("d/.a.tmp"), cache.join("d/a")).unwrap();
+        let (code, log) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-switch:cache",
+            &["after-switch"],
+            |_| match disk_act {
+                "rm" => fs::remove_file(cache.join("d/b")).unwrap(),
+                "mv" => fs::rename(cache.join("d/b"), cache.join("d/b2")).unwrap(),
+                _ => fs::hard_link(cache.join("d/b"), cache.join("d/b3")).unwrap(),
+            },
+        );
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(
+            fs::read_to_string(cache.join("d/a")).unwrap(),
+            "rewritten in RAM",
+            "variant {k} ({disk_act})\n{log}"
+        );
+        let other = match disk_act {
+            "rm" => None,
+            "mv" => Some("d/b2"),
+            _ => Some("d/b3"),
+        };
+        if let Some(other) = other {
+            assert_eq!(
+                fs::read_to_string(cache.join(other)).unwrap(),
+                "seed version",
+                "variant {k} ({disk_act})\n{log}"
+            );
+        }
+    }
+}

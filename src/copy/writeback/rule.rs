@@ -1,6 +1,7 @@
 //! What the merge decides for one name (through [`baseline::decide`]) and what the next
 //! baseline and the journal record of it.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::fd::BorrowedFd;
 
@@ -173,25 +174,48 @@ impl Syncer<'_, '_> {
         }
     }
 
-    /// How the disk entry at `path` compares with the baseline: a ctime this pass
-    /// caused (by unlinking another name of the inode) is not the application's.
+    /// How the disk entry at `path` compares with the baseline: a ctime only a
+    /// change of the inode's other names caused is not a change of this one.
+    ///
+    /// Such a change is this pass's own (it unlinked or replaced another name of the
+    /// inode: `touched`), or the application's on another name of a file the
+    /// baseline knows under several (it removed, renamed or linked `d/b` on disk
+    /// after the switch, while the RAM rewrote `d/a`: that ctime counted as the
+    /// disk's later change of `d/a`, and the RAM's rewrite was lost, a hunting
+    /// helper's probe). Whether agreed on or the disk's version that won: the
+    /// record's ctime stands while the file is still that version. A link or unlink
+    /// never changes a file's size or mtime, so a file written since is the
+    /// application's change (a retry after a kill took its write for the pass's and
+    /// lost it, once the touched inodes were journaled: a hunting helper's probe).
     pub(super) fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
         let mut sig = Sig::of(d);
-        if !self.touched.contains(&sig.ino) {
-            return sig;
-        }
-        // Whether agreed on or the disk's version that won: the record's ctime is the
-        // one the application gave it, while the file is still that version. A pass
-        // never changes a file's size or mtime by a link or unlink of its own, so a
-        // file written since is the application's change (a retry after a kill took
-        // its write for the pass's and lost it, once the touched inodes were
-        // journaled: a hunting helper's probe).
         if let Some(Mark::Entry(base) | Mark::DiskWon(base)) = self.base.get(path) {
-            if base.ino == sig.ino && base.same_version(&sig) {
+            if base.ino == sig.ino
+                && base.ctime != sig.ctime
+                && base.same_version(&sig)
+                && !sig.is_dir()
+                && (self.touched.contains(&sig.ino) || self.linked_in_base().contains(&sig.ino))
+            {
                 sig.ctime = base.ctime;
             }
         }
         sig
+    }
+
+    /// The disk inodes of files the baseline records under two names or more.
+    fn linked_in_base(&self) -> &HashSet<u64> {
+        self.linked.get_or_init(|| {
+            let mut seen = HashSet::new();
+            let mut linked = HashSet::new();
+            for (_, mark) in self.base.marks.iter() {
+                if let Mark::Entry(s) | Mark::DiskWon(s) = mark {
+                    if !s.is_dir() && !seen.insert(s.ino) {
+                        linked.insert(s.ino);
+                    }
+                }
+            }
+            linked
+        })
     }
 
     /// A name of the destination inode `d` goes (unlinked or replaced): noted, and
