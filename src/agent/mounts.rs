@@ -36,7 +36,25 @@ impl Agent {
             let top = table.top_at(&path).cloned();
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
             let held = self.mounts[i].root.is_some();
-            if held && Some(self.mounts[i].mount) != ours.map(|e| (e.id, e.dev)) {
+            let watched = self.mounts[i].mount;
+            if held && ours.is_none() && table.entries.iter().any(|e| (e.id, e.dev) == watched) {
+                // Still mounted, but its path leads elsewhere: a directory above it
+                // renamed away (and maybe back soon), or the mount moved. It can
+                // still fill, and its held root still evicts; a rename changes no
+                // mount, so nothing but the timed rescan would have found it at its
+                // path again (a hunting helper's probe: unwatched for up to 30 s).
+                let w = &mut self.mounts[i];
+                if w.quiet.pass("path elsewhere", Instant::now(), 0, 0) {
+                    warn!(
+                        mount = w.spec.name.as_str(),
+                        "{}: {} no longer leads to its tmpfs (a directory above it renamed, or the mount moved); still watched through its root",
+                        w.spec.name,
+                        path.display()
+                    );
+                }
+                continue;
+            }
+            if held && Some(watched) != ours.map(|e| (e.id, e.dev)) {
                 info!(
                     mount = self.mounts[i].name(),
                     "{}: {} is no longer the watched tmpfs; stopped watching it",

@@ -1374,6 +1374,73 @@ fn evict_goes_on_while_another_tmpfsctl_holds_the_lock() {
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
 
+/// A directory above the managed path renamed away, the mount table changed
+/// meanwhile (so the agent reads it), and renamed back: the mount, filled to twice
+/// its size right after, is evicted and every write finds room. Before, the read
+/// of the table while it was away stopped the watch, and only the timed rescan,
+/// 30 s later, took it up again (a hunting helper's probe).
+#[test]
+fn a_mount_whose_parent_is_renamed_away_and_back_stays_watched() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("srv/cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    watchdog: { high: 80%, low: 40%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let (srv, away) = (sb.path("srv"), sb.path("srv.away"));
+    fs::rename(&srv, &away).unwrap();
+    let other = sb.path("other");
+    fs::create_dir(&other).unwrap();
+    nix::mount::mount(
+        Some("other"),
+        &other,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    fs::rename(&away, &srv).unwrap();
+    let chunk = vec![0x42u8; 256 << 10];
+    let mut enospc = 0;
+    for i in 0..64 {
+        if let Err(e) = fs::write(cache.join(format!("obj{i:03}")), &chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            enospc += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(enospc, 0, "writes that found the mount full\n{}", agent.log());
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
+/// A persisted mount past `high` while a directory above it is renamed away: the
+/// fallback follows the mount where it went (as `down` does), and everything
+/// written to RAM is on disk once the directory is back.
+#[test]
+fn a_fallback_while_a_directory_above_is_renamed_away_keeps_the_data() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("srv/cache", 0, 0, 0o755);
+    let spec = spec_one(
+        &sb,
+        &cache,
+        "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let (srv, away) = (sb.path("srv"), sb.path("srv.away"));
+    fs::rename(&srv, &away).unwrap();
+    fill(&away.join("cache"), "big", 5, MIB as usize);
+    agent.wait_for("the fallback's write-back", |m| m.actions("c", "sync") >= 1.0);
+    fs::rename(&away, &srv).unwrap();
+    assert!(sb.top(&cache).is_none(), "the tmpfs is gone from the path");
+    assert_eq!(fs::metadata(cache.join("big004")).unwrap().len(), MIB);
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
 /// A fallback whose write-back fails on a full disk, without `reoffload_after`: once
 /// the disk has room again, the agent finishes the write-back within a few
 /// intervals, and the mount stays fallen back (to be offloaded again). Before, it
