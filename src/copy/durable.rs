@@ -32,7 +32,7 @@ use nix::sys::statvfs::fstatvfs;
 use nix::unistd::{self, UnlinkatFlags};
 
 use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
-use super::error::{dst_err, CopyError, Failed};
+use super::error::{dst_err, journal_err, CopyError, Failed};
 use super::journal::Journal;
 use super::ops::{descriptors_roomy, Transfer};
 use super::place::{put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
@@ -618,8 +618,7 @@ fn durable_and_place(
     if let Some(j) = journal {
         let st = stat::fstat(&w.file).map_err(dst_err("stat"))?;
         let key = r.rel.as_os_str().as_bytes();
-        j.note(key, &Mark::Placing(Sig::of(&st)))
-            .map_err(dst_err("record in the write-back journal"))?;
+        j.note(key, &Mark::Placing(Sig::of(&st))).map_err(journal_err)?;
     }
     let (at, temp, name) = (r.dir.fd.as_fd(), w.temp.as_c_str(), r.name.as_c_str());
     // A free name the application created and deleted again since the walk looked:
@@ -672,9 +671,7 @@ fn keep_theirs(
     };
     let key = r.rel.as_os_str().as_bytes();
     let noted = match (&mark, journal) {
-        (Some(m), Some(j)) => j
-            .note(key, m)
-            .map_err(dst_err("record in the write-back journal")),
+        (Some(m), Some(j)) => j.note(key, m).map_err(journal_err),
         _ => Ok(()),
     };
     if let Some(m) = mark {
@@ -692,8 +689,7 @@ fn note_placed(r: &Rename, file: &File, shared: &Shared, journal: Option<&Journa
     let st = stat::fstat(file).map_err(dst_err("stat"))?;
     let (key, sig) = (r.rel.as_os_str().as_bytes(), Sig::of(&st));
     if let Some(j) = journal {
-        j.note(key, &Mark::Entry(sig))
-            .map_err(dst_err("record in the write-back journal"))?;
+        j.note(key, &Mark::Entry(sig)).map_err(journal_err)?;
     }
     shared
         .placed

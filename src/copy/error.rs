@@ -25,6 +25,18 @@ pub enum CopyError {
         #[source]
         source: io::Error,
     },
+    /// A write-back could not record an entry in its journal, which lies in the
+    /// state directory, not in the copy: never the copy running out of space, whose
+    /// handling removes names (their records would then be missing).
+    #[error(
+        "cannot record `{}` in the write-back journal (in the state directory's records area, not the disk directory)",
+        .path.display()
+    )]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// A write-back ran out of space, then removed names the RAM deleted (it removes
     /// them last): another pass may fit in the space they held.
     #[error(transparent)]
@@ -60,6 +72,7 @@ impl CopyError {
                 matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
             }
             CopyError::SpaceFreed(_) => true,
+            CopyError::Journal { .. } => false,
         }
     }
 
@@ -83,18 +96,25 @@ impl CopyError {
 /// An error whose path is attached by the walk, which is the part that knows it.
 #[derive(Debug)]
 pub(super) struct Failed {
-    on_source: bool,
+    on: Side,
     op: &'static str,
     pub(super) err: io::Error,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Source,
+    Destination,
+    Journal,
 }
 
 impl Failed {
     pub(super) fn at(self, path: PathBuf) -> CopyError {
         let (op, source) = (self.op, self.err);
-        if self.on_source {
-            CopyError::Source { op, path, source }
-        } else {
-            CopyError::Destination { op, path, source }
+        match self.on {
+            Side::Source => CopyError::Source { op, path, source },
+            Side::Destination => CopyError::Destination { op, path, source },
+            Side::Journal => CopyError::Journal { path, source },
         }
     }
 
@@ -103,14 +123,28 @@ impl Failed {
     }
 
     pub(super) fn on_source(&self) -> bool {
-        self.on_source
+        self.on == Side::Source
     }
 }
 
 pub(super) fn failed<E: Into<io::Error>>(on_source: bool, op: &'static str) -> impl FnOnce(E) -> Failed {
+    let on = if on_source {
+        Side::Source
+    } else {
+        Side::Destination
+    };
     move |err| Failed {
-        on_source,
+        on,
         op,
+        err: err.into(),
+    }
+}
+
+/// A record of the write-back journal could not be written.
+pub(super) fn journal_err<E: Into<io::Error>>(err: E) -> Failed {
+    Failed {
+        on: Side::Journal,
+        op: "record",
         err: err.into(),
     }
 }

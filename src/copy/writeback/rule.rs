@@ -9,7 +9,7 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{self, Decision, Disk, Mark, Ram, Sig, Verdict};
-use crate::copy::error::{dst_err, Failed};
+use crate::copy::error::{dst_err, journal_err, Failed};
 use crate::copy::ops::file_type;
 use crate::copy::settle::UNTRUSTED;
 
@@ -231,8 +231,7 @@ impl Syncer<'_, '_> {
     pub(super) fn touch_ino(&mut self, ino: u64) -> Result<(), Failed> {
         if self.touched.insert(ino) {
             if let Some(j) = self.journal {
-                j.note_touched(ino)
-                    .map_err(dst_err("record in the write-back journal"))?;
+                j.note_touched(ino).map_err(journal_err)?;
             }
         }
         Ok(())
@@ -350,9 +349,7 @@ impl Syncer<'_, '_> {
 
     pub(super) fn journal_note(&self, path: &[u8], mark: &Mark) -> Result<(), Failed> {
         match self.journal {
-            Some(j) => j
-                .note(path, mark)
-                .map_err(dst_err("record in the write-back journal")),
+            Some(j) => j.note(path, mark).map_err(journal_err),
             None => Ok(()),
         }
     }
@@ -361,9 +358,7 @@ impl Syncer<'_, '_> {
     /// [`Journal::note_gone`](crate::copy::journal::Journal::note_gone)).
     pub(super) fn journal_gone(&self, path: &[u8]) -> Result<(), Failed> {
         match self.journal {
-            Some(j) => j
-                .note_gone(path)
-                .map_err(dst_err("record in the write-back journal")),
+            Some(j) => j.note_gone(path).map_err(journal_err),
             None => Ok(()),
         }
     }
