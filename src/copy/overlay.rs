@@ -90,17 +90,26 @@ pub struct Window {
     pub disk_since: Option<Time>,
 }
 
+/// What the application did in its disk directory after `window.disk_since`, as a
+/// watch of it saw (see [`merge_upper`]).
+pub trait AppOnDisk {
+    /// It deleted `name` in the disk directory at `dir` (a path through the walk's
+    /// descriptor of it, `/proc/self/fd/N`).
+    fn deleted(&mut self, dir: &Path, name: &OsStr) -> bool;
+    /// It moved the directory open at `dir` to where it is now.
+    fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool;
+}
+
 /// Merges the upper layer `upper` into the disk directory `disk`. `merged`: where
 /// the overlay is mounted (the barriers go through it), `None` when it is not.
-/// `deleted(dir, name)` says whether the application deleted `name` in the disk
-/// directory at `dir` (a path through the walk's descriptor of it, `/proc/self/fd/N`)
-/// after `window.disk_since` (unused without it).
+/// `app`: what the application did on disk after `window.disk_since` (unused
+/// without it).
 pub fn merge_upper(
     upper: &Path,
     disk: &Path,
     merged: Option<&Path>,
     window: Window,
-    deleted: &mut (dyn FnMut(&Path, &OsStr) -> bool + Send),
+    app: &mut (dyn AppOnDisk + Send),
 ) -> Result<OverlayStats> {
     // One descriptor is held per level of the walk.
     super::ops::descriptor_limit();
@@ -108,7 +117,7 @@ pub fn merge_upper(
         std::thread::Builder::new()
             .name("overlay-merge".into())
             .stack_size(WALK_STACK)
-            .spawn_scoped(s, || merge(upper, disk, merged, window, deleted))
+            .spawn_scoped(s, || merge(upper, disk, merged, window, app))
             .context("starting the overlay merge's thread")?
             .join()
             .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
@@ -127,11 +136,11 @@ fn merge(
     disk: &Path,
     merged: Option<&Path>,
     window: Window,
-    deleted: &mut dyn FnMut(&Path, &OsStr) -> bool,
+    app: &mut dyn AppOnDisk,
 ) -> Result<OverlayStats> {
     let mut m = Merge {
         window,
-        deleted,
+        app,
         stats: OverlayStats::default(),
         links: HashMap::new(),
         touched: HashSet::new(),
@@ -244,7 +253,7 @@ struct Gone {
 
 struct Merge<'a> {
     window: Window,
-    deleted: &'a mut dyn FnMut(&Path, &OsStr) -> bool,
+    app: &'a mut dyn AppOnDisk,
     stats: OverlayStats,
     /// Upper inodes with more than one name, and where the first was written to in
     /// this pass (its path below the disk root, and the disk inode): the others
@@ -544,8 +553,10 @@ impl Merge<'_> {
             if ours(&name) {
                 self.remove_ours(d, &name)?;
             } else if opaque && !keep.contains(&name) {
-                if let Some(md) = lstat_opt(&d.via.join(&name))? {
-                    self.defer(d, u, &name, &md)?;
+                match lstat_opt(&d.via.join(&name))? {
+                    Some(md) if self.apps_dir(d, &name, &md) => self.stats.kept_disk += 1,
+                    Some(md) => self.defer(d, u, &name, &md)?,
+                    None => {}
                 }
             }
         }
@@ -686,7 +697,7 @@ impl Merge<'_> {
         // A name the disk lacks is asked about whatever its ctime: a directory
         // the first pass wrote and the application deleted or moved on disk
         // since the switch must not be made again (with what changed in it).
-        if (changed || disk.is_none()) && self.disk_won(d_dir.via, name, disk.as_ref()) {
+        if (changed || disk.is_none()) && self.disk_won(d_dir, name, disk.as_ref(), md.is_dir()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -792,14 +803,45 @@ impl Merge<'_> {
 
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
-    fn disk_won(&mut self, d_dir: &Path, name: &OsStr, disk: Option<&fs::Metadata>) -> bool {
+    /// A directory never wins over a directory (the walk merges the two), but one
+    /// the application made or moved there wins over the upper layer's file: it
+    /// replaced the file on disk later (`rm N; mv X N`, which the merge undid
+    /// before, removing what the directory held: a hunting helper's probe).
+    fn disk_won(
+        &mut self,
+        d_dir: Held<'_>,
+        name: &OsStr,
+        disk: Option<&fs::Metadata>,
+        upper_dir: bool,
+    ) -> bool {
         let Some(since) = self.window.disk_since else {
             return false;
         };
         match disk {
-            Some(dm) => !dm.is_dir() && ctime(dm) >= since,
-            None => (self.deleted)(d_dir, name),
+            Some(dm) if dm.is_dir() => !upper_dir && self.apps_dir(d_dir, name, dm),
+            Some(dm) => ctime(dm) >= since,
+            None => self.app.deleted(d_dir.via, name),
         }
+    }
+
+    /// Whether the disk entry `name` (`md`) in `d_dir` is a directory the
+    /// application made or moved there after the switch: its own as a whole. Its
+    /// files keep their older ctimes: removed as what the upper layer lacks, a
+    /// directory moved into one made through the overlay (which is opaque) lost
+    /// everything in it (a hunting helper's probe, 6 of 6).
+    fn apps_dir(&mut self, d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> bool {
+        let Some(since) = self.window.disk_since else {
+            return false;
+        };
+        if !md.is_dir() || ctime(md) < since {
+            return false;
+        }
+        let made_since = md
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .is_some_and(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())) >= since);
+        made_since || open_dir(&d_dir.via.join(name)).is_ok_and(|dir| self.app.moved_here(dir.as_fd()))
     }
 
     /// Writes one non-directory under a temporary name, then renames it over

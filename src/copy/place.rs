@@ -27,6 +27,10 @@ pub trait DiskDeletions {
     /// When `name` was deleted from the deleted directory `gone` (a key from
     /// [`Self::gone_dir`]), if it was.
     fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time>;
+
+    /// Whether the directory open at `dir` was seen leaving a name: the application
+    /// moved it to where it is now.
+    fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool;
 }
 
 /// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A

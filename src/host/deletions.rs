@@ -326,6 +326,13 @@ impl DiskDeletions for Deletions {
             .collect()
     }
 
+    fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool {
+        self.drain();
+        // A directory moved away is reported with its own handle, as a deleted one
+        // is; only a moved one is still there to be opened.
+        handle_of(dir).is_ok_and(|h| self.dirs.values().any(|objects| objects.contains(&h)))
+    }
+
     fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time> {
         let since = self.since?;
         self.drain();

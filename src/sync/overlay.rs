@@ -13,7 +13,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use super::{SyncOutcome, SyncResult};
 use crate::backend::overlay::UPPER;
 use crate::copy::baseline::{now_after_tick, Time};
-use crate::copy::overlay::{merge_upper, OverlayStats, Window};
+use crate::copy::overlay::{merge_upper, AppOnDisk, OverlayStats, Window};
 use crate::copy::{self, DiskDeletions, SyncStats};
 use crate::host::mountinfo::MountTable;
 use crate::spec::MountSpec;
@@ -72,22 +72,12 @@ pub fn pass(
             seconds: 0.0,
         });
     }
-    let mut deleted = |dir: &Path, name: &OsStr| -> bool {
-        let Some(d) = deletions else {
-            return false;
-        };
-        let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
-            return false;
-        };
-        let mut d = d.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        d.deleted(f.as_fd(), &c).is_some()
-    };
     let res = merge_upper(
         &stage.join(UPPER),
         &state.side(&m.name),
         merged,
         window,
-        &mut deleted,
+        &mut Watched(deletions),
     )
     .with_context(|| format!("writing the upper layer of `{}` back", m.name));
     let seconds = started.elapsed().as_secs_f64();
@@ -120,6 +110,30 @@ pub fn pass(
         whole_tree: None,
         seconds,
     })
+}
+
+/// What the application did on disk, as the deletion watch saw it (none without one).
+struct Watched<'a>(Option<&'a Mutex<dyn DiskDeletions + Send>>);
+
+impl Watched<'_> {
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, dyn DiskDeletions + Send + 'static>> {
+        self.0
+            .map(|d| d.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+impl AppOnDisk for Watched<'_> {
+    fn deleted(&mut self, dir: &Path, name: &OsStr) -> bool {
+        let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
+            return false;
+        };
+        self.lock()
+            .is_some_and(|mut d| d.deleted(f.as_fd(), &c).is_some())
+    }
+
+    fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool {
+        self.lock().is_some_and(|mut d| d.moved_here(dir))
+    }
 }
 
 fn sync_stats(s: &OverlayStats) -> SyncStats {

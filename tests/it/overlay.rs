@@ -67,6 +67,23 @@ fn opaque(dir: &Path) -> bool {
     xattr(dir, c"trusted.overlay.opaque").as_deref() == Some(b"y".as_slice())
 }
 
+/// The questions of the merge about the application on disk, answered by `f` for
+/// deletions; it moved no directory.
+struct Asks<F>(F);
+
+impl<F: FnMut(&Path, &std::ffi::OsStr) -> bool> tmpfsctl::copy::overlay::AppOnDisk for Asks<F> {
+    fn deleted(&mut self, dir: &Path, name: &std::ffi::OsStr) -> bool {
+        (self.0)(dir, name)
+    }
+    fn moved_here(&mut self, _: std::os::fd::BorrowedFd<'_>) -> bool {
+        false
+    }
+}
+
+fn asks<F: FnMut(&Path, &std::ffi::OsStr) -> bool + Send>(f: F) -> Asks<F> {
+    Asks(f)
+}
+
 /// apply copies nothing and mounts the overlay; sync and down write back every
 /// change (new, rewritten, deleted, renamed, a replaced directory, a new
 /// directory) and bring back nothing deleted; afterwards nothing of tmpfsctl's
@@ -607,7 +624,8 @@ fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
         }
         false
     };
-    let stats = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act).unwrap();
+    let stats =
+        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act)).unwrap();
     assert!(acted, "the walk did not ask about z_new");
     assert_eq!(fs::read_to_string(outside.join("x")).unwrap(), "not the tree's");
     assert_eq!(
@@ -634,9 +652,14 @@ fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
         fs::write(disk.join("a_old"), vec![1u8; 700 << 10]).unwrap();
         whiteout(&upper.join("a_old"));
         fs::write(upper.join("b_new"), vec![2u8; 700 << 10]).unwrap();
-        let stats =
-            tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false)
-                .expect("the merge after freeing space");
+        let stats = tmpfsctl::copy::overlay::merge_upper(
+            &upper,
+            &disk,
+            None,
+            Default::default(),
+            &mut asks(|_, _| false),
+        )
+        .expect("the merge after freeing space");
         assert!(!disk.join("a_old").exists());
         assert_eq!(fs::read(disk.join("b_new")).unwrap(), vec![2u8; 700 << 10]);
         assert!(stats.removed >= 1, "{stats:?}");
@@ -668,7 +691,7 @@ fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_
             _ => {}
         }
         let window = after_switch(switched);
-        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
+        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
         let want: BTreeMap<String, String> = match variant {
             "one added" => [
                 ("x/".into(), String::new()),
@@ -702,7 +725,7 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
     fs::write(upper.join("m/z_payload"), "payload").unwrap();
     let window = after_switch(switched);
     let mut act = symlink_in_place_on("a_hook", disk.join("m"), disk.join("m.moved"), &outside);
-    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
+    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
     assert!(disk.join("m.moved").exists(), "the walk did not ask about a_hook");
     let outside_now: Vec<_> = fs::read_dir(&outside)
         .unwrap()
@@ -740,7 +763,7 @@ fn the_merge_links_a_later_name_only_to_the_first_copy_it_wrote() {
     hard_linked_across(&upper);
     let window = after_switch(switched);
     let mut act = symlink_in_place_on("0_hook", disk.join("a"), disk.join("a.moved"), &outside);
-    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut act);
+    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
     assert!(disk.join("a.moved").exists(), "the walk did not ask about 0_hook");
     merged.unwrap();
     let theirs = fs::metadata(outside.join("f")).unwrap();
@@ -788,8 +811,13 @@ fn the_merge_links_a_later_name_to_the_first_copy_whatever_is_swapped_in_meanwhi
             }
             false
         };
-        let merged =
-            tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act);
+        let merged = tmpfsctl::copy::overlay::merge_upper(
+            &upper,
+            &disk,
+            None,
+            after_switch(switched),
+            &mut asks(&mut act),
+        );
         stop.store(true, Ordering::Relaxed);
         racer.expect("the walk asked about 0_hook").join().unwrap();
         merged.unwrap();
@@ -820,11 +848,14 @@ fn a_failed_merge_still_gives_the_directories_it_made_their_owner_and_mode() {
         fs::write(upper.join("new/y"), vec![1u8; 2 << 20]).unwrap();
         std::os::unix::fs::chown(upper.join("new"), Some(65_534), Some(65_534)).unwrap();
         fs::set_permissions(upper.join("new"), fs::Permissions::from_mode(0o755)).unwrap();
-        let err =
-            tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut |_, _| {
-                false
-            })
-            .unwrap_err();
+        let err = tmpfsctl::copy::overlay::merge_upper(
+            &upper,
+            &disk,
+            None,
+            after_switch(switched),
+            &mut asks(|_, _| false),
+        )
+        .unwrap_err();
         assert!(format!("{err:#}").contains("No space left on device"), "{err:#}");
         let md = fs::metadata(disk.join("new")).unwrap();
         assert_eq!((md.uid(), md.mode() & 0o7777), (65_534, 0o755));
@@ -870,7 +901,8 @@ fn the_merge_reads_the_upper_layer_only_where_it_holds_it() {
             }
             parent(dir, name)
         };
-        let merged = tmpfsctl::copy::overlay::merge_upper(&u, &d, None, after_switch(switched), &mut act);
+        let merged =
+            tmpfsctl::copy::overlay::merge_upper(&u, &d, None, after_switch(switched), &mut asks(&mut act));
         tx.send(merged.map_err(|e| format!("{e:#}"))).unwrap();
     });
     let Ok(merged) = rx.recv_timeout(Duration::from_secs(20)) else {
@@ -931,7 +963,8 @@ fn the_removals_restore_a_directory_from_the_upper_one_the_walk_held() {
         }
         false
     };
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act))
+        .unwrap();
     assert!(upper.join("a.x").exists(), "the walk did not ask about z_new");
     assert!(!disk.join("a/old").exists());
     let md = fs::metadata(disk.join("a")).unwrap();
@@ -968,7 +1001,8 @@ fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
         }
         false
     };
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut act).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act))
+        .unwrap();
     assert_eq!(
         *seen.lock().unwrap(),
         Some((0, 0o700)),
@@ -1013,7 +1047,8 @@ fn a_directory_below_an_opaque_one_is_the_whole_directory_too() {
     use std::os::unix::fs::MetadataExt;
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
     users_private_over_roots(&upper, &disk, false);
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false))
+        .unwrap();
     assert_eq!(
         tree(&disk).into_keys().collect::<Vec<_>>(),
         ["private/", "private/sub/"]
@@ -1040,8 +1075,13 @@ fn a_directory_is_opened_only_once_every_removal_below_it_is_made() {
         assert!(done.success(), "chattr {f}");
     };
     chattr("+i");
-    let merged =
-        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false);
+    let merged = tmpfsctl::copy::overlay::merge_upper(
+        &upper,
+        &disk,
+        None,
+        Default::default(),
+        &mut asks(|_, _| false),
+    );
     chattr("-i");
     assert!(merged.is_err(), "the immutable file was removed");
     assert!(
@@ -1082,7 +1122,7 @@ fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since()
     fs::write(upper.join("t"), "a file now").unwrap();
     fs::write(disk.join("t/new"), "the application's").unwrap();
     let window = after_switch(switched);
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut |_, _| false).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
     let want: BTreeMap<String, String> = [
         ("t/".into(), String::new()),
         ("t/new".into(), "the application's".into()),
@@ -1103,7 +1143,8 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
     let rel: PathBuf = std::iter::repeat_n("d", 1500).collect();
     fs::create_dir_all(upper.join(&rel)).unwrap();
     fs::write(upper.join(&rel).join("f"), "deep").unwrap();
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false))
+        .unwrap();
     assert_eq!(fs::read_to_string(disk.join(&rel).join("f")).unwrap(), "deep");
 
     let mut fd = std::os::fd::OwnedFd::from(fs::File::open(upper.join(&rel)).unwrap());
@@ -1111,9 +1152,14 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
         mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
         fd = openat(&fd, "d", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
     }
-    let stats =
-        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut |_, _| false)
-            .unwrap();
+    let stats = tmpfsctl::copy::overlay::merge_upper(
+        &upper,
+        &disk,
+        None,
+        Default::default(),
+        &mut asks(|_, _| false),
+    )
+    .unwrap();
     assert_eq!(stats.dirs, 1000, "{stats:?}");
     // Too long a path for `remove_dir_all` of the scratch directory.
     let rm = std::process::Command::new("rm")
@@ -1123,4 +1169,88 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
         .status()
         .unwrap();
     assert!(rm.success());
+}
+
+/// Directories made through the overlay are opaque in its upper layer. After
+/// `down`'s switch the application moves a directory into one (`mv Z D/Z`),
+/// renames one inside one (`mv D/A D/B`), or makes one there: each stays whole.
+/// Before, the merge took it for a name the opaque directory lacks and removed
+/// everything in it older than the switch, which a moved directory's files are (6
+/// of 6 runs, a hunting helper's probe).
+#[test]
+fn a_directory_the_application_moves_or_makes_on_disk_after_the_switch_stays_whole() {
+    for how in ["moved in", "renamed inside", "made"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        fs::create_dir_all(cache.join("D/A")).unwrap();
+        fs::write(cache.join("D/f"), "f").unwrap();
+        fs::write(cache.join("D/A/a1"), "a1").unwrap();
+        fs::create_dir(cache.join("Z")).unwrap();
+        fs::write(cache.join("Z/z1"), "z1").unwrap();
+        sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+        let (code, out) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-switch:c",
+            &["after-switch"],
+            |_| match how {
+                "moved in" => fs::rename(cache.join("Z"), cache.join("D/Z")).unwrap(),
+                "renamed inside" => fs::rename(cache.join("D/A"), cache.join("D/B")).unwrap(),
+                _ => {
+                    fs::create_dir(cache.join("D/N")).unwrap();
+                    fs::write(cache.join("D/N/n1"), "n1").unwrap();
+                }
+            },
+        );
+        assert_eq!(code, 0, "{how}: {out}");
+        let (path, file) = match how {
+            "moved in" => ("D/Z/z1", "z1"),
+            "renamed inside" => ("D/B/a1", "a1"),
+            _ => ("D/N/n1", "n1"),
+        };
+        assert_eq!(
+            fs::read_to_string(cache.join(path)).ok().as_deref(),
+            Some(file),
+            "{how}: {out}"
+        );
+        assert_eq!(fs::read_to_string(cache.join("D/f")).unwrap(), "f", "{how}");
+    }
+}
+
+/// After `down`'s switch the application replaces a file by a directory (`rm N;
+/// mv X N`) while a process still writes into the RAM's `N`: the directory, the
+/// later change, stays whole. Before, the merge removed what it held and put the
+/// RAM's file back (6 of 6 runs, a hunting helper's probe).
+#[test]
+fn a_directory_the_application_moves_over_a_file_after_the_switch_stays_whole() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("X")).unwrap();
+    fs::write(cache.join("X/x1"), "x1").unwrap();
+    fs::write(cache.join("N"), "old").unwrap();
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let mut open = fs::OpenOptions::new().append(true).open(cache.join("N")).unwrap();
+    let (code, out) = crate::no_write_lost::stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:c",
+        &["after-switch"],
+        |_| {
+            std::io::Write::write_all(&mut open, b"late write").unwrap();
+            fs::remove_file(cache.join("N")).unwrap();
+            fs::rename(cache.join("X"), cache.join("N")).unwrap();
+        },
+    );
+    drop(open);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        fs::read_to_string(cache.join("N/x1")).ok().as_deref(),
+        Some("x1"),
+        "{out}"
+    );
 }

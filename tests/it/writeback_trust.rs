@@ -595,6 +595,9 @@ fn a_name_deleted_as_it_is_put_in_place_stays_deleted() {
         fn deleted_in(&mut self, gone: &[u8], name: &CStr) -> Option<Time> {
             self.watch.deleted_in(gone, name)
         }
+        fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool {
+            self.watch.moved_here(dir)
+        }
     }
 
     with_trees(|src, dst| {
