@@ -617,6 +617,12 @@ enum Went {
     /// directory's handle ([`DstDir::gone`]). Without that handle (a kernel without
     /// `FAN_REPORT_TARGET_FID`) it counts as `Before`.
     Meanwhile,
+    /// While this pass ran, moved away by the application (the directories it went
+    /// to, `O_PATH`): as `Meanwhile`, but a name the moved directory holds is the
+    /// application's later version there, and the RAM's older one goes (a retry
+    /// after a failed `down` wrote it back at the old path: a hunting helper's
+    /// probe, 5 of 5).
+    Moved(Vec<std::os::fd::OwnedFd>),
 }
 
 struct Syncer<'p, 'b> {

@@ -345,6 +345,12 @@ impl DiskDeletions for Deletions {
     }
 }
 
+/// The directory of a key [`DiskDeletions::gone_dirs`] handed out, if it still
+/// opens on the filesystem `on` is on (`O_PATH`): it was moved away, not removed.
+pub fn open_moved(on: BorrowedFd<'_>, key: &[u8]) -> Option<std::os::fd::OwnedFd> {
+    crate::host::fanotify::open_handle(on, &from_key(key)?).ok()
+}
+
 /// A handle as the key [`DiskDeletions::gone_dirs`] hands out: its type, then its bytes.
 fn to_key((kind, bytes): &Handle) -> Vec<u8> {
     [&kind.to_ne_bytes()[..], bytes].concat()

@@ -1105,3 +1105,38 @@ fn a_full_state_directory_during_a_write_back_loses_nothing() {
     assert_eq!(fs::read_to_string(cache.join("d/y")).unwrap(), "on disk");
     assert_eq!(fs::read_dir(cache.join("n")).unwrap().count(), 400);
 }
+
+/// The RAM writes `D/f`; `down` is killed after its switch; on disk the application
+/// writes its own `D/f` and moves `D` away (`mv D D2`); `down` again. `D2/f` is the
+/// application's and no `D/f` comes back: the name the moved directory holds is
+/// its later version. Before, the retry wrote the RAM's older `D/f` back at the old
+/// path (5 of 5 runs, a hunting helper's probe). With `D` in the baseline too.
+#[test]
+fn a_directory_moved_away_on_disk_while_down_waits_does_not_come_back() {
+    for in_baseline in [false, true] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::write(cache.join("s"), "seeded").unwrap();
+        let spec = spec(&sb, &[("cache", &cache)]);
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        if in_baseline {
+            fs::create_dir(cache.join("D")).unwrap();
+            fs::write(cache.join("D/old"), "old").unwrap();
+            sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+        }
+        fs::create_dir_all(cache.join("D")).unwrap();
+        fs::write(cache.join("D/f"), "ram version").unwrap();
+        killed_at(&sb, "down", &spec, "after-switch:cache");
+        fs::create_dir_all(cache.join("D")).unwrap();
+        fs::write(cache.join("D/f"), "app version").unwrap();
+        fs::rename(cache.join("D"), cache.join("D2")).unwrap();
+        let down = sb.run(["down".as_ref(), spec.as_os_str()]);
+        down.code(0);
+        assert_eq!(
+            fs::read_to_string(cache.join("D2/f")).unwrap(),
+            "app version",
+            "{down}"
+        );
+        assert!(!cache.join("D/f").exists(), "in baseline: {in_baseline}\n{down}");
+    }
+}

@@ -156,8 +156,14 @@ impl Syncer<'_, '_> {
             // has the seed's: a directory the application removed in the tmpfs lost
             // only what the tmpfs had, and a file written on disk that it never saw
             // is brought in, as a write-back brings in what the RAM wrote.)
+            let moved: Vec<_> = gone
+                .iter()
+                .filter_map(|k| crate::host::deletions::open_moved(dst_dir, k))
+                .collect();
             let went = if gone.is_empty() || (self.base.marks.is_empty() && self.copied.is_none()) {
                 Went::Before
+            } else if !moved.is_empty() {
+                Went::Moved(moved)
             } else {
                 Went::Meanwhile
             };
@@ -167,6 +173,7 @@ impl Syncer<'_, '_> {
                 match went {
                     Went::Before => "before this pass",
                     Went::Meanwhile => "while this pass ran",
+                    Went::Moved(_) => "moved away while this pass ran",
                 }
             );
             Tentative {

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
@@ -46,13 +46,16 @@ impl Syncer<'_, '_> {
                     at,
                     ..
                 }) if self.copied.is_some_and(|c| c.get(path).is_some()) => Some(Mark::Deleted(*at)),
-                _ => {
-                    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-                    CString::new(name)
-                        .ok()
-                        .and_then(|name| frame.dst.deleted(self.deletions?, &name))
-                        .map(Mark::Deleted)
+                Some(Tentative {
+                    went: Went::Moved(to),
+                    at,
+                    ..
+                }) if leaf_name(path).is_some_and(|n| to.iter().any(|d| holds(d.as_fd(), &n))) => {
+                    Some(Mark::Deleted(*at))
                 }
+                _ => leaf_name(path)
+                    .and_then(|name| frame.dst.deleted(self.deletions?, &name))
+                    .map(Mark::Deleted),
             };
         }
         if let (None, Disk::Absent, Some(s)) = (mark, disk, src) {
@@ -381,4 +384,14 @@ impl Syncer<'_, '_> {
 /// says.
 fn agreed_as(mark: Option<&Mark>, s: &FileStat) -> bool {
     matches!(mark, Some(Mark::Entry(agreed)) if !agreed.is_dir() && agreed.same_version(&Sig::of(s)))
+}
+
+/// The last name of `path`.
+fn leaf_name(path: &[u8]) -> Option<CString> {
+    CString::new(path.rsplit(|&b| b == b'/').next().unwrap_or(path)).ok()
+}
+
+/// Whether the directory `dir` has an entry `name`.
+fn holds(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
