@@ -201,6 +201,9 @@ impl Deletions {
     /// Adds deletions seen by another watch (a keeper's); `None`: that watch overflowed.
     pub fn add(&mut self, seen: Option<Vec<Gone>>) {
         let Some(seen) = seen else {
+            if !self.overflowed {
+                tracing::warn!("a keeper's record of deletions in the disk directory overflowed or could not be written (the state directory's records area full?); names the RAM created are written back even if the application deleted them on disk meanwhile");
+            }
             self.overflowed = true;
             return;
         };
