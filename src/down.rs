@@ -265,7 +265,8 @@ fn take_down(
     let takedown = decide(&facts, &found, &table);
     if let Some(e) = &found.live {
         if !matches!(takedown, Takedown::Refuse(_)) {
-            res.holders = host.holders(backend::files_dev(e));
+            let overlay = (e.fstype == "overlay").then_some(e.id);
+            res.holders = host.holders(backend::files_dev(e), overlay);
         }
     }
     let cx = takedown::Actor {

@@ -36,8 +36,10 @@ pub fn mount_id(fd: std::os::fd::BorrowedFd) -> Option<u32> {
 
 impl Host {
     /// Processes with an open fd, cwd, root or mapping on the filesystem
-    /// `dev` (major, minor). Processes that vanish mid-scan are skipped.
-    pub fn holders(&self, dev: (u32, u32)) -> Vec<Holder> {
+    /// `dev` (major, minor), or an open fd on the mount `mount` (by its id: an
+    /// overlay's files show the device of their layer, not the overlay's).
+    /// Processes that vanish mid-scan are skipped.
+    pub fn holders(&self, dev: (u32, u32), mount: Option<u32>) -> Vec<Holder> {
         let want = nix::sys::stat::makedev(dev.0 as u64, dev.1 as u64);
         let maps_dev = format!("{:02x}:{:02x}", dev.0, dev.1);
         let Ok(dir) = fs::read_dir(self.proc_root()) else {
@@ -51,8 +53,17 @@ impl Host {
             let base = ent.path();
             let on_dev = |p: std::path::PathBuf| fs::metadata(p).map(|m| m.dev() == want).unwrap_or(false);
             let mut uses = 0;
+            let on_mount = |fd: &fs::DirEntry| {
+                mount.is_some_and(|id| {
+                    fs::read_to_string(base.join("fdinfo").join(fd.file_name()))
+                        .is_ok_and(|t| fdinfo_field(&t, "mnt_id").and_then(|v| v.parse().ok()) == Some(id))
+                })
+            };
             if let Ok(fds) = fs::read_dir(base.join("fd")) {
-                uses += fds.flatten().filter(|fd| on_dev(fd.path())).count();
+                uses += fds
+                    .flatten()
+                    .filter(|fd| on_dev(fd.path()) || on_mount(fd))
+                    .count();
             }
             uses += ["cwd", "root"].iter().filter(|l| on_dev(base.join(l))).count();
             // Lossy: the path of any other mapped file may be bytes that are

@@ -1254,3 +1254,35 @@ fn a_directory_the_application_moves_over_a_file_after_the_switch_stays_whole() 
         "{out}"
     );
 }
+
+/// A process that keeps a file of the overlay open while it is taken down is
+/// named, and the overlay is detached, not said to be unmounted: an overlay's
+/// files show the device of their layer, and before, no holder was found (a hunting
+/// helper's probe).
+#[test]
+fn down_names_a_process_holding_a_file_of_the_overlay() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("f"), "a").unwrap();
+    let open = fs::OpenOptions::new().append(true).open(cache.join("f")).unwrap();
+    let down = sb.run([
+        "down".as_ref(),
+        spec.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    down.code(0);
+    drop(open);
+    let v: serde_json::Value = serde_json::from_str(&down.stdout).unwrap();
+    let r = &v[0];
+    assert_eq!(r["result"], "detached", "{down}");
+    let me = std::process::id();
+    assert!(
+        r["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["pid"] == me)),
+        "{down}"
+    );
+}
