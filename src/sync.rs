@@ -220,6 +220,13 @@ pub fn sync_one(
             s.deleted += deleted_before;
             (SyncOutcome::Synced, None, Some(s))
         }
+        Err(e) if copy_error(&e, copy::CopyError::is_no_space) => {
+            let hint = format!(
+                "{e:#}; the disk directory {} is out of space or inodes (`df -h`, `df -i`): free some there, then write back again (`tmpfsctl sync` or `down`); the RAM copy stays",
+                m.path.display()
+            );
+            (SyncOutcome::Failed, Some(hint), None)
+        }
         Err(e) => (SyncOutcome::Failed, Some(format!("{e:#}")), None),
     };
     if let Some(s) = stats.as_ref().filter(|s| s.conflicts > 0) {

@@ -520,7 +520,8 @@ fn a_disk_that_fails_its_writes_keeps_the_ram_copy_and_loses_nothing() {
     app.event("sync done");
     sync.code(1)
         .stdout_has("sync FAILED")
-        .stdout_has("No space left on device");
+        .stdout_has("No space left on device")
+        .stdout_has("is out of space or inodes (`df -h`, `df -i`): free some there");
     std::thread::sleep(Duration::from_millis(200));
     // The application stops before the switch: its own writes to this disk would
     // fail as well.
