@@ -7,8 +7,9 @@
 //! reaches it, until the file `TMPFSCTL_FAILPOINT_GO` names exists (at most
 //! [`HOLD_AT_MOST`]; `<that file>.held` is made as it starts): a long write-back,
 //! while the rest of the process goes on (the agent's loop beside its write-back
-//! worker). Unset, each check is one environment
-//! lookup.
+//! worker). `TMPFSCTL_FAILPOINT=panic=<point>[,<point>…][:<name>]` panics the thread
+//! that reaches it for as long as that file does not exist. Unset, each check is
+//! one environment lookup.
 //!
 //! Points: `after-<action>` after each step of `apply` (see [`crate::execute`]) and
 //! `before-switch` right before a seeded tmpfs goes in place (its last look for what
@@ -38,38 +39,53 @@ pub fn hit(point: &str, name: &str) {
         return;
     };
     let fp = fp.to_string_lossy();
-    let (signal, fp) = if let Some(rest) = fp.strip_prefix("stop=") {
-        (Some(Signal::SIGSTOP), rest)
+    let (act, fp) = if let Some(rest) = fp.strip_prefix("stop=") {
+        (Act::Signal(Signal::SIGSTOP), rest)
     } else if let Some(rest) = fp.strip_prefix("hold=") {
-        (None, rest)
+        (Act::Hold, rest)
+    } else if let Some(rest) = fp.strip_prefix("panic=") {
+        (Act::Panic, rest)
     } else {
-        (Some(Signal::SIGKILL), &*fp)
+        (Act::Signal(Signal::SIGKILL), &*fp)
     };
     let (want, mount) = fp.split_once(':').unwrap_or((fp, name));
-    let wanted = match signal {
-        Some(Signal::SIGKILL) => want == point,
+    let wanted = match act {
+        Act::Signal(Signal::SIGKILL) => want == point,
         _ => want.split(',').any(|w| w == point),
     };
     if !wanted || mount != name {
         return;
     }
-    match signal {
-        Some(s) => {
+    match act {
+        Act::Signal(s) => {
             let _ = raise(s);
         }
-        None => hold(),
+        Act::Hold => hold(),
+        Act::Panic if !go().is_some_and(|g| g.exists()) => panic!("failpoint {point} of `{name}`"),
+        Act::Panic => {}
     }
 }
 
+enum Act {
+    Signal(Signal),
+    Hold,
+    Panic,
+}
+
+/// The file `TMPFSCTL_FAILPOINT_GO` names.
+fn go() -> Option<std::path::PathBuf> {
+    std::env::var_os("TMPFSCTL_FAILPOINT_GO").map(Into::into)
+}
+
 fn hold() {
-    let go = std::env::var_os("TMPFSCTL_FAILPOINT_GO");
+    let go = go();
     if let Some(g) = &go {
-        let mut held = g.clone();
+        let mut held = g.clone().into_os_string();
         held.push(".held");
         let _ = std::fs::write(held, b"");
     }
     let start = Instant::now();
-    while start.elapsed() < HOLD_AT_MOST && !go.as_ref().is_some_and(|g| std::path::Path::new(g).exists()) {
+    while start.elapsed() < HOLD_AT_MOST && !go.as_ref().is_some_and(|g| g.exists()) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }

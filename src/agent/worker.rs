@@ -82,6 +82,9 @@ struct Running {
 pub(super) struct Worker {
     queue: VecDeque<Job>,
     running: Option<Running>,
+    /// Write-backs that could not start (no thread for them): handed back at the
+    /// next [`Worker::reap`], as failed.
+    unstarted: Vec<Finished>,
     lock: Option<Flock<File>>,
     ended_r: OwnedFd,
     ended_w: Arc<OwnedFd>,
@@ -94,6 +97,7 @@ impl Worker {
         Ok(Worker {
             queue: VecDeque::new(),
             running: None,
+            unstarted: Vec::new(),
             lock: None,
             ended_r: r,
             ended_w: Arc::new(w),
@@ -150,10 +154,12 @@ impl Worker {
         let spawned = std::thread::Builder::new()
             .name(format!("write-back {name}"))
             .spawn(move || {
-                let outcome = run(job);
-                // The loop polls the other end; a full pipe already wakes it.
-                let _ = nix::unistd::write(ended.as_fd(), b"x");
-                outcome
+                // Written when the thread ends, also by a panic: the loop then joins
+                // it and takes the panic for a failed write-back, retried. Without
+                // it, the loop never learnt of the end, and held the lock for good
+                // (a review helper's probe).
+                let _ended = Ended(ended);
+                run(job)
             });
         match spawned {
             Ok(thread) => {
@@ -167,7 +173,21 @@ impl Worker {
                 })
             }
             Err(e) => {
-                tracing::error!("{name}: write-back not started: no thread for it: {e}; tried again later");
+                // Handed back as failed, so its mount's schedule goes on (a review
+                // helper's probe: dropped, the schedule stopped for good).
+                let e = anyhow::anyhow!("no thread for the write-back: {e}");
+                self.unstarted.push(Finished {
+                    name,
+                    by,
+                    fallback,
+                    outcome: if held {
+                        Outcome::Held(Box::new(Err(e)))
+                    } else {
+                        Outcome::Scheduled(Err(e))
+                    },
+                    seconds: 0.0,
+                });
+                let _ = nix::unistd::write(self.ended_w.as_fd(), b"x");
                 self.start_next();
             }
         }
@@ -183,8 +203,8 @@ impl Worker {
         }
         // One runs at a time, and its last act is that byte: the join waits
         // for its return at most.
-        let mut done = Vec::new();
-        if ended > 0 {
+        let mut done = std::mem::take(&mut self.unstarted);
+        if ended > done.len() {
             if let Some(r) = self.running.take() {
                 done.push(finished(r));
                 self.start_next();
@@ -195,7 +215,7 @@ impl Worker {
 
     /// Waits for every write-back queued (at stop), and lets the lock go.
     pub fn finish_all(&mut self) -> Vec<Finished> {
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut self.unstarted);
         while let Some(r) = self.running.take() {
             done.push(finished(r));
             self.start_next();
@@ -205,11 +225,20 @@ impl Worker {
     }
 }
 
+/// Writes a byte to the loop's pipe when dropped: the end of a write-back's thread.
+struct Ended(Arc<OwnedFd>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        // The loop polls the other end; a full pipe already wakes it.
+        let _ = nix::unistd::write(self.0.as_fd(), b"x");
+    }
+}
+
 fn finished(r: Running) -> Finished {
     let seconds = r.started.elapsed().as_secs_f64();
     let outcome = r.thread.join().unwrap_or_else(|_| {
-        let e =
-            anyhow::anyhow!("the write-back's thread panicked; the tmpfs stays as it is for the next try");
+        let e = anyhow::anyhow!("the write-back's thread panicked");
         if r.held {
             Outcome::Held(Box::new(Err(e)))
         } else {

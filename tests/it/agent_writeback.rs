@@ -156,3 +156,54 @@ fn a_fallback_switches_at_once_and_writes_back_beside_the_checks() {
     assert_eq!(agent.metrics().state("big"), Some("fallback"));
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
+
+/// The thread of a fallback's write-back panics: the agent takes that for a failed
+/// write-back, lets the state lock go, and retries it; once the cause is gone the
+/// RAM copy reaches the disk, and another command gets the lock meanwhile. Before,
+/// the loop never learnt that the thread had ended, held the lock for good and never
+/// retried (a review helper's probe).
+#[test]
+fn a_write_back_whose_thread_panics_is_retried_and_lets_the_lock_go() {
+    let sb = Sandbox::new();
+    let (spec, big, _vol) = two_mounts(
+        &sb,
+        "on-stop",
+        "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
+    );
+    let go = sb.path("go");
+    let mut agent = Agent::start(
+        &sb,
+        &spec,
+        &[],
+        &[
+            ("TMPFSCTL_FAILPOINT", Path::new("panic=before-writeback:big")),
+            ("TMPFSCTL_FAILPOINT_GO", &go),
+        ],
+    );
+    wait_offloaded(&mut agent, "big");
+    fs::write(big.join("ram"), "ram").unwrap();
+    fs::write(big.join("filler"), vec![1u8; 5 << 20]).unwrap();
+    agent.wait_for("the fallback", |m| m.state("big") == Some("fallback"));
+    let start = std::time::Instant::now();
+    while !agent.log().contains("panicked") {
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sync = sb.run([
+        "sync".as_ref(),
+        spec.as_os_str(),
+        "vol".as_ref(),
+        "--wait".as_ref(),
+        "5".as_ref(),
+    ]);
+    assert_eq!(
+        sync.code,
+        Some(0),
+        "the lock stayed held\n{sync}\n{}",
+        agent.log()
+    );
+    fs::write(&go, "").unwrap();
+    agent.wait_for("the retried write-back", |m| m.actions("big", "sync") >= 1.0);
+    assert_eq!(fs::read_to_string(big.join("ram")).unwrap(), "ram");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
