@@ -561,9 +561,8 @@ impl Agent {
                 self.record_sync(i, &s);
                 warn!(
                     mount = name,
-                    "{name}: the RAM copy stays held at {} for the next try, in {}s",
+                    "{name}: the RAM copy stays held at {} for the next try (the agent's, once an interval; `tmpfsctl down` or `sync`)",
                     self.state.held(name).display(),
-                    self.interval.as_secs().max(1)
                 );
             }
             Err(e) => error!(

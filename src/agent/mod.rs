@@ -736,8 +736,11 @@ impl Agent {
         self.state.clear_agent_status(std::process::id());
         info!("{sig}: stopping");
         let _busy = self.alive.busy();
-        // The write-backs under way, and those queued, end first.
+        // The write-backs under way, and those queued, end first; one that failed
+        // is left held for `down` (the apply unit's stop) and the next agent.
+        let mut failed = false;
         for f in self.worker.finish_all() {
+            failed |= !f.succeeded();
             self.writeback_done(f);
         }
         let persisted: Vec<String> = self
@@ -751,7 +754,7 @@ impl Agent {
         for i in 0..self.mounts.len() {
             self.unwatch(i);
         }
-        let mut code = ExitCode::Ok;
+        let mut code = if failed { ExitCode::Failed } else { ExitCode::Ok };
         if !persisted.is_empty() {
             match self.state.lock(self.opts.wait) {
                 Ok(_lock) => match sync::sync(&self.spec, &persisted, &self.host, &self.state, "stop", false)

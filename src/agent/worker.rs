@@ -70,6 +70,20 @@ pub(super) struct Finished {
     pub seconds: f64,
 }
 
+impl Finished {
+    pub fn succeeded(&self) -> bool {
+        match &self.outcome {
+            Outcome::Scheduled(r) => r
+                .as_ref()
+                .is_ok_and(|rs| rs.iter().all(|s| s.result != sync::SyncOutcome::Failed)),
+            Outcome::Held(r) => r
+                .as_ref()
+                .as_ref()
+                .is_ok_and(|(s, _)| s.result == sync::SyncOutcome::Synced),
+        }
+    }
+}
+
 struct Running {
     name: String,
     by: &'static str,
