@@ -134,6 +134,18 @@ pub fn status(spec: Option<&Spec>, host: &Host, state: &State) -> Result<StatusR
                     continue;
                 };
                 if e.mount_point.starts_with(state.dir()) {
+                    // A RAM copy waiting for its write-back: of the mounts under the
+                    // state directory, the one an operator must see (it was left out).
+                    if e.mount_point == state.held(name)
+                        && !mounts.iter().any(|m: &MountStatus| m.name == name)
+                    {
+                        mounts.push(orphan(
+                            name.to_string(),
+                            e.mount_point.clone(),
+                            state,
+                            MountState::WritebackPending,
+                        ));
+                    }
                     continue;
                 }
                 mounts.push(orphan(

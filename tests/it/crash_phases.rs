@@ -251,6 +251,8 @@ fn a_full_disk_keeps_the_ram_copy_until_space_is_freed() {
     let down = run(&["down".as_ref(), spec.as_os_str()]);
     app.event("down done");
     down.code(1).stdout_has("PENDING");
+    // `status` without a spec lists every managed tmpfs, the held one too.
+    run(&["status".as_ref()]).code(0).stdout_has("writeback-pending");
     // The application is on the (full) disk now; its RAM copy waits.
     std::thread::sleep(Duration::from_millis(200));
     app.event("down started");
