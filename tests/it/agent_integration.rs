@@ -250,6 +250,21 @@ pub(crate) fn fill(dir: &Path, prefix: &str, n: usize, size: usize) {
     }
 }
 
+/// Writes 64 files of 256 KiB (twice an 8 MiB mount's size) into `dir`, one every
+/// 20 ms: the writes that found it full.
+pub(crate) fn fill_twice_over(dir: &Path) -> usize {
+    let chunk = vec![0x42u8; 256 << 10];
+    let mut enospc = 0;
+    for i in 0..64 {
+        if let Err(e) = fs::write(dir.join(format!("obj{i:03}")), &chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            enospc += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    enospc
+}
+
 pub(crate) fn wait_offloaded(agent: &mut Agent, name: &str) -> Metrics {
     agent.wait_for(&format!("{name} offloaded"), |m| {
         m.state(name) == Some("offloaded")
@@ -1358,15 +1373,7 @@ fn evict_goes_on_while_another_tmpfsctl_holds_the_lock() {
         .open(sb.path("state/lock"))
         .unwrap();
     let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
-    let mut enospc = 0;
-    let chunk = vec![0x42u8; 256 << 10];
-    for i in 0..64 {
-        if let Err(e) = fs::write(cache.join(format!("obj{i:03}")), &chunk) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-            enospc += 1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let enospc = fill_twice_over(&cache);
     drop(held);
     let m = agent.metrics();
     assert!(m.actions("c", "evict") >= 1.0, "no eviction\n{}", agent.log());
@@ -1404,15 +1411,7 @@ fn a_mount_whose_parent_is_renamed_away_and_back_stays_watched() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(600));
     fs::rename(&away, &srv).unwrap();
-    let chunk = vec![0x42u8; 256 << 10];
-    let mut enospc = 0;
-    for i in 0..64 {
-        if let Err(e) = fs::write(cache.join(format!("obj{i:03}")), &chunk) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-            enospc += 1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let enospc = fill_twice_over(&cache);
     assert_eq!(enospc, 0, "writes that found the mount full\n{}", agent.log());
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }

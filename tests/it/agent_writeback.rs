@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::agent_integration::{wait_offloaded, Agent};
+use crate::agent_integration::{fill_twice_over, wait_offloaded, Agent};
 use crate::common::Sandbox;
 
 /// Two mounts: `big`, persisted with `persist_big`, and `vol`, volatile, 8 MiB,
@@ -28,6 +28,22 @@ fn two_mounts(sb: &Sandbox, persist_big: &str, watchdog_big: &str) -> (PathBuf, 
     (spec, big, vol)
 }
 
+/// The agent on `spec` with `TMPFSCTL_FAILPOINT=failpoint`, and the file that lets
+/// its failpoint go.
+fn start_at(sb: &Sandbox, spec: &Path, failpoint: &str) -> (Agent, PathBuf) {
+    let go = sb.path("go");
+    let agent = Agent::start(
+        sb,
+        spec,
+        &[],
+        &[
+            ("TMPFSCTL_FAILPOINT", Path::new(failpoint)),
+            ("TMPFSCTL_FAILPOINT_GO", &go),
+        ],
+    );
+    (agent, go)
+}
+
 /// Waits until a thread of the agent is held at its failpoint.
 fn wait_held(agent: &mut Agent, go: &Path) {
     let held = go.with_extension("held");
@@ -42,21 +58,6 @@ fn wait_held(agent: &mut Agent, go: &Path) {
     }
 }
 
-/// Writes 64 files of 256 KiB (twice `vol`'s size) into `vol`, one every 20 ms; the
-/// writes that found it full.
-fn fill_twice_over(vol: &Path) -> usize {
-    let chunk = vec![0x42u8; 256 << 10];
-    let mut enospc = 0;
-    for i in 0..64 {
-        if let Err(e) = fs::write(vol.join(format!("obj{i:03}")), &chunk) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-            enospc += 1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    enospc
-}
-
 /// While the schedule's write-back of `big` is held, `vol` is filled to twice its
 /// size: every write finds room. Before, the write-back ran in the agent's loop and
 /// nothing was evicted until it ended.
@@ -64,16 +65,7 @@ fn fill_twice_over(vol: &Path) -> usize {
 fn a_long_periodic_write_back_does_not_hold_up_the_eviction_of_another_mount() {
     let sb = Sandbox::new();
     let (spec, big, vol) = two_mounts(&sb, "every 10s", "");
-    let go = sb.path("go");
-    let mut agent = Agent::start(
-        &sb,
-        &spec,
-        &[],
-        &[
-            ("TMPFSCTL_FAILPOINT", Path::new("hold=after-merge:big")),
-            ("TMPFSCTL_FAILPOINT_GO", &go),
-        ],
-    );
+    let (mut agent, go) = start_at(&sb, &spec, "hold=after-merge:big");
     wait_offloaded(&mut agent, "big");
     wait_offloaded(&mut agent, "vol");
     fs::write(big.join("kept"), "v1").unwrap();
@@ -108,16 +100,7 @@ fn a_fallback_switches_at_once_and_writes_back_beside_the_checks() {
         "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
     );
     fs::write(big.join("both"), "seeded").unwrap();
-    let go = sb.path("go");
-    let mut agent = Agent::start(
-        &sb,
-        &spec,
-        &[],
-        &[
-            ("TMPFSCTL_FAILPOINT", Path::new("hold=before-writeback:big")),
-            ("TMPFSCTL_FAILPOINT_GO", &go),
-        ],
-    );
+    let (mut agent, go) = start_at(&sb, &spec, "hold=before-writeback:big");
     wait_offloaded(&mut agent, "big");
     wait_offloaded(&mut agent, "vol");
     fs::write(big.join("again"), "ram").unwrap();
@@ -170,16 +153,7 @@ fn a_write_back_whose_thread_panics_is_retried_and_lets_the_lock_go() {
         "on-stop",
         "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
     );
-    let go = sb.path("go");
-    let mut agent = Agent::start(
-        &sb,
-        &spec,
-        &[],
-        &[
-            ("TMPFSCTL_FAILPOINT", Path::new("panic=before-writeback:big")),
-            ("TMPFSCTL_FAILPOINT_GO", &go),
-        ],
-    );
+    let (mut agent, go) = start_at(&sb, &spec, "panic=before-writeback:big");
     wait_offloaded(&mut agent, "big");
     fs::write(big.join("ram"), "ram").unwrap();
     fs::write(big.join("filler"), vec![1u8; 5 << 20]).unwrap();

@@ -1058,15 +1058,7 @@ fn a_name_made_again_in_ram_after_a_killed_write_back_removed_it_is_kept() {
 #[test]
 fn a_full_state_directory_during_a_write_back_loses_nothing() {
     let sb = Sandbox::new();
-    fs::create_dir_all(&sb.state).unwrap();
-    nix::mount::mount(
-        Some("state"),
-        &sb.state,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=2m,mode=0700"),
-    )
-    .unwrap();
+    state_on_tmpfs(&sb, "2m");
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     fs::create_dir(cache.join("d")).unwrap();
     fs::write(cache.join("d/x"), "old x").unwrap();
@@ -1077,10 +1069,7 @@ fn a_full_state_directory_during_a_write_back_loses_nothing() {
     for i in 0..400 {
         fs::write(cache.join(format!("n/new-{i}")), i.to_string()).unwrap();
     }
-    let free = nix::sys::statvfs::statvfs(&sb.state).unwrap();
-    let avail = free.blocks_available() * free.fragment_size();
-    let filler = sb.state.join("filler");
-    fs::write(&filler, vec![0u8; (avail - 4096) as usize]).unwrap();
+    let filler = fill_state(&sb, 4096);
     let sync = sb.run(["sync".as_ref(), spec.as_os_str()]);
     assert_eq!(sync.code, Some(1), "{sync}");
     assert!(sync.stdout.contains("write-back journal"), "{sync}");
@@ -1149,23 +1138,12 @@ fn a_directory_moved_away_on_disk_while_down_waits_does_not_come_back() {
 #[test]
 fn down_is_refused_while_the_records_area_has_no_room() {
     let sb = Sandbox::new();
-    fs::create_dir_all(&sb.state).unwrap();
-    nix::mount::mount(
-        Some("state"),
-        &sb.state,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=4m,mode=0700"),
-    )
-    .unwrap();
+    state_on_tmpfs(&sb, "4m");
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     let spec = spec(&sb, &[("cache", &cache)]);
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     fs::write(cache.join("ram"), "ram").unwrap();
-    let free = nix::sys::statvfs::statvfs(&sb.state).unwrap();
-    let avail = free.blocks_available() * free.fragment_size();
-    let filler = sb.state.join("filler");
-    fs::write(&filler, vec![0u8; (avail - (256 << 10)) as usize]).unwrap();
+    let filler = fill_state(&sb, 256 << 10);
     let down = sb.run(["down".as_ref(), spec.as_os_str()]);
     assert_eq!(down.code, Some(1), "{down}");
     assert!(down.stdout.contains("records area"), "{down}");
@@ -1177,4 +1155,26 @@ fn down_is_refused_while_the_records_area_has_no_room() {
     fs::remove_file(&filler).unwrap();
     sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
     assert_eq!(fs::read_to_string(cache.join("ram")).unwrap(), "ram");
+}
+
+/// The sandbox's state directory on a tmpfs of `size` of its own.
+fn state_on_tmpfs(sb: &Sandbox, size: &str) {
+    fs::create_dir_all(&sb.state).unwrap();
+    nix::mount::mount(
+        Some("state"),
+        &sb.state,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(format!("size={size},mode=0700").as_str()),
+    )
+    .unwrap();
+}
+
+/// Fills the state directory's tmpfs up to `left` bytes; the filler's path.
+fn fill_state(sb: &Sandbox, left: u64) -> PathBuf {
+    let free = nix::sys::statvfs::statvfs(&sb.state).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    let filler = sb.state.join("filler");
+    fs::write(&filler, vec![0u8; (avail - left) as usize]).unwrap();
+    filler
 }
