@@ -37,7 +37,12 @@ impl Agent {
             let ours = top.as_ref().filter(|e| backend::is_ours(e, &source));
             let held = self.mounts[i].root.is_some();
             let watched = self.mounts[i].mount;
-            if held && ours.is_none() && table.entries.iter().any(|e| (e.id, e.dev) == watched) {
+            // Not one under the state directory: that is a take-out's.
+            let elsewhere = table
+                .entries
+                .iter()
+                .any(|e| (e.id, e.dev) == watched && !e.mount_point.starts_with(self.state.dir()));
+            if held && ours.is_none() && elsewhere {
                 // Still mounted, but its path leads elsewhere: a directory above it
                 // renamed away (and maybe back soon), or the mount moved. It can
                 // still fill, and its held root still evicts; a rename changes no

@@ -329,7 +329,12 @@ mod tests {
         j.note(b"torn", &Mark::Entry(sig(2))).unwrap();
         drop(j);
         let len = std::fs::metadata(&path).unwrap().len();
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 5).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
         let j = Journal::open(&path, &b).unwrap();
         j.note_gone(b"a").unwrap();
         j.note(b"c", &Mark::Deleted((9, 9))).unwrap();

@@ -163,7 +163,7 @@ pub(super) fn relinked(base: &mut Baseline, root: BorrowedFd<'_>, touched: &Hash
 
 /// Opens `rel` below `root` with `flags`, without following a symlink anywhere or
 /// leaving the filesystem.
-fn beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
+pub(super) fn beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
     openat2(
         root.as_fd(),
         rel,

@@ -371,6 +371,10 @@ fn sync_pass(
             claimed: HashSet::new(),
             touched: std::mem::take(touched),
             linked: std::cell::OnceCell::new(),
+            dst_root: dst_fd.try_clone().map_err(|e| {
+                dst_err("open directory")(Errno::from_raw(e.raw_os_error().unwrap_or(0)))
+                    .at(PathBuf::from("."))
+            })?,
             transfer: Transfer::default(),
             temps: TempNames::new(),
             scan: scan::start(scope, src_fd, src_st, filter.as_ref(), base.taken),
@@ -653,9 +657,11 @@ struct Syncer<'p, 'b> {
     /// Multiply-linked destination inodes this pass unlinked or replaced a name of:
     /// that changed their ctime, which is then no sign of the application's change.
     touched: HashSet<u64>,
-    /// Disk inodes the baseline records under two names or more (see
-    /// [`Syncer::disk_sig`]): built at the first need.
-    linked: std::cell::OnceCell<HashSet<u64>>,
+    /// Disk inodes the baseline records under two names or more, with those names
+    /// (see [`Syncer::disk_sig`]): built at the first need.
+    linked: std::cell::OnceCell<HashMap<u64, Vec<Box<[u8]>>>>,
+    /// The disk directory's root, to look up other names of a linked inode.
+    dst_root: OwnedFd,
     transfer: Transfer,
     temps: TempNames,
     /// The source, read ahead on the scan's thread.

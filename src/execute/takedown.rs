@@ -96,14 +96,15 @@ pub fn run(
                 .expect("decide writes back only mounts of the spec");
             let mut watch = None;
             if let Some(e) = &switch {
-                if m.seed == crate::spec::Seed::Overlay
-                    && !overlay_first_pass(m, &e.mount_point, state, by, res)?
-                {
-                    return Ok(None);
-                }
+                // Before an overlay's first pass too: refused, nothing is written.
                 if let Some(why) = records_short(state) {
                     res.result = DownOutcome::Refused;
                     res.reason = Some(why);
+                    return Ok(None);
+                }
+                if m.seed == crate::spec::Seed::Overlay
+                    && !overlay_first_pass(m, &e.mount_point, state, by, res)?
+                {
                     return Ok(None);
                 }
                 let started = Instant::now();

@@ -296,3 +296,31 @@ fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
         }
     }
 }
+
+/// `d/a` and `d/b` are one file. The RAM deletes `d/a`; after `down`'s switch the
+/// application `chown`s it on disk, no name added or removed: that later change
+/// stands, and `d/a` stays. A first version of the fix above took any new ctime of
+/// a file with several names for a link change, and removed it (a review helper's
+/// probe).
+#[test]
+fn a_chown_on_disk_of_a_linked_file_the_ram_deleted_is_kept() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("d")).unwrap();
+    fs::write(cache.join("d/a"), "seed version").unwrap();
+    fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
+    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::remove_file(cache.join("d/a")).unwrap();
+    let (code, log) = crate::no_write_lost::stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:cache",
+        &["after-switch"],
+        |_| std::os::unix::fs::chown(cache.join("d/a"), Some(1234), Some(1234)).unwrap(),
+    );
+    assert_eq!(code, 0, "{log}");
+    let md = fs::metadata(cache.join("d/a")).expect("the application's chown was undone");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&md), 1234, "{log}");
+}

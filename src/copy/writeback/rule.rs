@@ -1,9 +1,10 @@
 //! What the merge decides for one name (through [`baseline::decide`]) and what the next
 //! baseline and the journal record of it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
@@ -182,14 +183,17 @@ impl Syncer<'_, '_> {
     ///
     /// Such a change is this pass's own (it unlinked or replaced another name of the
     /// inode: `touched`), or the application's on another name of a file the
-    /// baseline knows under several (it removed, renamed or linked `d/b` on disk
-    /// after the switch, while the RAM rewrote `d/a`: that ctime counted as the
-    /// disk's later change of `d/a`, and the RAM's rewrite was lost, a hunting
-    /// helper's probe). Whether agreed on or the disk's version that won: the
-    /// record's ctime stands while the file is still that version. A link or unlink
-    /// never changes a file's size or mtime, so a file written since is the
-    /// application's change (a retry after a kill took its write for the pass's and
-    /// lost it, once the touched inodes were journaled: a hunting helper's probe).
+    /// baseline knows under several: it removed, renamed or linked `d/b` on disk
+    /// after the switch while the RAM rewrote `d/a`, and that ctime counted as the
+    /// disk's later change of `d/a`, so the RAM's rewrite was lost (a hunting
+    /// helper's probe). Only a link change is excused ([`Self::link_changed`]): a
+    /// `chown`, an attribute or a rewrite that keeps size and mtime on disk stays a
+    /// change (a review helper's probes). Whether agreed on or the disk's version
+    /// that won, the record's ctime stands while the file is still that version. A
+    /// link or unlink never changes a file's size or mtime, so a file written since
+    /// is the application's change (a retry after a kill took its write for the
+    /// pass's and lost it, once the touched inodes were journaled: a hunting
+    /// helper's probe).
     pub(super) fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
         let mut sig = Sig::of(d);
         if let Some(Mark::Entry(base) | Mark::DiskWon(base)) = self.base.get(path) {
@@ -197,7 +201,7 @@ impl Syncer<'_, '_> {
                 && base.ctime != sig.ctime
                 && base.same_version(&sig)
                 && !sig.is_dir()
-                && (self.touched.contains(&sig.ino) || self.linked_in_base().contains(&sig.ino))
+                && (self.touched.contains(&sig.ino) || self.link_changed(path, d))
             {
                 sig.ctime = base.ctime;
             }
@@ -205,19 +209,50 @@ impl Syncer<'_, '_> {
         sig
     }
 
-    /// The disk inodes of files the baseline records under two names or more.
-    fn linked_in_base(&self) -> &HashSet<u64> {
+    /// Whether the disk inode `d` at `path`, which the baseline records under other
+    /// names too, lost or gained a name since: its link count is not the number of
+    /// those names, or one of them no longer holds it.
+    fn link_changed(&self, path: &[u8], d: &FileStat) -> bool {
+        // `st_ino` and `st_nlink` are u64 on every 64-bit Linux target.
+        #[allow(clippy::unnecessary_cast)]
+        let (ino, links) = (d.st_ino as u64, d.st_nlink as u64);
+        let Some(names) = self.linked_in_base().get(&ino) else {
+            return false;
+        };
+        let holds = |n: &[u8]| {
+            let rel = std::path::Path::new(std::ffi::OsStr::from_bytes(n));
+            crate::copy::settle::beneath(self.dst_root.as_fd(), rel, nix::fcntl::OFlag::O_PATH)
+                .and_then(|fd| stat::fstat(&fd))
+                .is_ok_and(|st| st.st_ino == d.st_ino)
+        };
+        names.len() as u64 != links || names.iter().filter(|n| &***n != path).any(|n| !holds(n))
+    }
+
+    /// The disk inodes of files the baseline records under two names or more, with
+    /// those names. Two scans: the inodes alone first (8 bytes a record, sorted), then
+    /// the names of the few that repeat.
+    fn linked_in_base(&self) -> &HashMap<u64, Vec<Box<[u8]>>> {
         self.linked.get_or_init(|| {
-            let mut seen = HashSet::new();
-            let mut linked = HashSet::new();
-            for (_, mark) in self.base.marks.iter() {
-                if let Mark::Entry(s) | Mark::DiskWon(s) = mark {
-                    if !s.is_dir() && !seen.insert(s.ino) {
-                        linked.insert(s.ino);
+            let file_ino = |mark: Mark| match mark {
+                Mark::Entry(s) | Mark::DiskWon(s) if !s.is_dir() => Some(s.ino),
+                _ => None,
+            };
+            let mut inos: Vec<u64> = self.base.marks.iter().filter_map(|(_, m)| file_ino(m)).collect();
+            inos.sort_unstable();
+            let mut names: HashMap<u64, Vec<Box<[u8]>>> = inos
+                .windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| (w[0], Vec::new()))
+                .collect();
+            drop(inos);
+            if !names.is_empty() {
+                for (path, mark) in self.base.marks.iter() {
+                    if let Some(n) = file_ino(mark).and_then(|ino| names.get_mut(&ino)) {
+                        n.push(path.into());
                     }
                 }
             }
-            linked
+            names
         })
     }
 
