@@ -246,20 +246,29 @@ fn a_write_on_disk_into_a_linked_file_a_killed_down_touched_is_kept() {
     assert!(!cache.join("d/b").exists(), "{down}");
 }
 
-/// `d/a` and `d/b` are one file on both sides. The application rewrites `d/a` in
-/// RAM (a new file renamed over it); after `down`'s switch it removes, renames or
-/// links `d/b` on disk. The RAM's rewrite reaches the disk: only the disk inode's
+/// `d/a` and `d/b` are one file on both sides (in one variant with a third name
+/// outside the tree). The application rewrites `d/a` in RAM (a new file renamed over it);
+/// after `down`'s switch it removes, renames or links `d/b` on disk, links it and
+/// removes that link again, or removes the name outside. The RAM's rewrite reaches the disk: only the disk inode's
 /// link count changed, which moves its ctime but not `d/a`'s version. Before, that
 /// ctime counted as the disk's later change and the rewrite was lost (8 of 8, a
 /// hunting helper's probe).
 #[test]
 fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
-    for (k, disk_act) in ["rm", "mv", "ln"].into_iter().enumerate() {
+    for (k, disk_act) in ["rm", "mv", "ln", "ln and rm", "rm outside"]
+        .into_iter()
+        .enumerate()
+    {
         let sb = Sandbox::new();
         let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
         fs::create_dir(cache.join("d")).unwrap();
         fs::write(cache.join("d/a"), "seed version").unwrap();
         fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
+        // A third name, outside the cache directory.
+        let outside = sb.path("outside");
+        if disk_act == "rm outside" {
+            fs::hard_link(cache.join("d/a"), &outside).unwrap();
+        }
         let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
         sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
         fs::write(cache.join("d/.a.tmp"), "rewritten in RAM").unwrap();
@@ -273,7 +282,14 @@ fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
             |_| match disk_act {
                 "rm" => fs::remove_file(cache.join("d/b")).unwrap(),
                 "mv" => fs::rename(cache.join("d/b"), cache.join("d/b2")).unwrap(),
-                _ => fs::hard_link(cache.join("d/b"), cache.join("d/b3")).unwrap(),
+                "ln" => fs::hard_link(cache.join("d/b"), cache.join("d/b3")).unwrap(),
+                // A link made and removed again (a lock taken by link(2)): the
+                // count and the names are as they were, the ctime is not.
+                "ln and rm" => {
+                    fs::hard_link(cache.join("d/b"), cache.join("d/lock")).unwrap();
+                    fs::remove_file(cache.join("d/lock")).unwrap();
+                }
+                _ => fs::remove_file(&outside).unwrap(),
             },
         );
         assert_eq!(code, 0, "{log}");
@@ -285,7 +301,8 @@ fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
         let other = match disk_act {
             "rm" => None,
             "mv" => Some("d/b2"),
-            _ => Some("d/b3"),
+            "ln" => Some("d/b3"),
+            _ => Some("d/b"),
         };
         if let Some(other) = other {
             assert_eq!(

@@ -189,7 +189,7 @@ impl Syncer<'_, '_> {
             Err(Errno::ENOENT) => return Ok(Stepped::default()),
             Err(e) => return Err(dst_err("stat")(e)),
         };
-        let disk = Disk::Present(self.disk_sig(&path, &d));
+        let disk = Disk::Present(self.disk_sig(&path, &d, None));
         if self.base_mark(&path, disk).is_none() && !self.copy_deleted(&path, disk) {
             return Ok(Stepped::default());
         }

@@ -496,7 +496,7 @@ impl Rule for Merged<'_, '_, '_> {
             Err(Errno::ENOENT) => return Ok(Step::Gone(0)),
             Err(e) => return Err(dst_err("stat")(e)),
         };
-        let disk = Disk::Present(s.disk_sig(path, &d));
+        let disk = Disk::Present(s.disk_sig(path, &d, None));
         let mark = s.base_mark(path, disk);
         let verdict = if mark.is_none() && s.copy_deleted(path, disk) {
             Verdict::Ram

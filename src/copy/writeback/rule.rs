@@ -27,7 +27,7 @@ impl Syncer<'_, '_> {
         frame: &Frame,
     ) -> Verdict {
         let ram = src.map_or(Ram::Absent, |s| Ram::Present(ctime(s)));
-        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d)));
+        let disk = disk.map_or(Disk::Absent, |d| Disk::Present(self.disk_sig(path, d, src)));
         let mut mark = self.base_mark(path, disk);
         if let (None, Disk::Absent, Ram::Present(_)) = (mark, disk, ram) {
             // Not in the baseline, but gone from the disk: below a directory the disk
@@ -178,35 +178,51 @@ impl Syncer<'_, '_> {
         }
     }
 
-    /// How the disk entry at `path` compares with the baseline: a ctime only a
-    /// change of the inode's other names caused is not a change of this one.
+    /// How the disk entry at `path` compares with the baseline (`src`: the RAM's
+    /// entry there, if any): a ctime only a change of the inode's other names caused
+    /// is not a change of this one.
     ///
     /// Such a change is this pass's own (it unlinked or replaced another name of the
     /// inode: `touched`), or the application's on another name of a file the
     /// baseline knows under several: it removed, renamed or linked `d/b` on disk
     /// after the switch while the RAM rewrote `d/a`, and that ctime counted as the
     /// disk's later change of `d/a`, so the RAM's rewrite was lost (a hunting
-    /// helper's probe). Only a link change is excused ([`Self::link_changed`]): a
-    /// `chown`, an attribute or a rewrite that keeps size and mtime on disk stays a
-    /// change (a review helper's probes). Whether agreed on or the disk's version
-    /// that won, the record's ctime stands while the file is still that version. A
-    /// link or unlink never changes a file's size or mtime, so a file written since
-    /// is the application's change (a retry after a kill took its write for the
-    /// pass's and lost it, once the touched inodes were journaled: a hunting
-    /// helper's probe).
-    pub(super) fn disk_sig(&self, path: &[u8], d: &FileStat) -> Sig {
+    /// helper's probe). A `chown` looks the same to the ctime: where the RAM has the
+    /// name, the owners tell; where it has not, only a link change seen on disk is
+    /// excused ([`Self::link_changed`]), so a `chown` of a name the RAM deleted stands
+    /// (review helpers' probes found both ways of getting it wrong: the owner change
+    /// hidden, and a rewrite lost to a link made and removed again, or to a name
+    /// outside the tree). Whether agreed on or the disk's version that won, the
+    /// record's ctime stands while the file is still that version. A link or unlink
+    /// never changes a file's size or mtime, so a file written since is the
+    /// application's change (a retry after a kill took its write for the pass's and
+    /// lost it, once the touched inodes were journaled: a hunting helper's probe).
+    pub(super) fn disk_sig(&self, path: &[u8], d: &FileStat, src: Option<&FileStat>) -> Sig {
         let mut sig = Sig::of(d);
         if let Some(Mark::Entry(base) | Mark::DiskWon(base)) = self.base.get(path) {
             if base.ino == sig.ino
                 && base.ctime != sig.ctime
                 && base.same_version(&sig)
                 && !sig.is_dir()
-                && (self.touched.contains(&sig.ino) || self.link_changed(path, d))
+                && (self.touched.contains(&sig.ino) || self.linked_unchanged(path, d, src))
             {
                 sig.ctime = base.ctime;
             }
         }
         sig
+    }
+
+    /// Whether the disk file `d` at `path`, new ctime and all, is the version the
+    /// baseline recorded, under names of which it has more than one: with the RAM's
+    /// owner where the RAM has the name, else only after a link change on disk.
+    fn linked_unchanged(&self, path: &[u8], d: &FileStat, src: Option<&FileStat>) -> bool {
+        if !self.linked_in_base().contains_key(&d.st_ino) {
+            return false;
+        }
+        match src {
+            Some(s) => (s.st_uid, s.st_gid) == (d.st_uid, d.st_gid),
+            None => self.link_changed(path, d),
+        }
     }
 
     /// Whether the disk inode `d` at `path`, which the baseline records under other
