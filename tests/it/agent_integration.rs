@@ -1381,6 +1381,19 @@ fn evict_goes_on_while_another_tmpfsctl_holds_the_lock() {
     assert_eq!(agent.stop(), 0, "{}", agent.log());
 }
 
+/// Mount `c` at `srv/cache` (with `extra` in its spec) under an agent, offloaded;
+/// then `srv` renamed to `srv.away`. The cache's path, the agent, and both names of
+/// `srv`.
+fn renamed_away(sb: &Sandbox, extra: &str) -> (PathBuf, Agent, (PathBuf, PathBuf)) {
+    let cache = sb.cache_dir("srv/cache", 0, 0, 0o755);
+    let spec = spec_one(sb, &cache, extra);
+    let mut agent = Agent::start(sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let (srv, away) = (sb.path("srv"), sb.path("srv.away"));
+    fs::rename(&srv, &away).unwrap();
+    (cache, agent, (srv, away))
+}
+
 /// A directory above the managed path renamed away, the mount table changed
 /// meanwhile (so the agent reads it), and renamed back: the mount, filled to twice
 /// its size right after, is evicted and every write finds room. Before, the read
@@ -1389,16 +1402,8 @@ fn evict_goes_on_while_another_tmpfsctl_holds_the_lock() {
 #[test]
 fn a_mount_whose_parent_is_renamed_away_and_back_stays_watched() {
     let sb = Sandbox::new();
-    let cache = sb.cache_dir("srv/cache", 0, 0, 0o755);
-    let spec = spec_one(
-        &sb,
-        &cache,
-        "    watchdog: { high: 80%, low: 40%, action: evict }\n",
-    );
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    let (srv, away) = (sb.path("srv"), sb.path("srv.away"));
-    fs::rename(&srv, &away).unwrap();
+    let (cache, mut agent, (srv, away)) =
+        renamed_away(&sb, "    watchdog: { high: 80%, low: 40%, action: evict }\n");
     let other = sb.path("other");
     fs::create_dir(&other).unwrap();
     nix::mount::mount(
@@ -1422,16 +1427,10 @@ fn a_mount_whose_parent_is_renamed_away_and_back_stays_watched() {
 #[test]
 fn a_fallback_while_a_directory_above_is_renamed_away_keeps_the_data() {
     let sb = Sandbox::new();
-    let cache = sb.cache_dir("srv/cache", 0, 0, 0o755);
-    let spec = spec_one(
+    let (cache, mut agent, (srv, away)) = renamed_away(
         &sb,
-        &cache,
         "    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: fallback }\n",
     );
-    let mut agent = Agent::start(&sb, &spec, &[], &[]);
-    wait_offloaded(&mut agent, "c");
-    let (srv, away) = (sb.path("srv"), sb.path("srv.away"));
-    fs::rename(&srv, &away).unwrap();
     fill(&away.join("cache"), "big", 5, MIB as usize);
     agent.wait_for("the fallback's write-back", |m| m.actions("c", "sync") >= 1.0);
     fs::rename(&away, &srv).unwrap();

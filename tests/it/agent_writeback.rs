@@ -10,6 +10,9 @@ use std::time::Duration;
 use crate::agent_integration::{fill_twice_over, wait_offloaded, Agent};
 use crate::common::Sandbox;
 
+/// `big`'s watchdog in the fallback tests: it falls back past half its size.
+const FALLBACK_PAST_HALF: &str = "    watchdog: { high: 50%, low: 20%, action: fallback }\n";
+
 /// Two mounts: `big`, persisted with `persist_big`, and `vol`, volatile, 8 MiB,
 /// evicting at 80%.
 fn two_mounts(sb: &Sandbox, persist_big: &str, watchdog_big: &str) -> (PathBuf, PathBuf, PathBuf) {
@@ -94,11 +97,7 @@ fn a_long_periodic_write_back_does_not_hold_up_the_eviction_of_another_mount() {
 #[test]
 fn a_fallback_switches_at_once_and_writes_back_beside_the_checks() {
     let sb = Sandbox::new();
-    let (spec, big, vol) = two_mounts(
-        &sb,
-        "on-stop",
-        "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
-    );
+    let (spec, big, vol) = two_mounts(&sb, "on-stop", FALLBACK_PAST_HALF);
     fs::write(big.join("both"), "seeded").unwrap();
     let (mut agent, go) = start_at(&sb, &spec, "hold=before-writeback:big");
     wait_offloaded(&mut agent, "big");
@@ -148,11 +147,7 @@ fn a_fallback_switches_at_once_and_writes_back_beside_the_checks() {
 #[test]
 fn a_write_back_whose_thread_panics_is_retried_and_lets_the_lock_go() {
     let sb = Sandbox::new();
-    let (spec, big, _vol) = two_mounts(
-        &sb,
-        "on-stop",
-        "    watchdog: { high: 50%, low: 20%, action: fallback }\n",
-    );
+    let (spec, big, _vol) = two_mounts(&sb, "on-stop", FALLBACK_PAST_HALF);
     let (mut agent, go) = start_at(&sb, &spec, "panic=before-writeback:big");
     wait_offloaded(&mut agent, "big");
     fs::write(big.join("ram"), "ram").unwrap();
