@@ -225,12 +225,7 @@ fn a_linked_name_deleted_in_ram_stays_deleted_after_a_killed_down() {
 #[test]
 fn a_write_on_disk_into_a_linked_file_a_killed_down_touched_is_kept() {
     let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("d")).unwrap();
-    fs::write(cache.join("d/a"), "seed version").unwrap();
-    fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
-    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (cache, spec) = a_linked_pair_applied(&sb, |_| {});
     fs::rename(cache.join("d/b"), cache.join("d/c")).unwrap();
     crate::no_write_lost::killed_at(&sb, "down", &spec, "after-merge:cache");
     fs::write(cache.join("d/a"), "the application's, on disk").unwrap();
@@ -260,17 +255,13 @@ fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
         .enumerate()
     {
         let sb = Sandbox::new();
-        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-        fs::create_dir(cache.join("d")).unwrap();
-        fs::write(cache.join("d/a"), "seed version").unwrap();
-        fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
         // A third name, outside the cache directory.
         let outside = sb.path("outside");
-        if disk_act == "rm outside" {
-            fs::hard_link(cache.join("d/a"), &outside).unwrap();
-        }
-        let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
-        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (cache, spec) = a_linked_pair_applied(&sb, |cache| {
+            if disk_act == "rm outside" {
+                fs::hard_link(cache.join("d/a"), &outside).unwrap();
+            }
+        });
         fs::write(cache.join("d/.a.tmp"), "rewritten in RAM").unwrap();
         fs::rename(cache.join("d/.a.tmp"), cache.join("d/a")).unwrap();
         let (code, log) = crate::no_write_lost::stopped_at(
@@ -322,12 +313,7 @@ fn a_rewrite_in_ram_survives_a_link_change_of_the_other_name_on_disk() {
 #[test]
 fn a_chown_on_disk_of_a_linked_file_the_ram_deleted_is_kept() {
     let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("d")).unwrap();
-    fs::write(cache.join("d/a"), "seed version").unwrap();
-    fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
-    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (cache, spec) = a_linked_pair_applied(&sb, |_| {});
     fs::remove_file(cache.join("d/a")).unwrap();
     let (code, log) = crate::no_write_lost::stopped_at(
         &sb,
@@ -340,4 +326,20 @@ fn a_chown_on_disk_of_a_linked_file_the_ram_deleted_is_kept() {
     assert_eq!(code, 0, "{log}");
     let md = fs::metadata(cache.join("d/a")).expect("the application's chown was undone");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&md), 1234, "{log}");
+}
+
+/// `d/a` and `d/b`, one file, in a persisted cache (after `more` on its directory)
+/// that is applied: the cache's path and its spec.
+fn a_linked_pair_applied(
+    sb: &Sandbox,
+    more: impl FnOnce(&std::path::Path),
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("d")).unwrap();
+    fs::write(cache.join("d/a"), "seed version").unwrap();
+    fs::hard_link(cache.join("d/a"), cache.join("d/b")).unwrap();
+    more(&cache);
+    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    (cache, spec)
 }
