@@ -24,7 +24,9 @@
 //! before it records that; `side-detached` once a write-back took away the side bind
 //! of a disk directory the application removed, before it binds the new one;
 //! `before-writeback` as the write-back of a held tmpfs starts (`down`'s after its
-//! switch, the agent's on its worker).
+//! switch, the agent's on its worker); `overlay-placed` (of any mount) each time a
+//! `seed: overlay` write-back after its switch has put a file on disk and recorded
+//! that.
 
 use std::time::{Duration, Instant};
 

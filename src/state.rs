@@ -223,6 +223,12 @@ impl State {
         self.run_dir().join(format!("{name}.journal"))
     }
 
+    /// What the write-backs of a `seed: overlay` mount after its switch placed on
+    /// disk themselves (see [`crate::copy::placings`]).
+    pub fn placings_path(&self, name: &str) -> PathBuf {
+        self.run_dir().join(format!("{name}.placed"))
+    }
+
     /// Marks the seeded tmpfs of a mount whose merge of what the application wrote
     /// on disk during the seed is not recorded yet (see `sync::seed_window`): set
     /// before the switch, cleared once recorded, gone with the tmpfs at a reboot.
@@ -570,6 +576,7 @@ impl State {
             self.degraded_path(name),
             self.baseline_path(name),
             self.journal_path(name),
+            self.placings_path(name),
             self.seed_merge_path(name),
         ] {
             remove_if_present(&p)?;

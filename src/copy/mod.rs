@@ -14,7 +14,8 @@
 //!
 //! Where things are: the seed in `seed` (and its size beforehand in `measure`), the
 //! write-back in `writeback`, with the rule and its records in `baseline`, `marks`,
-//! `settle` and `journal`. The write-back reads its source ahead on a second thread
+//! `settle` and `journal` (and, for `seed: overlay` after its switch, `placings`).
+//! The write-back reads its source ahead on a second thread
 //! (`scan`), leaves `fsync` and rename to workers (`durable`), and puts entries in
 //! place through `place` under the names of `temp`. The primitives both walks share
 //! (opens, data copies, metadata, hard-link lookups, progress) live in `ops`, the
@@ -32,6 +33,7 @@ mod measure;
 mod ops;
 pub mod overlay;
 mod place;
+pub mod placings;
 mod scan;
 mod seed;
 mod settle;
@@ -44,6 +46,7 @@ pub use error::CopyError;
 pub use journal::Journal;
 pub use measure::{measure, TreeSize};
 pub use place::DiskDeletions;
+pub use placings::Placings;
 pub use seed::{copy_tree, replace_with_copy, seed_tree, CopyStats};
 pub use temp::TEMP_PREFIX;
 pub use writeback::{

@@ -55,6 +55,7 @@ use super::error::Failed;
 use super::made::{self, Attrs};
 use super::ops::{link_checked, open_below, open_dst_dir, split_parent};
 use super::place::{put_in_place, remove_seen, Place, Placed, Seen};
+use super::placings::Placings;
 use super::writeback::{remove_entry, remove_older, remove_older_deleted};
 use super::xattrs::{self, XattrBufs, XattrTarget};
 
@@ -103,13 +104,15 @@ pub trait AppOnDisk {
 /// Merges the upper layer `upper` into the disk directory `disk`. `merged`: where
 /// the overlay is mounted (the barriers go through it), `None` when it is not.
 /// `app`: what the application did on disk after `window.disk_since` (unused
-/// without it).
+/// without it). `placed`: what earlier attempts since that switch put on disk
+/// themselves, where this one notes what it puts there (see [`Placings`]).
 pub fn merge_upper(
     upper: &Path,
     disk: &Path,
     merged: Option<&Path>,
     window: Window,
     app: &mut (dyn AppOnDisk + Send),
+    placed: &mut Placings,
 ) -> Result<OverlayStats> {
     // One descriptor is held per level of the walk.
     super::ops::descriptor_limit();
@@ -117,7 +120,7 @@ pub fn merge_upper(
         std::thread::Builder::new()
             .name("overlay-merge".into())
             .stack_size(WALK_STACK)
-            .spawn_scoped(s, || merge(upper, disk, merged, window, app))
+            .spawn_scoped(s, || merge(upper, disk, merged, window, app, placed))
             .context("starting the overlay merge's thread")?
             .join()
             .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
@@ -137,10 +140,12 @@ fn merge(
     merged: Option<&Path>,
     window: Window,
     app: &mut dyn AppOnDisk,
+    placed: &mut Placings,
 ) -> Result<OverlayStats> {
     let mut m = Merge {
         window,
         app,
+        placed,
         stats: OverlayStats::default(),
         links: HashMap::new(),
         touched: HashSet::new(),
@@ -175,6 +180,16 @@ fn merge(
     m.remove_deferred()?;
     m.apply_deferred_meta()?;
     Ok(m.stats)
+}
+
+/// The record of what the pass placed could not be written: never taken for the
+/// disk running out of space (no `io::Error` in its chain), whose handling merges
+/// again.
+fn placings_failed(e: io::Error, shown: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "recording that {} was written back, in the records area: {e}",
+        shown.display()
+    )
 }
 
 /// The disk ran out of space (or the quota).
@@ -254,6 +269,9 @@ struct Gone {
 struct Merge<'a> {
     window: Window,
     app: &'a mut dyn AppOnDisk,
+    /// What this and earlier attempts after the switch put on disk themselves: not
+    /// the application's changes, whatever their ctimes.
+    placed: &'a mut Placings,
     stats: OverlayStats,
     /// Upper inodes with more than one name, and where the first was written to in
     /// this pass (its path below the disk root, and the disk inode): the others
@@ -484,14 +502,18 @@ impl Merge<'_> {
                     (Some(then), Some(now)) if then != now => None,
                     // The one decided on: what the application changed in it since
                     // stays, the rest goes.
-                    (Some(_), Some(_)) => Some(remove_older_deleted(dir, &name, gone.ino, since)?),
+                    (Some(_), Some(_)) => {
+                        Some(remove_older_deleted(dir, &name, gone.ino, since, self.placed)?)
+                    }
                     // No birth time to tell a directory made again by: one changed
                     // since stays whole.
-                    _ => Some(remove_older(dir, &name, since, None)?),
+                    _ => Some(remove_older(dir, &name, since, None, self.placed)?),
                 }
             }
             None if is_dir => Some(remove_entry(dir, &name)?),
-            Some(since) if (now.st_ctime, now.st_ctime_nsec) >= since => None,
+            Some(since) if (now.st_ctime, now.st_ctime_nsec) >= since && !self.placed.placed_file(&now) => {
+                None
+            }
             Some(_) => remove_seen(dir, &name, Seen::of(&now), &random_name("rm."))?.then_some(1),
             None => match unistd::unlinkat(dir, name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) => Some(1),
@@ -722,6 +744,7 @@ impl Merge<'_> {
                     Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
                     Err(e) => return Err(e).context(ctx(&format!("reading {OPAQUE} of"), &u_shown)),
                 };
+            let mut made_here = false;
             match &disk {
                 Some(dm) if dm.is_dir() => {}
                 _ => {
@@ -740,9 +763,13 @@ impl Merge<'_> {
                         .with_context(|| ctx("creating directory", &shown))?;
                     self.touched.insert(d_dir.path.to_path_buf());
                     self.stats.dirs += 1;
+                    made_here = true;
                 }
             }
             let df = open_dir_as(&d, &shown)?;
+            if made_here {
+                self.note_placed(&df, &shown)?;
+            }
             let held = via(&df);
             let walked = self.dir(
                 Held {
@@ -801,6 +828,12 @@ impl Merge<'_> {
         Ok(disk.is_none())
     }
 
+    /// Notes the directory `dir` (shown as `shown`) as made by this pass.
+    fn note_placed(&mut self, dir: &File, shown: &Path) -> Result<()> {
+        let md = dir.metadata().with_context(|| ctx("stat", shown))?;
+        self.placed.note(&md).map_err(|e| placings_failed(e, shown))
+    }
+
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
     /// A directory never wins over a directory (the walk merges the two), but one
@@ -819,7 +852,7 @@ impl Merge<'_> {
         };
         match disk {
             Some(dm) if dm.is_dir() => !upper_dir && self.apps_dir(d_dir, name, dm),
-            Some(dm) => ctime(dm) >= since,
+            Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),
             None => self.app.deleted(d_dir.via, name),
         }
     }
@@ -833,7 +866,7 @@ impl Merge<'_> {
         let Some(since) = self.window.disk_since else {
             return false;
         };
-        if !md.is_dir() || ctime(md) < since {
+        if !md.is_dir() || ctime(md) < since || self.placed.placed(md) {
             return false;
         }
         let made_since = md
@@ -989,6 +1022,18 @@ impl Merge<'_> {
         }
         self.touched.insert(d_dir.path.to_path_buf());
         self.stats.written += 1;
+        // What the application put at the name right after is its own, and a
+        // retry must not take it for this copy.
+        match fs::symlink_metadata(&d)
+            .ok()
+            .filter(|_| self.window.disk_since.is_some())
+        {
+            Some(now) if now.ino() == made_ino => {
+                self.placed.note(&now).map_err(|e| placings_failed(e, &shown))?;
+                crate::failpoint::hit("overlay-placed", "");
+            }
+            _ => {}
+        }
         Ok(())
     }
 
@@ -1066,7 +1111,8 @@ impl Merge<'_> {
         let Some(md) = lstat_opt(&d)? else {
             return Ok(());
         };
-        if self.window.disk_since.is_some_and(|t| ctime(&md) >= t) && !md.is_dir() {
+        if self.window.disk_since.is_some_and(|t| ctime(&md) >= t) && !md.is_dir() && !self.placed.placed(&md)
+        {
             self.stats.kept_disk += 1;
             return Ok(());
         }
@@ -1076,7 +1122,7 @@ impl Merge<'_> {
             match self.window.disk_since {
                 // The directory just looked at, as a whole: what the application
                 // changed in it since the switch stays.
-                Some(since) => remove_older_deleted(dir.as_fd(), &n, md.ino(), since),
+                Some(since) => remove_older_deleted(dir.as_fd(), &n, md.ino(), since, self.placed),
                 None => remove_entry(dir.as_fd(), &n),
             }
             .with_context(|| ctx("removing", &shown))?

@@ -50,9 +50,10 @@ pub fn remove_older(
     name: &std::ffi::CStr,
     before: baseline::Time,
     linked: Option<&mut HashSet<u64>>,
+    placed: &super::Placings,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, (None, linked)).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (None, linked, placed)).map_err(|f| f.err)
 }
 
 /// [`remove_older`] of the directory `name` the application deleted as a whole before
@@ -64,9 +65,10 @@ pub fn remove_older_deleted(
     name: &std::ffi::CStr,
     ino: u64,
     before: baseline::Time,
+    placed: &super::Placings,
 ) -> std::io::Result<u64> {
     let dev = stat::fstat(dir)?.st_dev;
-    remove::remove_older(dir, name, before, dev, (Some(ino), None)).map_err(|f| f.err)
+    remove::remove_older(dir, name, before, dev, (Some(ino), None, placed)).map_err(|f| f.err)
 }
 
 /// Removes the non-directory `name` from `dir`, where an application works, if it is

@@ -25,7 +25,7 @@ use super::{SyncOutcome, SyncResult};
 use crate::backend::overlay::UPPER;
 use crate::copy::baseline::{now_after_tick, Time};
 use crate::copy::overlay::{merge_upper, AppOnDisk, OverlayStats, Window};
-use crate::copy::{self, DiskDeletions, SyncStats};
+use crate::copy::{self, DiskDeletions, Placings, SyncStats};
 use crate::host::mountinfo::MountTable;
 use crate::spec::MountSpec;
 use crate::state::{State, SyncRecord};
@@ -72,14 +72,18 @@ pub fn pass(
             seconds: 0.0,
         });
     }
-    let res = merge_upper(
-        &stage.join(UPPER),
-        &state.side(&m.name),
-        merged,
-        window,
-        &mut Watched(deletions),
-    )
-    .with_context(|| format!("writing the upper layer of `{}` back", m.name));
+    let res = placings(state, &m.name, window)
+        .and_then(|mut placed| {
+            merge_upper(
+                &stage.join(UPPER),
+                &state.side(&m.name),
+                merged,
+                window,
+                &mut Watched(deletions),
+                &mut placed,
+            )
+        })
+        .with_context(|| format!("writing the upper layer of `{}` back", m.name));
     let seconds = started.elapsed().as_secs_f64();
     let stats = res.as_ref().ok().map(sync_stats);
     let reason = res.as_ref().err().map(|e| format!("{e:#}"));
@@ -110,6 +114,18 @@ pub fn pass(
         whole_tree: None,
         seconds,
     })
+}
+
+/// The record of what the passes after the switch placed on disk themselves
+/// ([`Placings`]), in the records area; none before the switch, when nobody else
+/// writes there.
+fn placings(state: &State, name: &str, window: Window) -> Result<Placings> {
+    let Some(switched) = window.disk_since else {
+        return Ok(Placings::none());
+    };
+    state.ensure_run_dir()?;
+    let path = state.placings_path(name);
+    Placings::open(&path, switched).with_context(|| format!("opening {}", path.display()))
 }
 
 /// What the application did on disk, as the deletion watch saw it (none without one).

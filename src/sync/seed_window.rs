@@ -559,8 +559,14 @@ impl SeedDeletions {
             let what = || format!("removing {}", path.join(OsStr::from_bytes(&here)).display());
             if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 // Its copies go; what the application made in it since keeps it.
-                let went = copy::remove_older(dir.as_fd(), &name, taken, Some(&mut self.unlinked))
-                    .with_context(what)?;
+                let went = copy::remove_older(
+                    dir.as_fd(),
+                    &name,
+                    taken,
+                    Some(&mut self.unlinked),
+                    &copy::Placings::none(),
+                )
+                .with_context(what)?;
                 tracing::debug!(
                     "seed: {} deleted on disk right before the switch: {went} of its copies dropped",
                     String::from_utf8_lossy(&here)

@@ -679,7 +679,7 @@ pub(crate) fn killed_at_last(sb: &Sandbox, verb: &str, spec: &Path, points: &[&s
     run_stopped(sb, verb, spec, (&failpoint, points), act, true);
 }
 
-fn run_stopped(
+pub(crate) fn run_stopped(
     sb: &Sandbox,
     verb: &str,
     spec: &Path,

@@ -357,6 +357,78 @@ fn a_killed_down_is_finished_by_the_next() {
     }
 }
 
+/// `down`'s pass after the switch stops after it wrote a file back (the disk is
+/// full, or it is killed), and a process that kept that file open in the overlay
+/// appends to it before the retry: the retry writes the append back, and writes
+/// the big file too once there is room. Before, the retry took its own earlier copy
+/// (changed after the switch) for the application's later change, and the append
+/// was lost (a hunting helper's probe, 5 of 5).
+#[test]
+fn a_retry_after_the_switch_writes_back_what_changed_since_the_first_attempt() {
+    use std::io::Write;
+    for how in ["disk full", "killed"] {
+        let sb = Sandbox::new();
+        let disk = sb.path("disk");
+        fs::create_dir(&disk).unwrap();
+        let _small = crate::common_copy::mount_tmpfs(&disk, "size=8m");
+        let cache = sb.cache_dir("disk/cache", 0, 0, 0o755);
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        let mut kept = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(cache.join("a_f"))
+            .unwrap();
+        kept.write_all(b"one\n").unwrap();
+        let filler = disk.join("filler");
+        let (code, log) = crate::no_write_lost::run_stopped(
+            &sb,
+            "down",
+            &spec,
+            (
+                "stop=after-switch,overlay-placed",
+                &["after-switch", "overlay-placed"],
+            ),
+            |i| {
+                if i == 0 {
+                    // Through the file kept open, after the first pass.
+                    kept.write_all(b"two\n").unwrap();
+                    if how == "disk full" {
+                        let big = sb.state.join("held/cache/z_big");
+                        fs::write(big, vec![7u8; 6 << 20]).unwrap();
+                        let free = nix::sys::statvfs::statvfs(&disk).unwrap();
+                        let avail = free.blocks_available() * free.fragment_size();
+                        fs::write(&filler, vec![0u8; (avail - (1 << 20)) as usize]).unwrap();
+                    }
+                }
+            },
+            how == "killed",
+        );
+        if how == "disk full" {
+            assert_eq!(code, 1, "{how}: the write-back waits for room: {log}");
+            fs::remove_file(&filler).unwrap();
+        }
+        assert_eq!(
+            fs::read_to_string(cache.join("a_f")).unwrap(),
+            "one\ntwo\n",
+            "{how}: {log}"
+        );
+        kept.write_all(b"three\n").unwrap();
+        let again = sb.run(["down", spec.to_str().unwrap()]);
+        again.code(0);
+        drop(kept);
+        assert_eq!(
+            fs::read_to_string(cache.join("a_f")).unwrap(),
+            "one\ntwo\nthree\n",
+            "{how}: the append while the write-back waited: {again}"
+        );
+        if how == "disk full" {
+            assert_eq!(fs::read(cache.join("z_big")).unwrap().len(), 6 << 20, "{how}");
+        }
+        assert_eq!(ours_left(&sb), [], "{how}: left mounted");
+    }
+}
+
 /// A directory the application made in RAM, and one it had written back, moved
 /// through the overlay after `down`'s first pass began: moving a directory changes
 /// no ctime below it, so the pass after the switch compares the whole tree of a
@@ -538,6 +610,18 @@ fn scratch<const N: usize>(names: [&str; N]) -> (tempfile::TempDir, [PathBuf; N]
     (at, dirs)
 }
 
+/// The merge of an upper layer with no record of earlier attempts' placings.
+fn merge_upper(
+    upper: &Path,
+    disk: &Path,
+    merged: Option<&Path>,
+    window: tmpfsctl::copy::overlay::Window,
+    app: &mut (dyn tmpfsctl::copy::overlay::AppOnDisk + Send),
+) -> anyhow::Result<tmpfsctl::copy::overlay::OverlayStats> {
+    let mut none = tmpfsctl::copy::Placings::none();
+    tmpfsctl::copy::overlay::merge_upper(upper, disk, merged, window, app, &mut none)
+}
+
 /// The window of `down`'s second pass: the whole upper layer, and the disk
 /// directory the application's since `switched`.
 fn after_switch(switched: (i64, i64)) -> tmpfsctl::copy::overlay::Window {
@@ -587,6 +671,62 @@ fn hard_linked_across(upper: &Path) {
     fs::write(upper.join("b/0_hook"), "hook").unwrap();
 }
 
+/// A retry of the merge after the switch knows what its earlier attempt put on
+/// disk (a file, a directory it made) from what the application changed there
+/// since: when the upper layer deleted them in between (a process working in it
+/// through a directory it kept open), the retry removes its own copies, but keeps
+/// the file the application rewrote on disk. Without the record both copies
+/// stayed, their ctimes being after the switch.
+#[test]
+fn a_retry_removes_its_own_earlier_copies_that_the_upper_layer_deleted_since() {
+    let (_at, [upper, disk, run]) = scratch(["upper", "disk", "run"]);
+    fs::create_dir(upper.join("d")).unwrap();
+    for (name, body) in [("d/g", "g"), ("f", "f"), ("h", "h")] {
+        fs::write(upper.join(name), body).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    let switched = tmpfsctl::copy::baseline::now_after_tick();
+    let record = run.join("cache.placed");
+    let mut first = tmpfsctl::copy::Placings::open(&record, switched).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(
+        &upper,
+        &disk,
+        None,
+        after_switch(switched),
+        &mut asks(|_, _| false),
+        &mut first,
+    )
+    .unwrap();
+    assert_eq!(fs::read_to_string(disk.join("d/g")).unwrap(), "g");
+    drop(first);
+    fs::remove_dir_all(upper.join("d")).unwrap();
+    for name in ["d", "f", "h"] {
+        let _ = fs::remove_file(upper.join(name));
+        whiteout(&upper.join(name));
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    fs::write(disk.join("h"), "the application's").unwrap();
+    let mut retry = tmpfsctl::copy::Placings::open(&record, switched).unwrap();
+    tmpfsctl::copy::overlay::merge_upper(
+        &upper,
+        &disk,
+        None,
+        after_switch(switched),
+        &mut asks(|_, _| false),
+        &mut retry,
+    )
+    .unwrap();
+    assert!(
+        !disk.join("f").exists(),
+        "the earlier copy of a deleted file stayed"
+    );
+    assert!(
+        !disk.join("d").exists(),
+        "the directory the earlier attempt made stayed"
+    );
+    assert_eq!(fs::read_to_string(disk.join("h")).unwrap(), "the application's");
+}
+
 /// The merge removes what the upper layer deleted after its copies. The application,
 /// on its disk directory after `down`'s switch, acts during the walk on what is still
 /// to be removed: it moves the directory holding a whited-out file away and plants a
@@ -624,8 +764,7 @@ fn the_merge_removes_what_the_upper_layer_deleted_only_where_the_walk_saw_it() {
         }
         false
     };
-    let stats =
-        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act)).unwrap();
+    let stats = merge_upper(&upper, &disk, None, window, &mut asks(&mut act)).unwrap();
     assert!(acted, "the walk did not ask about z_new");
     assert_eq!(fs::read_to_string(outside.join("x")).unwrap(), "not the tree's");
     assert_eq!(
@@ -652,14 +791,8 @@ fn the_merge_out_of_space_frees_what_the_upper_layer_deleted_and_goes_on() {
         fs::write(disk.join("a_old"), vec![1u8; 700 << 10]).unwrap();
         whiteout(&upper.join("a_old"));
         fs::write(upper.join("b_new"), vec![2u8; 700 << 10]).unwrap();
-        let stats = tmpfsctl::copy::overlay::merge_upper(
-            &upper,
-            &disk,
-            None,
-            Default::default(),
-            &mut asks(|_, _| false),
-        )
-        .expect("the merge after freeing space");
+        let stats = merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false))
+            .expect("the merge after freeing space");
         assert!(!disk.join("a_old").exists());
         assert_eq!(fs::read(disk.join("b_new")).unwrap(), vec![2u8; 700 << 10]);
         assert!(stats.removed >= 1, "{stats:?}");
@@ -691,7 +824,7 @@ fn the_merge_removes_a_deleted_directory_but_what_the_application_changed_in_it_
             _ => {}
         }
         let window = after_switch(switched);
-        tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
+        merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
         let want: BTreeMap<String, String> = match variant {
             "one added" => [
                 ("x/".into(), String::new()),
@@ -725,7 +858,7 @@ fn the_merge_goes_on_in_the_directory_it_holds_whatever_is_planted_at_its_name()
     fs::write(upper.join("m/z_payload"), "payload").unwrap();
     let window = after_switch(switched);
     let mut act = symlink_in_place_on("a_hook", disk.join("m"), disk.join("m.moved"), &outside);
-    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
+    let merged = merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
     assert!(disk.join("m.moved").exists(), "the walk did not ask about a_hook");
     let outside_now: Vec<_> = fs::read_dir(&outside)
         .unwrap()
@@ -763,7 +896,7 @@ fn the_merge_links_a_later_name_only_to_the_first_copy_it_wrote() {
     hard_linked_across(&upper);
     let window = after_switch(switched);
     let mut act = symlink_in_place_on("0_hook", disk.join("a"), disk.join("a.moved"), &outside);
-    let merged = tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
+    let merged = merge_upper(&upper, &disk, None, window, &mut asks(&mut act));
     assert!(disk.join("a.moved").exists(), "the walk did not ask about 0_hook");
     merged.unwrap();
     let theirs = fs::metadata(outside.join("f")).unwrap();
@@ -811,13 +944,7 @@ fn the_merge_links_a_later_name_to_the_first_copy_whatever_is_swapped_in_meanwhi
             }
             false
         };
-        let merged = tmpfsctl::copy::overlay::merge_upper(
-            &upper,
-            &disk,
-            None,
-            after_switch(switched),
-            &mut asks(&mut act),
-        );
+        let merged = merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act));
         stop.store(true, Ordering::Relaxed);
         racer.expect("the walk asked about 0_hook").join().unwrap();
         merged.unwrap();
@@ -848,7 +975,7 @@ fn a_failed_merge_still_gives_the_directories_it_made_their_owner_and_mode() {
         fs::write(upper.join("new/y"), vec![1u8; 2 << 20]).unwrap();
         std::os::unix::fs::chown(upper.join("new"), Some(65_534), Some(65_534)).unwrap();
         fs::set_permissions(upper.join("new"), fs::Permissions::from_mode(0o755)).unwrap();
-        let err = tmpfsctl::copy::overlay::merge_upper(
+        let err = merge_upper(
             &upper,
             &disk,
             None,
@@ -901,8 +1028,7 @@ fn the_merge_reads_the_upper_layer_only_where_it_holds_it() {
             }
             parent(dir, name)
         };
-        let merged =
-            tmpfsctl::copy::overlay::merge_upper(&u, &d, None, after_switch(switched), &mut asks(&mut act));
+        let merged = merge_upper(&u, &d, None, after_switch(switched), &mut asks(&mut act));
         tx.send(merged.map_err(|e| format!("{e:#}"))).unwrap();
     });
     let Ok(merged) = rx.recv_timeout(Duration::from_secs(20)) else {
@@ -963,8 +1089,7 @@ fn the_removals_restore_a_directory_from_the_upper_one_the_walk_held() {
         }
         false
     };
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act))
-        .unwrap();
+    merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act)).unwrap();
     assert!(upper.join("a.x").exists(), "the walk did not ask about z_new");
     assert!(!disk.join("a/old").exists());
     let md = fs::metadata(disk.join("a")).unwrap();
@@ -1001,8 +1126,7 @@ fn a_directory_the_user_made_in_place_of_roots_is_its_only_once_emptied() {
         }
         false
     };
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act))
-        .unwrap();
+    merge_upper(&upper, &disk, None, after_switch(switched), &mut asks(&mut act)).unwrap();
     assert_eq!(
         *seen.lock().unwrap(),
         Some((0, 0o700)),
@@ -1047,8 +1171,7 @@ fn a_directory_below_an_opaque_one_is_the_whole_directory_too() {
     use std::os::unix::fs::MetadataExt;
     let (_at, [upper, disk]) = scratch(["upper", "disk"]);
     users_private_over_roots(&upper, &disk, false);
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false))
-        .unwrap();
+    merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false)).unwrap();
     assert_eq!(
         tree(&disk).into_keys().collect::<Vec<_>>(),
         ["private/", "private/sub/"]
@@ -1075,13 +1198,7 @@ fn a_directory_is_opened_only_once_every_removal_below_it_is_made() {
         assert!(done.success(), "chattr {f}");
     };
     chattr("+i");
-    let merged = tmpfsctl::copy::overlay::merge_upper(
-        &upper,
-        &disk,
-        None,
-        Default::default(),
-        &mut asks(|_, _| false),
-    );
+    let merged = merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false));
     chattr("-i");
     assert!(merged.is_err(), "the immutable file was removed");
     assert!(
@@ -1122,7 +1239,7 @@ fn the_merge_replacing_a_directory_keeps_what_the_application_made_in_it_since()
     fs::write(upper.join("t"), "a file now").unwrap();
     fs::write(disk.join("t/new"), "the application's").unwrap();
     let window = after_switch(switched);
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
+    merge_upper(&upper, &disk, None, window, &mut asks(|_, _| false)).unwrap();
     let want: BTreeMap<String, String> = [
         ("t/".into(), String::new()),
         ("t/new".into(), "the application's".into()),
@@ -1143,8 +1260,7 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
     let rel: PathBuf = std::iter::repeat_n("d", 1500).collect();
     fs::create_dir_all(upper.join(&rel)).unwrap();
     fs::write(upper.join(&rel).join("f"), "deep").unwrap();
-    tmpfsctl::copy::overlay::merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false))
-        .unwrap();
+    merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false)).unwrap();
     assert_eq!(fs::read_to_string(disk.join(&rel).join("f")).unwrap(), "deep");
 
     let mut fd = std::os::fd::OwnedFd::from(fs::File::open(upper.join(&rel)).unwrap());
@@ -1152,14 +1268,7 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
         mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
         fd = openat(&fd, "d", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
     }
-    let stats = tmpfsctl::copy::overlay::merge_upper(
-        &upper,
-        &disk,
-        None,
-        Default::default(),
-        &mut asks(|_, _| false),
-    )
-    .unwrap();
+    let stats = merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false)).unwrap();
     assert_eq!(stats.dirs, 1000, "{stats:?}");
     // Too long a path for `remove_dir_all` of the scratch directory.
     let rm = std::process::Command::new("rm")

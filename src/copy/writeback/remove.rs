@@ -23,6 +23,7 @@ use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, src_err, CopyError, Failed};
 use crate::copy::ops::{atime, file_type, mtime, open_below, open_dst_dir, split_parent};
 use crate::copy::place::{remove_seen, Seen};
+use crate::copy::placings::Placings;
 use crate::copy::scan::{read_names, Name};
 use crate::copy::temp::{is_temp, TempNames};
 
@@ -608,13 +609,15 @@ impl Rule for Tree {
 /// own ctime, while it is that directory; what is in it is decided as above.
 /// `linked`: where to note the inodes of removed files that have another name
 /// (removing a name changes the inode's ctime, which the other name would then show
-/// as a change of its own).
+/// as a change of its own). `placed`: what an earlier attempt of the same write-back
+/// put there itself since `before`, which counts as older (a file it placed,
+/// unchanged since; a directory it made, entered).
 pub(super) fn remove_older(
     parent: BorrowedFd<'_>,
     name: &CStr,
     before: Time,
     dev: u64,
-    (decided, linked): (Option<u64>, Option<&mut HashSet<u64>>),
+    (decided, linked, placed): (Option<u64>, Option<&mut HashSet<u64>>, &Placings),
 ) -> Result<u64, Failed> {
     let mut rule = Older {
         before,
@@ -622,6 +625,7 @@ pub(super) fn remove_older(
         temps: TempNames::new(),
         decided,
         linked,
+        placed,
     };
     remove_walk(parent, name, b"", &mut rule).map(|(removed, _)| removed)
 }
@@ -635,6 +639,7 @@ struct Older<'l> {
     /// `enter`.
     decided: Option<u64>,
     linked: Option<&'l mut HashSet<u64>>,
+    placed: &'l Placings,
 }
 
 impl Rule for Older<'_> {
@@ -648,7 +653,9 @@ impl Rule for Older<'_> {
         let decided = self.decided.take();
         if st.st_dev != self.dev
             || decided.is_some_and(|ino| ino != st.st_ino)
-            || (decided.is_none() && (st.st_ctime, st.st_ctime_nsec) >= self.before)
+            || (decided.is_none()
+                && (st.st_ctime, st.st_ctime_nsec) >= self.before
+                && !self.placed.made_dir(fd.as_fd()))
         {
             return Ok(None);
         }
@@ -664,7 +671,7 @@ impl Rule for Older<'_> {
         if file_type(&d) == libc::S_IFDIR {
             return Ok(Step::Enter);
         }
-        if (d.st_ctime, d.st_ctime_nsec) < self.before {
+        if (d.st_ctime, d.st_ctime_nsec) < self.before || self.placed.placed_file(&d) {
             if let Some(linked) = self.linked.as_mut().filter(|_| d.st_nlink > 1) {
                 linked.insert(d.st_ino);
             }
