@@ -767,8 +767,12 @@ impl Merge<'_> {
                 }
             }
             let df = open_dir_as(&d, &shown)?;
-            if made_here {
-                self.note_placed(&df, &shown)?;
+            if made_here && self.window.disk_since.is_some() {
+                let md = df.metadata().with_context(|| ctx("stat", &shown))?;
+                let parent = d_dir.open()?;
+                self.placed
+                    .note_dir(&md, parent.as_fd(), name)
+                    .map_err(|e| placings_failed(e, &shown))?;
             }
             let held = via(&df);
             let walked = self.dir(
@@ -828,12 +832,6 @@ impl Merge<'_> {
         Ok(disk.is_none())
     }
 
-    /// Notes the directory `dir` (shown as `shown`) as made by this pass.
-    fn note_placed(&mut self, dir: &File, shown: &Path) -> Result<()> {
-        let md = dir.metadata().with_context(|| ctx("stat", shown))?;
-        self.placed.note(&md).map_err(|e| placings_failed(e, shown))
-    }
-
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
     /// A directory never wins over a directory (the walk merges the two), but one
@@ -866,7 +864,14 @@ impl Merge<'_> {
         let Some(since) = self.window.disk_since else {
             return false;
         };
-        if !md.is_dir() || ctime(md) < since || self.placed.placed(md) {
+        if !md.is_dir() || ctime(md) < since {
+            return false;
+        }
+        // Made there by an earlier attempt of this write-back, and still there.
+        if d_dir
+            .open()
+            .is_ok_and(|parent| self.placed.made_dir(md, parent.as_fd(), name))
+        {
             return false;
         }
         let made_since = md

@@ -671,6 +671,65 @@ fn hard_linked_across(upper: &Path) {
     fs::write(upper.join("b/0_hook"), "hook").unwrap();
 }
 
+/// A directory the first attempt after the switch made on disk, which the
+/// application then moves (to another name in an opaque directory, or over a file
+/// the upper layer changed), is the application's to the retry, with the file the
+/// attempt wrote in it. A first version of the record of placings took it for the
+/// attempt's own wherever it was, and the retry removed it with its file (a review
+/// helper's probes, 3 of 3 and 4 of 4).
+#[test]
+fn a_directory_the_first_attempt_made_and_the_application_moved_stays_whole() {
+    for how in ["renamed", "over a file"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        let spec = overlay_spec(&sb, &cache, "");
+        sb.run(["apply", spec.to_str().unwrap()]).code(0);
+        fs::create_dir(cache.join("P")).unwrap();
+        fs::write(cache.join("P/p"), "p").unwrap();
+        fs::write(cache.join("z_N"), "old").unwrap();
+        crate::no_write_lost::run_stopped(
+            &sb,
+            "down",
+            &spec,
+            (
+                "stop=after-hold,overlay-placed",
+                &["after-hold", "overlay-placed"],
+            ),
+            |i| {
+                if i == 0 {
+                    // After the first pass: only the pass after the switch writes these.
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                    fs::write(cache.join("P/D/f"), "precious").unwrap();
+                    fs::write(cache.join("z_N"), "new in RAM").unwrap();
+                }
+            },
+            true,
+        );
+        assert_eq!(
+            fs::read_to_string(cache.join("P/D/f")).unwrap(),
+            "precious",
+            "{how}"
+        );
+        let moved = match how {
+            "renamed" => cache.join("P/E"),
+            _ => {
+                fs::remove_file(cache.join("z_N")).ok();
+                cache.join("z_N")
+            }
+        };
+        fs::rename(cache.join("P/D"), &moved).unwrap();
+        let again = sb.run(["down", spec.to_str().unwrap()]);
+        again.code(0);
+        assert_eq!(
+            fs::read_to_string(moved.join("f")).ok().as_deref(),
+            Some("precious"),
+            "{how}: {again}\n{:?}",
+            tree(&cache)
+        );
+        assert_eq!(ours_left(&sb), [], "{how}: left mounted");
+    }
+}
+
 /// A retry of the merge after the switch knows what its earlier attempt put on
 /// disk (a file, a directory it made) from what the application changed there
 /// since: when the upper layer deleted them in between (a process working in it

@@ -9,8 +9,9 @@
 //! name the walk reaches later, and a power cut in between would leave it on none.
 
 use std::collections::HashSet;
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use nix::dir::Type;
 use nix::errno::Errno;
@@ -655,7 +656,9 @@ impl Rule for Older<'_> {
             || decided.is_some_and(|ino| ino != st.st_ino)
             || (decided.is_none()
                 && (st.st_ctime, st.st_ctime_nsec) >= self.before
-                && !self.placed.made_dir(fd.as_fd()))
+                && !self
+                    .placed
+                    .made_dir_fd(fd.as_fd(), parent, OsStr::from_bytes(name.to_bytes())))
         {
             return Ok(None);
         }
