@@ -34,7 +34,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::baseline::{now_coarse, Mark, Marks, Sig, Time};
 use super::error::{dst_err, journal_err, CopyError, Failed};
 use super::journal::Journal;
-use super::ops::{descriptors_roomy, Transfer};
+use super::ops::{descriptors_roomy, direct_writes_suit, Transfer};
 use super::place::{put_in_place, remove_seen, DiskDeletions, Place, Placed, Seen};
 use super::temp::{create_temp_file, TempNames};
 
@@ -344,8 +344,9 @@ fn work(
     let mut temps = TempNames::new();
     let mut transfer = Transfer::default();
     let mut batch = Vec::with_capacity(batch_max);
-    // The destination's filesystem, and whether a syncfs suits it: one per pass.
-    let mut suits: Option<(u64, bool)> = None;
+    // The destination's filesystem, and whether a syncfs and direct writes suit it:
+    // one per pass.
+    let mut suits: Option<(u64, (bool, bool))> = None;
     loop {
         {
             let queue = queue.lock().expect("no worker panics holding it");
@@ -367,6 +368,17 @@ fn work(
             // as a pass that rewrites them needs.
             let share = room_left(&batch) / (2 * WORKERS as u64);
             let errors_from_now = error_watch(&batch);
+            let (syncfs_suit, direct_suit) = errors_from_now.as_ref().map_or((false, false), |fs| {
+                let dev = stat::fstat(fs).map_or(0, |st| st.st_dev);
+                match suits {
+                    Some((d, yes)) if d == dev => yes,
+                    _ => {
+                        let yes = (syncfs_suits(fs.as_fd()), direct_writes_suit(fs.as_fd()));
+                        suits.insert((dev, yes)).1
+                    }
+                }
+            });
+            transfer.direct_writes = direct_suit;
             let mut held = 0u64;
             let mut written = Vec::with_capacity(batch.len());
             for job in &mut batch {
@@ -385,14 +397,8 @@ fn work(
             }
             let n = written.len();
             let files = written.iter().filter(|w| matches!(w, Some(Ok(_)))).count();
-            let synced = errors_from_now.is_some_and(|fs| {
-                let dev = stat::fstat(&fs).map_or(0, |st| st.st_dev);
-                let suits = match suits {
-                    Some((d, yes)) if d == dev => yes,
-                    _ => suits.insert((dev, syncfs_suits(fs.as_fd()))).1,
-                };
-                suits && sync_together(fs.as_fd(), files, held)
-            });
+            let synced =
+                errors_from_now.is_some_and(|fs| syncfs_suit && sync_together(fs.as_fd(), files, held));
             // A job queued before another failed is still done: a failed pass still
             // makes the removals it decided once these are (see
             // `Syncer::remove_deferred`), and one may be of a disk name whose data the
