@@ -676,3 +676,52 @@ fn a_full_pass_keeps_what_a_disk_move_brought_over_agreed_ram_files() {
         assert_eq!(fs::read_to_string(dst.join("old/f")).unwrap(), "the RAM's");
     });
 }
+
+/// Two RAM directories swapped (by a third name): `b/x`, a directory of its own
+/// owner and mode whose ctime the move of its parent leaves older than the
+/// baseline, arrives at `a/x`, where the disk has a file. The directory the pass
+/// makes there gets the RAM's owner and mode, tracked or not (before, it stayed
+/// root's and 0700 for good: a hunting helper's probe, 4 of 4).
+#[test]
+fn a_directory_that_arrives_through_a_move_above_gets_the_rams_owner_and_mode() {
+    use std::os::unix::fs::chown;
+    for tracked in [false, true] {
+        with_trees(|src, dst| {
+            for d in ["a", "b", "b/x"] {
+                fs::create_dir(src.join(d)).unwrap();
+            }
+            fs::write(src.join("a/x"), "a file").unwrap();
+            fs::write(src.join("b/x/in"), "inside").unwrap();
+            chown(src.join("b/x"), Some(1000), Some(1000)).unwrap();
+            fs::set_permissions(src.join("b/x"), fs::Permissions::from_mode(0o755)).unwrap();
+            let mut tracker = tracked.then(|| {
+                ChangeTracker::start(fs::File::open(src).unwrap())
+                    .expect("fanotify with FAN_REPORT_DFID_NAME")
+            });
+            tick();
+            let base = pass(src, dst, &Baseline::none(), None).baseline;
+            tick();
+            fs::rename(src.join("a"), src.join("t")).unwrap();
+            fs::rename(src.join("b"), src.join("a")).unwrap();
+            fs::rename(src.join("t"), src.join("b")).unwrap();
+            tick();
+            pass(src, dst, &base, tracker.as_mut());
+            let (ram, disk) = (
+                fs::metadata(src.join("a/x")).unwrap(),
+                fs::metadata(dst.join("a/x")).unwrap(),
+            );
+            let case = format!("tracked: {tracked}");
+            assert!(disk.is_dir(), "{case}");
+            assert_eq!(
+                (disk.uid(), disk.gid(), disk.mode() & 0o7777),
+                (ram.uid(), ram.gid(), ram.mode() & 0o7777),
+                "{case}"
+            );
+            assert_eq!(
+                fs::read_to_string(dst.join("a/x/in")).unwrap(),
+                "inside",
+                "{case}"
+            );
+        });
+    }
+}

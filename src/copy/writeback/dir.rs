@@ -139,8 +139,11 @@ impl Syncer<'_, '_> {
             }
         };
         // A directory the application made on disk while the pass ran keeps its own
-        // metadata: the later change.
-        let ram_meta = ram_meta && !raced;
+        // metadata: the later change. One this pass made has none worth keeping (it is
+        // root's and closed): it gets the RAM's, whatever the RAM directory's ctime (one
+        // that reached its path through a move of a directory above keeps an older
+        // one, and was left root's 0700 for good: a hunting helper's probe).
+        let ram_meta = (ram_meta || changed) && !raced;
         // Earlier directories here the application deleted while this pass ran.
         let gone = self
             .deletions
