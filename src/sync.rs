@@ -176,6 +176,7 @@ pub fn sync_one(
     let started = Instant::now();
     let mut whole_tree = None;
     let (mut raced, mut freed, mut deleted_before) = (std::collections::HashSet::new(), false, 0);
+    let mut unread = false;
     // The disk inodes whose ctime a pass changed by unlinking another of their names:
     // a pass that starts again must not take that for the application's change.
     let mut touched = std::collections::HashSet::new();
@@ -186,6 +187,8 @@ pub fn sync_one(
             Some("a pass that ran out of space starts again")
         } else if !raced.is_empty() {
             Some("the application changed the disk directory under the last pass")
+        } else if unread {
+            Some("the RAM changed where the tracked pass before it read nothing")
         } else {
             None
         };
@@ -200,6 +203,13 @@ pub fn sync_one(
                     "{}: {e:#}: the application changed the disk directory under the write-back, which starts again ({} of at most {PASSES_AFTER_A_RACE})",
                     m.name,
                     raced.len()
+                );
+            }
+            Err(e) if !unread && copy_error(&e, copy::CopyError::is_changed_unread) => {
+                unread = true;
+                tracing::info!(
+                    "{}: {e:#}: the write-back starts again, reading the whole tree",
+                    m.name
                 );
             }
             Err(e) if !freed && freed_by(&e).is_some() => {

@@ -41,6 +41,15 @@ pub enum CopyError {
     /// them last): another pass may fit in the space they held.
     #[error(transparent)]
     SpaceFreed(Box<Freed>),
+    /// A tracked pass found the RAM changed, after the change tracker answered,
+    /// below a directory it did not read (`dir`): a file the RAM moved there from a
+    /// name the pass is to remove would be on no disk name. It removed nothing; a
+    /// pass that reads the whole tree follows.
+    #[error(
+        "the RAM changed below `{}` after the change tracker answered, where this pass read nothing",
+        .dir.display()
+    )]
+    ChangedUnread { dir: PathBuf },
 }
 
 /// The error of a write-back that ran out of space, and how many entries it removed
@@ -72,7 +81,7 @@ impl CopyError {
                 matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
             }
             CopyError::SpaceFreed(_) => true,
-            CopyError::Journal { .. } => false,
+            CopyError::Journal { .. } | CopyError::ChangedUnread { .. } => false,
         }
     }
 
@@ -88,6 +97,10 @@ impl CopyError {
     /// A directory of the copy vanished under the walk: removed by someone else (an
     /// application working in the on-disk directory while a held tmpfs is written
     /// back). A new pass finds the tree as it is now.
+    pub fn is_changed_unread(&self) -> bool {
+        matches!(self, CopyError::ChangedUnread { .. })
+    }
+
     pub fn is_gone_in_copy(&self) -> bool {
         matches!(self, CopyError::Destination { source, .. } if source.raw_os_error() == Some(libc::ENOENT))
     }

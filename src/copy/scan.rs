@@ -223,6 +223,11 @@ impl Scan<'_> {
                 .map_err(src_err("stat"))
                 .map_err(|f| (f, self.rel.path(Some(&name))))?;
             self.rel.push(&name);
+            // Moved or renamed after the tracker answered (or changed in it): what
+            // the answer says of the paths below may be of another directory, so
+            // all of it is read, as in one moved in. (The root's ctime is never
+            // asked: the question's barrier moves it.)
+            let in_new = in_new || self.filter.is_some_and(|f| f.changed_since_asked(&st));
             match self.enter(opened, st, in_new) {
                 Ok(Some(child)) => stack.push(child),
                 Ok(None) => return Ok(()),

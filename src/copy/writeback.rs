@@ -385,6 +385,7 @@ fn sync_pass(
             linked_changed: false,
             deferred: Vec::new(),
             deferred_meta: Vec::new(),
+            skipped: HashSet::new(),
         };
         syncer.reporter.stats.tracked = syncer.tracked;
         let walked = syncer.run(dst_fd);
@@ -402,8 +403,18 @@ fn sync_pass(
             failed if !complete => failed.map_or(Ok(()), Err),
             None => {
                 crate::failpoint::hit("before-removals", "");
-                syncer.remove_deferred(dst_root.as_fd()).and_then(|_| {
-                    let (src_root, _) = open_root_dir(src, true)?;
+                open_root_dir(src, true).and_then(|(src_root, _)| {
+                    // A file the RAM moved after the answer, from a name to remove
+                    // into a directory this pass did not read, is on no disk name
+                    // once that name goes: nothing goes, and a whole pass follows.
+                    let unread = filter
+                        .as_ref()
+                        .filter(|_| !syncer.deferred.is_empty())
+                        .and_then(|f| f.changed_unread(&syncer.skipped, src_root.as_fd()));
+                    if let Some(dir) = unread {
+                        return Err(CopyError::ChangedUnread { dir: rel_path(&dir) });
+                    }
+                    syncer.remove_deferred(dst_root.as_fd())?;
                     syncer.apply_deferred_meta(src_root.as_fd(), dst_root.as_fd())
                 })
             }
@@ -678,6 +689,8 @@ struct Syncer<'p, 'b> {
     /// Directories' owner and mode that would open what the removals take away,
     /// applied after them.
     deferred_meta: Vec<remove::DeferredMeta>,
+    /// The RAM directories a tracked pass did not read (see `tracked`).
+    skipped: HashSet<Box<[u8]>>,
 }
 
 /// What syncing one step did to the parent directory and where the walk goes next.

@@ -48,6 +48,25 @@ pub(crate) fn pass_then(
             answer
         }
     });
+    match merge(
+        src,
+        dst,
+        base,
+        ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
+    ) {
+        // As `sync` does: a whole pass follows one that found the RAM changed where
+        // it read nothing.
+        Err(e) if e.is_changed_unread() => merge(src, dst, base, None).expect("the whole pass after it"),
+        done => done.expect("write-back"),
+    }
+}
+
+fn merge<'a>(
+    src: &Path,
+    dst: &Path,
+    base: &'a Baseline,
+    dirty: Option<&'a mut dyn FnMut() -> Option<Dirty>>,
+) -> Result<Synced, tmpfsctl::copy::CopyError> {
     sync_tree(
         src,
         dst,
@@ -55,14 +74,13 @@ pub(crate) fn pass_then(
             base,
             journal: None,
             deletions: None,
-            dirty: ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
+            dirty,
             barriers: None,
             copied: None,
             touched: None,
         },
         None,
     )
-    .expect("write-back")
 }
 
 /// A directory: `dN` or `dN/sM` or `dN/sM/tK`.

@@ -180,3 +180,76 @@ fn a_directory_moved_over_another_after_the_answer_keeps_its_data_on_disk() {
         "M:",
     );
 }
+
+/// A file, and a directory, moved after the tracker answered from a directory the
+/// pass reads into one below a directory it skips (a move two levels down leaves
+/// that one's ctime as it was): the pass removes nothing and a whole pass follows,
+/// which writes them at their new paths. Before, the pass removed the old name and
+/// never wrote the new one, and the data was on no disk name until the next pass (a
+/// hunting helper's probe, 3 of 3).
+#[test]
+fn a_move_into_an_unread_directory_after_the_answer_keeps_the_data_on_disk() {
+    for (moved, data) in [("d/f", "F:"), ("d/s", "S:")] {
+        let to = format!("A/B/{}", &moved[2..]);
+        after_the_answer(
+            &[
+                ("d/f", "F: a file that moves"),
+                ("d/s/in", "S: in a directory that moves"),
+                ("A/B/g", "G"),
+            ],
+            |src| fs::rename(src.join(moved), src.join(&to)).unwrap(),
+            &["d/f", "d/s/in", "A/B/f", "A/B/s/in"],
+            data,
+        );
+    }
+}
+
+/// Two directories swapped after the tracker answered, each with a subdirectory `c`
+/// the answer says nothing of (as at the paths before), where a file rewritten in
+/// place before the answer now lies below the other name: every directory changed
+/// after the answer is read as a whole, so the rewrite is written where it is now,
+/// not left to a skip of `e/c` while `d/c/f` goes (a hunting helper's probe, 3 of 3).
+#[test]
+fn directories_swapped_after_the_answer_keep_a_rewrite_below_them_on_disk() {
+    for by_exchange in [false, true] {
+        with_trees(|src, dst| {
+            for d in ["d/c", "e/c"] {
+                fs::create_dir_all(src.join(d)).unwrap();
+            }
+            fs::write(src.join("d/c/f"), "F v1").unwrap();
+            fs::write(src.join("e/c/g"), "G").unwrap();
+            let mut tracker = start(src);
+            tick();
+            let base = pass(src, dst, &Baseline::none(), None).baseline;
+            tick();
+            fs::OpenOptions::new()
+                .write(true)
+                .open(src.join("d/c/f"))
+                .unwrap()
+                .write_all_at(b"F v2", 0)
+                .unwrap();
+            tick();
+            pass_then(src, dst, &base, Some(&mut tracker), || {
+                if by_exchange {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &src.join("d"),
+                        nix::fcntl::AT_FDCWD,
+                        &src.join("e"),
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                } else {
+                    fs::rename(src.join("d"), src.join("t")).unwrap();
+                    fs::rename(src.join("e"), src.join("d")).unwrap();
+                    fs::rename(src.join("t"), src.join("e")).unwrap();
+                }
+            });
+            assert_eq!(
+                fs::read_to_string(dst.join("e/c/f")).ok().as_deref(),
+                Some("F v2"),
+                "exchange: {by_exchange}"
+            );
+        });
+    }
+}

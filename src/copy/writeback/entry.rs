@@ -62,6 +62,7 @@ impl Syncer<'_, '_> {
         };
         if entry.skipped {
             // Unchanged on both sides since the baseline (see `tracked`).
+            self.skipped.insert(path.as_slice().into());
             self.reporter.stats.unchanged += self.carry(&path);
             self.reporter.stats.dirs_skipped += 1;
             return Ok(Stepped::default());

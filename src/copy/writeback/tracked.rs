@@ -15,7 +15,10 @@
 //!   `fstatat` per directory of the baseline).
 //!
 //! A skipped subtree is then unchanged on both sides since the baseline, and a full
-//! pass would only have confirmed its records. One case a directory cannot tell: a
+//! pass would only have confirmed its records, as long as nothing changes in it after
+//! the tracker answered: a pass with names to remove checks that first
+//! ([`Filter::changed_unread`]), and the scan reads all of a directory changed after
+//! the answer. One case a directory cannot tell: a
 //! hard-linked file changed through a name in another directory. A pass that meets a
 //! changed multiply-linked file (or one new at its path: in a directory moved in)
 //! asks for a full pass after it ([`super::sync_tree`]).
@@ -150,6 +153,39 @@ impl Filter {
     /// and no disk directory of the baseline changed.
     pub(crate) fn nothing_changed(&self) -> bool {
         self.quiet && self.enter.len() == 1
+    }
+
+    /// The first directory the baseline records at or below one of `skipped` (paths
+    /// of directories the pass did not read) that changed after the answer, is gone
+    /// or is no directory now, in the RAM at `src`. The application may have moved a
+    /// file there from a name the pass read as deleted (a move into a subdirectory
+    /// leaves the ctimes above it as they were), and the pass did not write it.
+    pub(crate) fn changed_unread(
+        &self,
+        skipped: &HashSet<Box<[u8]>>,
+        src: BorrowedFd<'_>,
+    ) -> Option<Box<[u8]>> {
+        let below_skipped = |path: &[u8]| {
+            let mut at = path;
+            loop {
+                if skipped.contains(at) {
+                    return true;
+                }
+                if at.is_empty() {
+                    return false;
+                }
+                at = split_parent(at).0;
+            }
+        };
+        self.known
+            .iter()
+            .filter(|path| !path.is_empty() && below_skipped(path))
+            .find(|path| {
+                stat::fstatat(src, &path[..], AtFlags::AT_SYMLINK_NOFOLLOW).map_or(true, |st| {
+                    file_type(&st) != libc::S_IFDIR || self.changed_since_asked(&st)
+                })
+            })
+            .cloned()
     }
 
     /// The directories the baseline records.
