@@ -55,10 +55,14 @@ fn main() -> ExitCode {
                 .map(|(s, n)| (tmpfsctl::state::State::new(Path::new(s)), n));
             timed(|| {
                 let err = |e: anyhow::Error| std::io::Error::other(format!("{e:#}"));
-                let base = match &base_file {
+                let mut base = match &base_file {
                     Some(f) => Baseline::load(f).map_err(|e| err(e.into()))?.unwrap_or_default(),
                     None => Baseline::none(),
                 };
+                // What an interrupted pass established, as `tmpfsctl sync` reads it.
+                if let Some(f) = &base_file {
+                    tmpfsctl::copy::Journal::replay(&f.with_extension("journal"), &mut base)?;
+                }
                 // As `tmpfsctl sync` does: a journal beside the baseline.
                 let journal = match &base_file {
                     Some(f) => Some(tmpfsctl::copy::Journal::open(

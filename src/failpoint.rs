@@ -26,7 +26,8 @@
 //! `before-writeback` as the write-back of a held tmpfs starts (`down`'s after its
 //! switch, the agent's on its worker); `overlay-placed` (of any mount) each time a
 //! `seed: overlay` write-back after its switch has put a file on disk and recorded
-//! that.
+//! that; `dir-made` (of any mount) each time a write-back has made a directory on
+//! disk and recorded that, before it gives it its owner and mode.
 
 use std::time::{Duration, Instant};
 

@@ -156,6 +156,9 @@ pub struct Baseline {
     /// linked a name of while others stayed (see
     /// [`Merge::touched`](super::Merge::touched)). Not saved.
     pub touched: std::collections::HashSet<u64>,
+    /// The disk directories an interrupted pass's journal says it made, by
+    /// [`super::journal::made_key`]. Not saved.
+    pub made: std::collections::HashSet<Box<[u8]>>,
 }
 
 impl Baseline {
@@ -334,6 +337,7 @@ impl Baseline {
             placing_before: HashMap::new(),
             replayed: false,
             touched: Default::default(),
+            made: Default::default(),
         })
     }
 

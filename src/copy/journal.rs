@@ -59,6 +59,7 @@ fn header(base_taken: Option<Time>) -> Vec<u8> {
 /// removed, and a disk inode one of whose names went while others stay.
 const GONE: u8 = 0xff;
 const TOUCHED: u8 = 0xfe;
+const MADE: u8 = 0xfd;
 
 /// One journal record.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +71,9 @@ enum Noted {
     /// lose a name or gain one: its ctime is the pass's, not the application's (see
     /// [`Merge::touched`](super::Merge::touched)).
     Touched,
+    /// The pass made the disk directory whose inode and birth time the record's path
+    /// holds (see [`Journal::note_made`]).
+    Made,
 }
 
 fn record(path: &[u8], noted: &Noted) -> Vec<u8> {
@@ -81,6 +85,7 @@ fn record(path: &[u8], noted: &Noted) -> Vec<u8> {
         }
         Noted::Gone => Some(GONE),
         Noted::Touched => Some(TOUCHED),
+        Noted::Made => Some(MADE),
     };
     if let Some(kind) = own {
         out.extend_from_slice(&(path.len() as u32).to_le_bytes());
@@ -99,6 +104,7 @@ fn own<'a>(r: &mut RecordReader<'a>) -> Option<(&'a [u8], Noted)> {
     match r.take(1).ok()? {
         [GONE] => Some((path, Noted::Gone)),
         [TOUCHED] => Some((path, Noted::Touched)),
+        [MADE] => Some((path, Noted::Made)),
         _ => None,
     }
 }
@@ -189,6 +195,14 @@ impl Journal {
         (&self.file).write_all(&record(&ino.to_le_bytes(), &Noted::Touched))
     }
 
+    /// Records that the pass made the disk directory `ino` (born at `born`, where
+    /// the filesystem keeps birth times), root's and closed until the walk leaves it
+    /// with its owner and mode: a retry after a kill in between must still give them
+    /// (it stayed root's 0700 for good: a review helper's probe).
+    pub fn note_made(&self, ino: u64, born: Option<Time>) -> io::Result<()> {
+        (&self.file).write_all(&record(&made_key(ino, born), &Noted::Made))
+    }
+
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
     /// established; returns how many. A missing, foreign or damaged journal adds nothing.
     pub fn replay(path: &Path, base: &mut Baseline) -> io::Result<usize> {
@@ -215,6 +229,10 @@ impl Journal {
                     }
                     continue;
                 }
+                Noted::Made => {
+                    base.made.insert(p);
+                    continue;
+                }
             };
             // The record a placing replaces is no longer there if the path (or one
             // above it) was removed since it was made.
@@ -239,6 +257,15 @@ impl Journal {
         }
         Ok(n)
     }
+}
+
+/// How [`Journal::note_made`] keys a directory, and [`Baseline::made`] holds it.
+pub fn made_key(ino: u64, born: Option<Time>) -> Vec<u8> {
+    let mut key = ino.to_le_bytes().to_vec();
+    if let Some(t) = born {
+        put_time(&mut key, t);
+    }
+    key
 }
 
 /// Whether `p`, or a path above it, was recorded as removed after `p`'s own last

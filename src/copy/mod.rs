@@ -45,6 +45,7 @@ pub use baseline::Baseline;
 pub use error::CopyError;
 pub use journal::Journal;
 pub use measure::{measure, TreeSize};
+pub use ops::born;
 pub use place::DiskDeletions;
 pub use placings::Placings;
 pub use seed::{copy_tree, replace_with_copy, seed_tree, CopyStats};

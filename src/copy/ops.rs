@@ -18,6 +18,7 @@ use nix::sys::stat::{self, FileStat, Mode};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{self, Gid, Uid, Whence};
 
+use super::baseline::Time;
 use super::error::{dst_err, failed, src_err, CopyError, Failed};
 use super::made::{self, Attrs};
 use super::xattrs::{self, XattrBufs, XattrTarget};
@@ -256,6 +257,31 @@ pub(super) fn direct_writes_suit(dir: BorrowedFd<'_>) -> bool {
         let t = fs.filesystem_type();
         t == EXT4_SUPER_MAGIC || t == XFS_SUPER_MAGIC
     })
+}
+
+/// When `name` in `dir` was born (`statx`'s `STATX_BTIME`), where the filesystem
+/// records it.
+pub fn born(dir: BorrowedFd<'_>, name: &CStr) -> Option<Time> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `name` is NUL-terminated and `stx` is a writable statx buffer that
+    // outlives the call; the kernel writes at most its size.
+    let r = unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 },
+            libc::STATX_BTIME,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
+    // field is initialised either way).
+    let stx = unsafe { stx.assume_init() };
+    (stx.stx_mask & libc::STATX_BTIME != 0)
+        .then_some((stx.stx_btime.tv_sec, i64::from(stx.stx_btime.tv_nsec)))
 }
 
 /// Alignment of memory, offsets and lengths for `O_DIRECT`: the largest logical block

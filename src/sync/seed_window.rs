@@ -32,8 +32,8 @@
 //! be the disk's own to the next write-back, which keeps it.
 
 use std::collections::HashSet;
-use std::ffi::{CStr, CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -674,7 +674,7 @@ impl SeedDeletions {
             Ok(st) => {
                 tracing::debug!("seed: {} deleted on disk during the seed, there again", path());
                 self.again.push((handle, name));
-                let born = born(on_disk.as_fd(), &c_name);
+                let born = copy::born(on_disk.as_fd(), &c_name);
                 Now::Again(rel, c_name, st, born)
             }
             Err(_) => Now::Elsewhere,
@@ -754,31 +754,6 @@ fn unchanged_since(
         stat_beneath(root, &rel[..end])
             .is_ok_and(|st| (st.st_ctime, st.st_ctime_nsec) < taken || ours.contains(&st.st_ino))
     })
-}
-
-/// When `name` in `dir` was born (`statx`'s `STATX_BTIME`), where the filesystem
-/// records it.
-fn born(dir: BorrowedFd<'_>, name: &CStr) -> Option<Time> {
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `name` is NUL-terminated and `stx` is a writable statx buffer that
-    // outlives the call; the kernel writes at most its size.
-    let r = unsafe {
-        libc::statx(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 },
-            libc::STATX_BTIME,
-            stx.as_mut_ptr(),
-        )
-    };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: statx succeeded, so it filled the buffer (zeroed before, so every
-    // field is initialised either way).
-    let stx = unsafe { stx.assume_init() };
-    (stx.stx_mask & libc::STATX_BTIME != 0)
-        .then_some((stx.stx_btime.tv_sec, i64::from(stx.stx_btime.tv_nsec)))
 }
 
 /// The paths the seed recorded copying below the directories `partly` (relative

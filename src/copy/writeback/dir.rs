@@ -131,6 +131,8 @@ impl Syncer<'_, '_> {
                 if made {
                     changed = true;
                     self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
+                    self.journal_made(&st, crate::copy::born(fd.as_fd(), c""))?;
+                    crate::failpoint::hit("dir-made", "");
                     (fd, None)
                 } else {
                     raced = true;

@@ -9,9 +9,10 @@ use std::os::unix::ffi::OsStrExt;
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 
-use crate::copy::baseline::{self, Decision, Disk, Mark, Ram, Sig, Verdict};
+use crate::copy::baseline::{self, Decision, Disk, Mark, Ram, Sig, Time, Verdict};
 use crate::copy::error::{dst_err, journal_err, Failed};
-use crate::copy::ops::file_type;
+use crate::copy::journal::made_key;
+use crate::copy::ops::{born, file_type};
 use crate::copy::settle::UNTRUSTED;
 
 use super::{ctime, Frame, Syncer, Tentative, Went};
@@ -406,6 +407,31 @@ impl Syncer<'_, '_> {
             Some(j) => j.note(path, mark).map_err(journal_err),
             None => Ok(()),
         }
+    }
+
+    /// Records in the journal that the pass made the disk directory `st` (born at
+    /// `born`; see [`Journal::note_made`](crate::copy::journal::Journal::note_made)).
+    pub(super) fn journal_made(&self, st: &FileStat, born: Option<Time>) -> Result<(), Failed> {
+        match self.journal {
+            Some(j) => j.note_made(st.st_ino, born).map_err(journal_err),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the disk directory `d` (`name` in `dir`) is one an interrupted attempt
+    /// of this write-back made, still root's and closed as it made it: the walk left
+    /// it before it could give it its owner and mode. Any other owner or mode is
+    /// someone's change since, which stays.
+    pub(super) fn made_unfinished(&self, dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> bool {
+        !self.base.made.is_empty()
+            && file_type(d) == libc::S_IFDIR
+            && (d.st_uid, d.st_gid, d.st_mode & 0o7777)
+                == (
+                    nix::unistd::geteuid().as_raw(),
+                    nix::unistd::getegid().as_raw(),
+                    0o700,
+                )
+            && self.base.made.contains(&*made_key(d.st_ino, born(dir, name)))
     }
 
     /// Records in the journal that the pass removed `path` from the disk (see

@@ -13,8 +13,9 @@ use std::sync::Mutex;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{self, FileStat};
 
-use super::{below, born, join, merge_in, open_beneath, open_dir_beneath, same_inode, stat_beneath};
+use super::{below, join, merge_in, open_beneath, open_dir_beneath, same_inode, stat_beneath};
 use crate::copy::baseline::{Mark, Sig, Time};
+use crate::copy::born;
 use crate::copy::{self, Baseline, DiskDeletions};
 use crate::host::deletions::{Deletions, WentFrom};
 use crate::host::fanotify::{fd_path, handle_of, open_handle, Handle};
