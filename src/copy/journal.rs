@@ -71,8 +71,8 @@ enum Noted {
     /// lose a name or gain one: its ctime is the pass's, not the application's (see
     /// [`Merge::touched`](super::Merge::touched)).
     Touched,
-    /// The pass made the disk directory whose inode and birth time the record's path
-    /// holds (see [`Journal::note_made`]).
+    /// The pass made the disk directory whose path, inode and birth time the
+    /// record's path holds (see [`Journal::note_made`]).
     Made,
 }
 
@@ -195,12 +195,14 @@ impl Journal {
         (&self.file).write_all(&record(&ino.to_le_bytes(), &Noted::Touched))
     }
 
-    /// Records that the pass made the disk directory `ino` (born at `born`, where
-    /// the filesystem keeps birth times), root's and closed until the walk leaves it
-    /// with its owner and mode: a retry after a kill in between must still give them
-    /// (it stayed root's 0700 for good: a review helper's probe).
-    pub fn note_made(&self, ino: u64, born: Option<Time>) -> io::Result<()> {
-        (&self.file).write_all(&record(&made_key(ino, born), &Noted::Made))
+    /// Records that the pass made the disk directory `ino`, born at `born`, at
+    /// `path`, root's and closed until the walk leaves it with its owner and mode: a
+    /// retry after a kill in between must still give them (it stayed root's 0700 for
+    /// good: a review helper's probe). Only that directory at that path: one the
+    /// application moved elsewhere, or made again there, is its own (a review
+    /// helper's probes, where a user's files became readable by others).
+    pub fn note_made(&self, path: &[u8], ino: u64, born: Time) -> io::Result<()> {
+        (&self.file).write_all(&record(&made_key(path, ino, born), &Noted::Made))
     }
 
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
@@ -259,12 +261,13 @@ impl Journal {
     }
 }
 
-/// How [`Journal::note_made`] keys a directory, and [`Baseline::made`] holds it.
-pub fn made_key(ino: u64, born: Option<Time>) -> Vec<u8> {
-    let mut key = ino.to_le_bytes().to_vec();
-    if let Some(t) = born {
-        put_time(&mut key, t);
-    }
+/// How [`Journal::note_made`] keys a directory, and [`Baseline::made`] holds it: its
+/// path (no NUL in it), its inode and its birth time.
+pub fn made_key(path: &[u8], ino: u64, born: Time) -> Vec<u8> {
+    let mut key = path.to_vec();
+    key.push(0);
+    key.extend_from_slice(&ino.to_le_bytes());
+    put_time(&mut key, born);
     key
 }
 

@@ -131,7 +131,7 @@ impl Syncer<'_, '_> {
                 if made {
                     changed = true;
                     self.journal_note(&path, &Mark::Entry(Sig::of(&st)))?;
-                    self.journal_made(&st, crate::copy::born(fd.as_fd(), c""))?;
+                    self.journal_made(&path, &st, crate::copy::born(fd.as_fd(), c""))?;
                     crate::failpoint::hit("dir-made", "");
                     (fd, None)
                 } else {

@@ -409,29 +409,27 @@ impl Syncer<'_, '_> {
         }
     }
 
-    /// Records in the journal that the pass made the disk directory `st` (born at
-    /// `born`; see [`Journal::note_made`](crate::copy::journal::Journal::note_made)).
-    pub(super) fn journal_made(&self, st: &FileStat, born: Option<Time>) -> Result<(), Failed> {
-        match self.journal {
-            Some(j) => j.note_made(st.st_ino, born).map_err(journal_err),
-            None => Ok(()),
+    /// Records in the journal that the pass made the disk directory `st` at `path`,
+    /// born at `born` (see [`Journal::note_made`](crate::copy::journal::Journal::note_made)).
+    /// Without a birth time nothing tells it from a directory made again there with
+    /// its inode number: not recorded.
+    pub(super) fn journal_made(&self, path: &[u8], st: &FileStat, born: Option<Time>) -> Result<(), Failed> {
+        match (self.journal, born) {
+            (Some(j), Some(born)) => j.note_made(path, st.st_ino, born).map_err(journal_err),
+            _ => Ok(()),
         }
     }
 
-    /// Whether the disk directory `d` (`name` in `dir`) is one an interrupted attempt
-    /// of this write-back made, still root's and closed as it made it: the walk left
-    /// it before it could give it its owner and mode. Any other owner or mode is
-    /// someone's change since, which stays.
-    pub(super) fn made_unfinished(&self, dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> bool {
+    /// Whether the disk directory `d` (`name` in `dir`, at `path`) is one an
+    /// interrupted attempt of this write-back made there, still root's and closed as
+    /// it made it: the walk left it before it could give it its owner and mode. Any
+    /// other owner or mode is someone's change since, which stays.
+    pub(super) fn made_unfinished(&self, path: &[u8], dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> bool {
         !self.base.made.is_empty()
             && file_type(d) == libc::S_IFDIR
             && (d.st_uid, d.st_gid, d.st_mode & 0o7777)
-                == (
-                    nix::unistd::geteuid().as_raw(),
-                    nix::unistd::getegid().as_raw(),
-                    0o700,
-                )
-            && self.base.made.contains(&*made_key(d.st_ino, born(dir, name)))
+                == (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw(), 0o700)
+            && born(dir, name).is_some_and(|t| self.base.made.contains(&*made_key(path, d.st_ino, t)))
     }
 
     /// Records in the journal that the pass removed `path` from the disk (see
