@@ -405,11 +405,15 @@ fn sync_pass(
                 crate::failpoint::hit("before-removals", "");
                 open_root_dir(src, true).and_then(|(src_root, _)| {
                     // A file the RAM moved after the answer, from a name to remove
-                    // into a directory this pass did not read, is on no disk name
-                    // once that name goes: nothing goes, and a whole pass follows.
+                    // or replace into a directory this pass did not read, is on no
+                    // disk name once that name goes: nothing goes, and a whole pass
+                    // follows. (A name replaced went already: the whole pass writes
+                    // the moved file before the next removal.)
+                    let s = &syncer.reporter.stats;
+                    let destroyed = s.files_written + s.links_written + s.specials_written + s.deleted;
                     let unread = filter
                         .as_ref()
-                        .filter(|_| !syncer.deferred.is_empty())
+                        .filter(|_| !syncer.deferred.is_empty() || destroyed > 0)
                         .and_then(|f| f.changed_unread(&syncer.skipped, src_root.as_fd()));
                     if let Some(dir) = unread {
                         return Err(CopyError::ChangedUnread { dir: rel_path(&dir) });

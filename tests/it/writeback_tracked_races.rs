@@ -253,3 +253,23 @@ fn directories_swapped_after_the_answer_keep_a_rewrite_below_them_on_disk() {
         });
     }
 }
+
+/// A file moved after the tracker answered into a directory below one the pass
+/// skips, and a new file put at its old name: the pass replaces the disk's file
+/// there, which is the moved file's data, and removes nothing. That counts as
+/// much as a removal: a whole pass follows, which writes the moved file at its
+/// new path (before, the data was on no disk name until the next pass: a review
+/// helper's probe, 3 of 3).
+#[test]
+fn a_move_into_an_unread_directory_and_a_new_file_at_the_old_name_keeps_the_data_on_disk() {
+    after_the_answer(
+        &[("d/f", "F: a file that moves"), ("S/a/b/g", "G")],
+        |src| {
+            fs::write(src.join("d/f.new"), "a new file").unwrap();
+            fs::rename(src.join("d/f"), src.join("S/a/b/f")).unwrap();
+            fs::rename(src.join("d/f.new"), src.join("d/f")).unwrap();
+        },
+        &["d/f", "S/a/b/f"],
+        "F:",
+    );
+}

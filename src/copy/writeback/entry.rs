@@ -154,7 +154,9 @@ impl Syncer<'_, '_> {
                 // won before is recorded as agreed on, and "the disk did not change
                 // since" must not hand it back to a RAM directory that did not either.
                 let ram_changed = self.base.taken.is_none_or(|t| ctime(&s) >= t);
-                let made = d.as_ref().is_some_and(|d| self.made_unfinished(&path, dst_dir, name, d));
+                let made = d
+                    .as_ref()
+                    .is_some_and(|d| self.made_unfinished(&path, dst_dir, name, d));
                 let ram_meta =
                     (verdict == Verdict::Ram && (ram_changed || d.is_none())) || tentative.is_some() || made;
                 self.sync_dir(

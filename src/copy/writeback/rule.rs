@@ -424,11 +424,21 @@ impl Syncer<'_, '_> {
     /// interrupted attempt of this write-back made there, still root's and closed as
     /// it made it: the walk left it before it could give it its owner and mode. Any
     /// other owner or mode is someone's change since, which stays.
-    pub(super) fn made_unfinished(&self, path: &[u8], dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> bool {
+    pub(super) fn made_unfinished(
+        &self,
+        path: &[u8],
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        d: &FileStat,
+    ) -> bool {
         !self.base.made.is_empty()
             && file_type(d) == libc::S_IFDIR
             && (d.st_uid, d.st_gid, d.st_mode & 0o7777)
-                == (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw(), 0o700)
+                == (
+                    nix::unistd::geteuid().as_raw(),
+                    nix::unistd::getegid().as_raw(),
+                    0o700,
+                )
             && born(dir, name).is_some_and(|t| self.base.made.contains(&*made_key(path, d.st_ino, t)))
     }
 

@@ -30,7 +30,7 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat::{self, FileStat};
 
 use crate::copy::baseline::{Baseline, Mark, Sig, Time};
-use crate::copy::ops::{file_type, split_parent};
+use crate::copy::ops::{file_type, open_below, split_parent};
 
 /// RAM directories that changed since the baseline was taken, as a tracker saw them:
 /// paths relative to the tmpfs root (`""` for the root itself).
@@ -181,9 +181,11 @@ impl Filter {
             .iter()
             .filter(|path| !path.is_empty() && below_skipped(path))
             .find(|path| {
-                stat::fstatat(src, &path[..], AtFlags::AT_SYMLINK_NOFOLLOW).map_or(true, |st| {
-                    file_type(&st) != libc::S_IFDIR || self.changed_since_asked(&st)
-                })
+                // One name at a time, following no symlink: one planted above would
+                // lead the look to another, unchanged tree (a review helper's probe).
+                open_below(src, path)
+                    .and_then(|dir| stat::fstat(&dir))
+                    .map_or(true, |st| self.changed_since_asked(&st))
             })
             .cloned()
     }
