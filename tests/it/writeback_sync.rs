@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::common_copy::*;
@@ -698,5 +698,44 @@ fn rewriting_every_file_on_a_nearly_full_disk_succeeds() {
                 "f{i:02} on disk is not the RAM's"
             );
         }
+    });
+}
+
+/// A disk directory removed and made again by root after the RAM's last change of
+/// it, closed (0700) with a file of its own, which gets the old one's inode number
+/// (a fresh ext4 hands the freed one out again): it is not the directory the
+/// baseline records there, and its owner and mode stay, though the RAM changed its
+/// own directory since the baseline. Before, it got the RAM's owner and mode, and
+/// its file became readable to others (a review helper's probe, 3 of 3).
+#[test]
+fn a_directory_made_again_with_its_inode_number_keeps_its_owner_and_mode() {
+    let ram = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let disk_at = tempfile::tempdir_in("/tmp").expect("tempdir");
+    crate::common::in_private_mount_ns(|| {
+        let _tmpfs = mount_tmpfs(ram.path(), "size=16m,mode=0755");
+        let disk = crate::common::LoopFs::new(disk_at.path(), 32, "defaults");
+        let (src, dst) = (ram.path(), disk.mount_point.join("cache"));
+        fs::create_dir(&dst).unwrap();
+        fs::create_dir(src.join("D")).unwrap();
+        fs::write(src.join("D/f"), "f").unwrap();
+        std::os::unix::fs::chown(src.join("D"), Some(1000), Some(1000)).unwrap();
+        let base = plain_pass(src, &dst, &tmpfsctl::copy::Baseline::none())
+            .expect("first pass")
+            .baseline;
+        tick();
+        fs::write(src.join("D/g"), "a later change of the RAM's directory").unwrap();
+        tick();
+        let was = fs::metadata(dst.join("D")).unwrap().ino();
+        fs::remove_dir_all(dst.join("D")).unwrap();
+        fs::DirBuilder::new().mode(0o700).create(dst.join("D")).unwrap();
+        fs::write(dst.join("D/private"), "root's").unwrap();
+        assert_eq!(
+            fs::metadata(dst.join("D")).unwrap().ino(),
+            was,
+            "the case needs the inode number handed out again"
+        );
+        plain_pass(src, &dst, &base).expect("second pass");
+        let md = fs::metadata(dst.join("D")).unwrap();
+        assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (0, 0, 0o700));
     });
 }

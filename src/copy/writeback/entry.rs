@@ -157,8 +157,18 @@ impl Syncer<'_, '_> {
                 let made = d
                     .as_ref()
                     .is_some_and(|d| self.made_unfinished(&path, dst_dir, name, d));
-                let ram_meta =
-                    (verdict == Verdict::Ram && (ram_changed || d.is_none())) || tentative.is_some() || made;
+                // Nor to a disk directory made again at the path, with the old one's
+                // inode number (ext4 hands freed ones out again), after the RAM's last
+                // change: the later change (the application's, as root, made it so
+                // and put its files in; given the RAM's owner and mode, they became
+                // readable to the user: a review helper's probe).
+                let remade_later = d
+                    .as_ref()
+                    .is_some_and(|d| self.remade_dir(&path, dst_dir, name, d) && ctime(&s) < ctime(d));
+                let ram_meta = ((verdict == Verdict::Ram && (ram_changed || d.is_none()))
+                    || tentative.is_some()
+                    || made)
+                    && !remade_later;
                 self.sync_dir(
                     parent,
                     name,

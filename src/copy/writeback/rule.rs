@@ -442,6 +442,20 @@ impl Syncer<'_, '_> {
             && born(dir, name).is_some_and(|t| self.base.made.contains(&*made_key(path, d.st_ino, t)))
     }
 
+    /// Whether the disk directory `d` (`name` in `dir`, at `path`) has the inode
+    /// number of the directory the baseline records there but is not that directory:
+    /// born after that record's ctime (a directory's birth is never after its ctime).
+    /// Without birth times, not told.
+    pub(super) fn remade_dir(&self, path: &[u8], dir: BorrowedFd<'_>, name: &CStr, d: &FileStat) -> bool {
+        file_type(d) == libc::S_IFDIR
+            && match self.base.get(path) {
+                Some(Mark::Entry(sig) | Mark::DiskWon(sig)) if sig.is_dir() && sig.ino == d.st_ino => {
+                    born(dir, name).is_some_and(|b| b > sig.ctime)
+                }
+                _ => false,
+            }
+    }
+
     /// Records in the journal that the pass removed `path` from the disk (see
     /// [`Journal::note_gone`](crate::copy::journal::Journal::note_gone)).
     pub(super) fn journal_gone(&self, path: &[u8]) -> Result<(), Failed> {
