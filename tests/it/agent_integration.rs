@@ -1056,6 +1056,20 @@ fn fallback_of_a_busy_persisted_mount_loses_no_file_created_meanwhile() {
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let n = creator.join().unwrap();
+    // The fallback switches at once and writes the RAM copy back beside the
+    // agent's checks: what was created in RAM is on disk once that is done.
+    let start = Instant::now();
+    while !agent
+        .log()
+        .contains("the RAM copy the fallback left is written back")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no write-back\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let missing: Vec<u64> = (0..n)
         .filter(|i| !cache.join(format!("new{i:06}")).exists())
         .collect();
