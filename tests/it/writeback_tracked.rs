@@ -83,6 +83,11 @@ fn merge<'a>(
     )
 }
 
+/// A change tracker on the tmpfs at `src`.
+fn start(src: &Path) -> ChangeTracker {
+    ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME")
+}
+
 /// A directory: `dN` or `dN/sM` or `dN/sM/tK`.
 fn dir(rng: &mut Rng) -> PathBuf {
     let mut p = PathBuf::from(format!("d{}", rng.below(4)));
@@ -192,8 +197,7 @@ fn random_rounds(seed: u64) {
                 }
             }
         }
-        let mut tracker =
-            ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME");
+        let mut tracker = start(src);
         let (a, b) = (tracked.path(), full.path());
         let mut base_a = pass(src, a, &Baseline::none(), None).baseline;
         let mut base_b = pass(src, b, &Baseline::none(), None).baseline;
@@ -438,8 +442,7 @@ fn a_disk_root_change_is_never_left_to_a_pass_that_reads_nothing() {
         fs::write(src.join("d/x"), "x").unwrap();
         fs::write(src.join("f"), "first").unwrap();
         let base = pass(src, dst, &Baseline::none(), None).baseline;
-        let mut tracker =
-            ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME");
+        let mut tracker = start(src);
         tick();
         let base = pass(src, dst, &base, Some(&mut tracker)).baseline;
         tick();
@@ -553,8 +556,7 @@ fn a_barrier_never_dates_a_ram_deletion_in_the_root() {
 fn a_directory_moved_on_disk_keeps_its_files_against_older_ram_versions() {
     with_trees(|src, dst| {
         fs::create_dir(src.join("d")).unwrap();
-        let mut tracker =
-            ChangeTracker::start(fs::File::open(src).unwrap()).expect("fanotify with FAN_REPORT_DFID_NAME");
+        let mut tracker = start(src);
         tick();
         let base = pass(src, dst, &Baseline::none(), None).baseline;
         // The disk's own directory, older than the RAM's version of `d/f`.
@@ -640,10 +642,7 @@ fn a_directory_moved_in_ram_after_the_disk_won_brings_its_files() {
             fs::create_dir(src.join("d")).unwrap();
             fs::create_dir(src.join("e")).unwrap();
             fs::write(src.join("d/f"), "the RAM's first").unwrap();
-            let mut tracker = tracked.then(|| {
-                ChangeTracker::start(fs::File::open(src).unwrap())
-                    .expect("fanotify with FAN_REPORT_DFID_NAME")
-            });
+            let mut tracker = tracked.then(|| start(src));
             tick();
             let base = pass(src, dst, &Baseline::none(), None).baseline;
             tick();
@@ -712,10 +711,7 @@ fn a_directory_that_arrives_through_a_move_above_gets_the_rams_owner_and_mode() 
             fs::write(src.join("b/x/in"), "inside").unwrap();
             chown(src.join("b/x"), Some(1000), Some(1000)).unwrap();
             fs::set_permissions(src.join("b/x"), fs::Permissions::from_mode(0o755)).unwrap();
-            let mut tracker = tracked.then(|| {
-                ChangeTracker::start(fs::File::open(src).unwrap())
-                    .expect("fanotify with FAN_REPORT_DFID_NAME")
-            });
+            let mut tracker = tracked.then(|| start(src));
             tick();
             let base = pass(src, dst, &Baseline::none(), None).baseline;
             tick();
