@@ -718,8 +718,11 @@ impl Merge<'_> {
         let disk = lstat_opt(&d)?;
         // A name the disk lacks is asked about whatever its ctime: a directory
         // the first pass wrote and the application deleted or moved on disk
-        // since the switch must not be made again (with what changed in it).
-        if (changed || disk.is_none()) && self.disk_won(d_dir, name, disk.as_ref(), md.is_dir()) {
+        // since the switch must not be made again (with what changed in it). So
+        // is a disk directory: one the application made there since must not get
+        // the upper one's owner and mode.
+        let asked = changed || disk.as_ref().is_none_or(fs::Metadata::is_dir);
+        if asked && self.disk_won(d_dir, name, disk.as_ref()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -834,22 +837,18 @@ impl Merge<'_> {
 
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
-    /// A directory never wins over a directory (the walk merges the two), but one
-    /// the application made or moved there wins over the upper layer's file: it
-    /// replaced the file on disk later (`rm N; mv X N`, which the merge undid
-    /// before, removing what the directory held: a hunting helper's probe).
-    fn disk_won(
-        &mut self,
-        d_dir: Held<'_>,
-        name: &OsStr,
-        disk: Option<&fs::Metadata>,
-        upper_dir: bool,
-    ) -> bool {
+    /// A directory the application made or moved there wins over the upper
+    /// layer's entry, file or directory: it replaced it on disk later (`rm N; mv
+    /// X N`, which the merge undid before, removing what the directory held: a
+    /// hunting helper's probe; `rm -r D; mkdir D`, which the merge gave the upper
+    /// directory's owner and mode and what the application had deleted: a review
+    /// helper's). Any other directory is merged with the upper one.
+    fn disk_won(&mut self, d_dir: Held<'_>, name: &OsStr, disk: Option<&fs::Metadata>) -> bool {
         let Some(since) = self.window.disk_since else {
             return false;
         };
         match disk {
-            Some(dm) if dm.is_dir() => !upper_dir && self.apps_dir(d_dir, name, dm),
+            Some(dm) if dm.is_dir() => self.apps_dir(d_dir, name, dm),
             Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),
             None => self.app.deleted(d_dir.via, name),
         }

@@ -1388,6 +1388,46 @@ fn a_directory_the_application_moves_or_makes_on_disk_after_the_switch_stays_who
     }
 }
 
+/// After `down`'s switch a root application removes a directory the upper layer
+/// also has and makes its own there, closed, with a private file: it stays root's
+/// and 0700, and what the application deleted with the old one stays deleted.
+/// Before, the merge gave it the upper directory's owner and mode (the private file
+/// became readable to others) and wrote the deleted file into it (a review
+/// helper's probe, 3 of 3).
+#[test]
+fn a_directory_the_application_makes_again_after_the_switch_keeps_its_owner_and_mode() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("D")).unwrap();
+    fs::write(cache.join("D/f"), "f").unwrap();
+    std::os::unix::fs::chown(cache.join("D"), Some(1000), Some(1000)).unwrap();
+    fs::set_permissions(cache.join("D"), fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    fs::write(cache.join("D/g"), "g").unwrap();
+    let (code, out) = crate::no_write_lost::stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:c",
+        &["after-switch"],
+        |_| {
+            fs::remove_dir_all(cache.join("D")).unwrap();
+            fs::DirBuilder::new().mode(0o700).create(cache.join("D")).unwrap();
+            fs::write(cache.join("D/private"), "private").unwrap();
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    let md = fs::metadata(cache.join("D")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o700), "{out}");
+    let names: Vec<_> = fs::read_dir(cache.join("D"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["private"], "{out}");
+}
+
 /// After `down`'s switch the application replaces a file by a directory (`rm N;
 /// mv X N`) while a process still writes into the RAM's `N`: the directory, the
 /// later change, stays whole. Before, the merge removed what it held and put the
