@@ -819,6 +819,82 @@ fn sync_reads_only_what_the_agent_saw_change() {
     );
 }
 
+/// A tracked `sync` that finds, before its removals, the RAM changed below a
+/// directory it skipped starts again tracked, with a fresh answer from the change
+/// tracker: a whole pass cannot tell a RAM file below a changed directory from one
+/// moved in, and would take the RAM's older version of `d/f` over the one a
+/// directory the application moved on disk brought (whose ctime is older). Before,
+/// the restart was a whole pass, and it did (a review helper's probe, 4 of 4).
+#[test]
+fn a_sync_that_finds_the_ram_changed_where_it_read_nothing_starts_again_tracked() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    let lower = sb.state.join("lower/c");
+    let sync = || {
+        sb.run(["sync", spec.to_str().unwrap()]).code(0);
+    };
+    let tick = || std::thread::sleep(Duration::from_millis(20));
+    fs::create_dir_all(cache.join("d")).unwrap();
+    fs::create_dir_all(cache.join("s/sub")).unwrap();
+    fs::write(cache.join("x"), "x").unwrap();
+    fs::write(cache.join("s/sub/in"), "in").unwrap();
+    tick();
+    sync();
+    // The disk's own directory, older than the RAM's version of `d/f`.
+    fs::create_dir(lower.join("old")).unwrap();
+    fs::write(lower.join("old/f"), "moved in on disk").unwrap();
+    tick();
+    fs::write(cache.join("d/f"), "the RAM's").unwrap();
+    tick();
+    sync();
+    assert_eq!(fs::read_to_string(lower.join("d/f")).unwrap(), "the RAM's");
+    tick();
+    nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        &lower.join("d"),
+        nix::fcntl::AT_FDCWD,
+        &lower.join("old"),
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .unwrap();
+    tick();
+    sync();
+    assert_eq!(fs::read_to_string(lower.join("d/f")).unwrap(), "moved in on disk");
+    tick();
+    fs::write(cache.join("d/new"), "a later change of the RAM directory").unwrap();
+    fs::remove_file(cache.join("x")).unwrap();
+    fs::write(lower.join("d/disk"), "and of the disk's").unwrap();
+    tick();
+    let (code, out) = crate::no_write_lost::stopped_at(
+        &sb,
+        "sync",
+        &spec,
+        "stop=before-removals",
+        &["before-removals", "before-removals"],
+        |i| {
+            if i == 0 {
+                fs::write(cache.join("s/sub/more"), "below a skipped directory").unwrap();
+            }
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        fs::read_to_string(lower.join("d/f")).unwrap(),
+        "moved in on disk",
+        "{out}"
+    );
+    assert!(out.contains("read only what changed"), "{out}");
+    assert_eq!(
+        fs::read_to_string(lower.join("s/sub/more")).unwrap(),
+        "below a skipped directory"
+    );
+    assert!(!lower.join("x").exists(), "{out}");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
 #[test]
 fn reload_applies_a_valid_spec_and_keeps_the_old_one_when_invalid() {
     let sb = Sandbox::new();

@@ -48,17 +48,20 @@ pub(crate) fn pass_then(
             answer
         }
     });
-    match merge(
-        src,
-        dst,
-        base,
-        ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
-    ) {
-        // As `sync` does: a whole pass follows one that found the RAM changed where
-        // it read nothing.
-        Err(e) if e.is_changed_unread() => merge(src, dst, base, None).expect("the whole pass after it"),
-        done => done.expect("write-back"),
+    // As `sync` does: a pass that found the RAM changed where it read nothing
+    // starts again tracked, and after three such, whole.
+    for _ in 0..3 {
+        match merge(
+            src,
+            dst,
+            base,
+            ask.as_mut().map(|f| f as &mut dyn FnMut() -> Option<Dirty>),
+        ) {
+            Err(e) if e.is_changed_unread() => {}
+            done => return done.expect("write-back"),
+        }
     }
+    merge(src, dst, base, None).expect("the whole pass after them")
 }
 
 fn merge<'a>(
