@@ -60,6 +60,7 @@ fn header(base_taken: Option<Time>) -> Vec<u8> {
 const GONE: u8 = 0xff;
 const TOUCHED: u8 = 0xfe;
 const MADE: u8 = 0xfd;
+const FINISHED: u8 = 0xfc;
 
 /// One journal record.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +75,9 @@ enum Noted {
     /// The pass made the disk directory whose path, inode and birth time the
     /// record's path holds (see [`Journal::note_made`]).
     Made,
+    /// The pass gave that directory its owner and mode (see
+    /// [`Journal::note_finished`]).
+    Finished,
 }
 
 fn record(path: &[u8], noted: &Noted) -> Vec<u8> {
@@ -86,6 +90,7 @@ fn record(path: &[u8], noted: &Noted) -> Vec<u8> {
         Noted::Gone => Some(GONE),
         Noted::Touched => Some(TOUCHED),
         Noted::Made => Some(MADE),
+        Noted::Finished => Some(FINISHED),
     };
     if let Some(kind) = own {
         out.extend_from_slice(&(path.len() as u32).to_le_bytes());
@@ -105,6 +110,7 @@ fn own<'a>(r: &mut RecordReader<'a>) -> Option<(&'a [u8], Noted)> {
         [GONE] => Some((path, Noted::Gone)),
         [TOUCHED] => Some((path, Noted::Touched)),
         [MADE] => Some((path, Noted::Made)),
+        [FINISHED] => Some((path, Noted::Finished)),
         _ => None,
     }
 }
@@ -205,6 +211,14 @@ impl Journal {
         (&self.file).write_all(&record(&made_key(path, ino, born), &Noted::Made))
     }
 
+    /// Records that the pass gave the directory [`Self::note_made`] recorded its
+    /// owner and mode: from then on a change of them is someone's, and stays (a
+    /// retry after a kill later in the pass gave a directory a root application
+    /// had closed again the RAM's owner and mode: a review helper's probe).
+    pub fn note_finished(&self, path: &[u8], ino: u64, born: Time) -> io::Result<()> {
+        (&self.file).write_all(&record(&made_key(path, ino, born), &Noted::Finished))
+    }
+
     /// Adds what a journal at `path` recorded for `base` to it, as entries both sides
     /// established; returns how many. A missing, foreign or damaged journal adds nothing.
     pub fn replay(path: &Path, base: &mut Baseline) -> io::Result<usize> {
@@ -233,6 +247,10 @@ impl Journal {
                 }
                 Noted::Made => {
                     base.made.insert(p);
+                    continue;
+                }
+                Noted::Finished => {
+                    base.made.remove(&p);
                     continue;
                 }
             };
@@ -344,6 +362,26 @@ mod tests {
         j.note(b"c", &Mark::Deleted((9, 9))).unwrap();
         let mut third = base(Some((100, 0)));
         assert_eq!(Journal::replay(&path, &mut third).unwrap(), 3);
+    }
+
+    /// A directory recorded as made is unfinished until its finish is recorded,
+    /// and only that one: the same path with another inode or birth stays made.
+    #[test]
+    fn a_made_directory_is_unfinished_until_its_finish_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let b = base(Some((100, 0)));
+        let j = Journal::open(&path, &b).unwrap();
+        j.note_made(b"a", 1, (5, 0)).unwrap();
+        j.note_made(b"b", 2, (5, 0)).unwrap();
+        j.note_finished(b"a", 1, (5, 0)).unwrap();
+        j.note_finished(b"b", 3, (5, 0)).unwrap();
+        j.note_finished(b"b", 2, (6, 0)).unwrap();
+        drop(j);
+        let mut again = base(Some((100, 0)));
+        assert_eq!(Journal::replay(&path, &mut again).unwrap(), 5);
+        let made: Vec<_> = again.made.iter().cloned().collect();
+        assert_eq!(made, [made_key(b"b", 2, (5, 0)).into_boxed_slice()]);
     }
 
     /// A record torn in the middle (the state directory full, a kill) ends what a

@@ -1221,3 +1221,69 @@ fn a_directory_a_killed_write_back_made_gets_its_owner_and_mode_from_the_next() 
     assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (1000, 1000, 0o755));
     assert_eq!(fs::read_to_string(cache.join("top2/x/in")).unwrap(), "inside");
 }
+
+/// As above, where the kill came between the directory's owner and its mode
+/// (played by giving it the owner): the next write-back gives it its mode. Before,
+/// it stayed 0700 for good (a review helper's probe, 2 of 2).
+#[test]
+fn a_directory_a_write_back_killed_before_its_mode_gets_it_from_the_next() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("top/x")).unwrap();
+    std::os::unix::fs::chown(cache.join("top/x"), Some(1000), Some(1000)).unwrap();
+    fs::set_permissions(cache.join("top/x"), fs::Permissions::from_mode(0o751)).unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::rename(cache.join("top"), cache.join("top2")).unwrap();
+    run_stopped(
+        &sb,
+        "sync",
+        &spec,
+        ("stop=dir-made", &["top2", "top2/x"]),
+        |_| {},
+        true,
+    );
+    let side = sb.state.join("lower/cache/top2/x");
+    std::os::unix::fs::chown(&side, Some(1000), Some(1000)).unwrap();
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    let md = fs::metadata(&side).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (1000, 1000, 0o751));
+}
+
+/// A directory a write-back made and gave its owner and mode, before it was
+/// killed later in the pass, is finished: a root application that closes it again
+/// on disk (after `down`'s switch) and puts a private file in keeps it so through
+/// the next write-back. Before, the retry gave it the RAM's owner and mode again,
+/// and the file became readable to others (a review helper's probe, 3 of 3).
+#[test]
+fn a_directory_a_killed_write_back_had_finished_keeps_what_the_application_did_to_it() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("top/x")).unwrap();
+    fs::write(cache.join("top/x/in"), "inside").unwrap();
+    fs::write(cache.join("old"), "deleted in RAM").unwrap();
+    std::os::unix::fs::chown(cache.join("top/x"), Some(1000), Some(1000)).unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::rename(cache.join("top"), cache.join("top2")).unwrap();
+    fs::remove_file(cache.join("old")).unwrap();
+    // Every directory made and finished; killed before the removal of `old`.
+    killed_at(&sb, "down", &spec, "before-removals");
+    let x = cache.join("top2/x");
+    let md = fs::metadata(&x).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (1000, 0o755), "finished");
+    std::os::unix::fs::chown(&x, Some(0), Some(0)).unwrap();
+    fs::set_permissions(&x, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(x.join("private"), "root's").unwrap();
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    let md = fs::metadata(&x).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (0, 0, 0o700));
+    assert_eq!(fs::read_to_string(x.join("private")).unwrap(), "root's");
+    assert!(!cache.join("old").exists());
+}

@@ -282,9 +282,13 @@ impl Syncer<'_, '_> {
                 let same_xattrs = left.before.is_some() && self.transfer.same_xattrs_fd(src, dst)?;
                 same = same_xattrs && same_meta(s, &now);
                 // An access ACL is permission bits too (the attributes differ).
-                if !same && !self.defer_meta(&left.rel, s, &now, !same_xattrs) {
+                let deferred = !same && self.defer_meta(&left.rel, s, &now, !same_xattrs);
+                if !same && !deferred {
                     self.transfer.set_metadata(src, dst, s, true)?;
                     now = stat::fstat(dst).map_err(dst_err("stat"))?;
+                }
+                if !deferred {
+                    self.journal_finished(&left.rel, &now, dst, left.before.is_none())?;
                 }
                 let stats = &mut self.reporter.stats;
                 match &left.before {

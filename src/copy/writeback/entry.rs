@@ -156,7 +156,7 @@ impl Syncer<'_, '_> {
                 let ram_changed = self.base.taken.is_none_or(|t| ctime(&s) >= t);
                 let made = d
                     .as_ref()
-                    .is_some_and(|d| self.made_unfinished(&path, dst_dir, name, d));
+                    .is_some_and(|d| self.made_unfinished(&path, dst_dir, name, (d, &s)));
                 // Nor to a disk directory made again at the path, with the old one's
                 // inode number (ext4 hands freed ones out again), after the RAM's last
                 // change: the later change (the application's, as root, made it so

@@ -420,25 +420,46 @@ impl Syncer<'_, '_> {
         }
     }
 
+    /// Records in the journal that the pass gave the directory `st` at `path`
+    /// (open as `fd`) the RAM's owner and mode, where it made it (`made_here`) or an
+    /// interrupted attempt did and left it unfinished.
+    pub(super) fn journal_finished(
+        &self,
+        path: &[u8],
+        st: &FileStat,
+        fd: BorrowedFd<'_>,
+        made_here: bool,
+    ) -> Result<(), Failed> {
+        let Some(j) = self.journal.filter(|_| made_here || !self.base.made.is_empty()) else {
+            return Ok(());
+        };
+        match born(fd, c"") {
+            Some(t) if made_here || self.base.made.contains(&*made_key(path, st.st_ino, t)) => {
+                j.note_finished(path, st.st_ino, t).map_err(journal_err)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the disk directory `d` (`name` in `dir`, at `path`) is one an
-    /// interrupted attempt of this write-back made there, still root's and closed as
-    /// it made it: the walk left it before it could give it its owner and mode. Any
-    /// other owner or mode is someone's change since, which stays.
+    /// interrupted attempt of this write-back made there and had not finished: still
+    /// root's and closed as it made it, or already the RAM directory's (`s`) owner's
+    /// (killed while it gave it owner, attributes and mode, one after the other: it
+    /// stayed 0700 for good, a review helper's probe). Any other owner, or a root's
+    /// mode other than 0700, is someone's change since, which stays; so is any
+    /// change after the attempt finished it (its journal says so).
     pub(super) fn made_unfinished(
         &self,
         path: &[u8],
         dir: BorrowedFd<'_>,
         name: &CStr,
-        d: &FileStat,
+        (d, s): (&FileStat, &FileStat),
     ) -> bool {
+        let own = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let owner = (d.st_uid, d.st_gid);
         !self.base.made.is_empty()
             && file_type(d) == libc::S_IFDIR
-            && (d.st_uid, d.st_gid, d.st_mode & 0o7777)
-                == (
-                    nix::unistd::geteuid().as_raw(),
-                    nix::unistd::getegid().as_raw(),
-                    0o700,
-                )
+            && (owner == (s.st_uid, s.st_gid) || (owner == own && d.st_mode & 0o7777 == 0o700))
             && born(dir, name).is_some_and(|t| self.base.made.contains(&*made_key(path, d.st_ino, t)))
     }
 
