@@ -1180,34 +1180,40 @@ fn fill_state(sb: &Sandbox, left: u64) -> PathBuf {
 }
 
 /// A directory the RAM renamed (`mv top top2`) holds a subdirectory of its user's
-/// (`x`, 1000:1000 0755), whose ctime the rename of its parent leaves older than the
-/// baseline. The write-back makes `top2/x` on disk, root's and closed until it has
-/// its owner and mode, and is killed there. The next one gives it the RAM's owner
-/// and mode (before, it stayed root's 0700 for good, and the application could not
-/// enter it: a review helper's probe, 4 of 4).
-#[test]
-fn a_directory_a_killed_write_back_made_gets_its_owner_and_mode_from_the_next() {
-    use std::os::unix::fs::MetadataExt;
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+/// (`x`, 1000:1000 `mode`), whose ctime the rename of its parent leaves older than
+/// the baseline. A `sync` makes `top2/x` on disk, root's and closed until it has its
+/// owner and mode, and is killed there. Returns the spec and the disk side's `x`.
+fn made_and_killed(sb: &Sandbox, cache: &Path, mode: u32) -> (PathBuf, PathBuf) {
     fs::create_dir_all(cache.join("top/x")).unwrap();
     fs::write(cache.join("top/x/in"), "inside").unwrap();
     std::os::unix::fs::chown(cache.join("top/x"), Some(1000), Some(1000)).unwrap();
-    let spec = spec(&sb, &[("cache", &cache)]);
+    fs::set_permissions(cache.join("top/x"), fs::Permissions::from_mode(mode)).unwrap();
+    let spec = spec(sb, &[("cache", cache)]);
     sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
     sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
     std::thread::sleep(Duration::from_millis(20));
     fs::rename(cache.join("top"), cache.join("top2")).unwrap();
     // Killed once `top2/x` is made (`top2` first).
     run_stopped(
-        &sb,
+        sb,
         "sync",
         &spec,
         ("stop=dir-made", &["top2", "top2/x"]),
         |_| {},
         true,
     );
-    let side = sb.state.join("lower/cache/top2/x");
+    (spec, sb.state.join("lower/cache/top2/x"))
+}
+
+/// [`made_and_killed`]: the next write-back gives `x` the RAM's owner and mode
+/// (before, it stayed root's 0700 for good, and the application could not enter
+/// it: a review helper's probe, 4 of 4).
+#[test]
+fn a_directory_a_killed_write_back_made_gets_its_owner_and_mode_from_the_next() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let (spec, side) = made_and_killed(&sb, &cache, 0o755);
     assert_eq!(
         fs::metadata(&side).unwrap().mode() & 0o7777,
         0o700,
@@ -1230,23 +1236,7 @@ fn a_directory_a_write_back_killed_before_its_mode_gets_it_from_the_next() {
     use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir_all(cache.join("top/x")).unwrap();
-    std::os::unix::fs::chown(cache.join("top/x"), Some(1000), Some(1000)).unwrap();
-    fs::set_permissions(cache.join("top/x"), fs::Permissions::from_mode(0o751)).unwrap();
-    let spec = spec(&sb, &[("cache", &cache)]);
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
-    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
-    std::thread::sleep(Duration::from_millis(20));
-    fs::rename(cache.join("top"), cache.join("top2")).unwrap();
-    run_stopped(
-        &sb,
-        "sync",
-        &spec,
-        ("stop=dir-made", &["top2", "top2/x"]),
-        |_| {},
-        true,
-    );
-    let side = sb.state.join("lower/cache/top2/x");
+    let (spec, side) = made_and_killed(&sb, &cache, 0o751);
     std::os::unix::fs::chown(&side, Some(1000), Some(1000)).unwrap();
     sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
     let md = fs::metadata(&side).unwrap();
