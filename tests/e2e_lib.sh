@@ -30,11 +30,18 @@ done
 
 WORK=$(mktemp -d "/tmp/tmpfsctl-$E2E.XXXXXX")
 export TMPFSCTL_STATE_DIR=$WORK/state
-# Ports from the PID, so two runs on one machine do not collide, and below the
-# kernel's ephemeral range (ip_local_port_range, 32768 and up by default), which
-# the load's own client sockets take ports from: a port there may be in use.
+# Ports from the PID, so two runs on one machine do not collide: a pair, an even
+# port and the next (runs started together have PIDs one apart; with one port
+# per PID, one run's origin was the other's proxy), the next free pair where one
+# is taken; below the kernel's ephemeral range (ip_local_port_range, 32768 and
+# up by default), which the load's own client sockets take ports from.
 low=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-PROXY=$((10000 + $$ % (low - 10002)))
+PROXY=$((10000 + 2 * ($$ % ((low - 10002) / 2))))
+for _ in $(seq 100); do
+    command -v ss >/dev/null || break
+    [ -z "$(ss -Htln "( sport = :$PROXY or sport = :$((PROXY + 1)) )")" ] && break
+    PROXY=$((PROXY + 2 < low - 1 ? PROXY + 2 : 10000))
+done
 ORIGIN=$((PROXY + 1))
 E2E_PIDS=()
 E2E_SPECS=()
