@@ -133,6 +133,17 @@ pub fn merge_upper(
 /// release build).
 const WALK_STACK: usize = 256 << 20;
 const MAX_DEPTH: usize = 16_384;
+/// Descriptors kept for what is open beside the walk's levels: the files it
+/// copies, the caller's.
+const BESIDE_THE_WALK: usize = 1024;
+
+/// How deep the walk goes: [`MAX_DEPTH`], or fewer where the limit on open files
+/// allows fewer (it then fails with an error naming the depth, not with `EMFILE`
+/// somewhere down the tree).
+fn max_depth() -> usize {
+    let fds = usize::try_from(super::ops::descriptor_limit()).unwrap_or(usize::MAX);
+    MAX_DEPTH.min(fds.saturating_sub(BESIDE_THE_WALK) / 2)
+}
 
 fn merge(
     upper: &Path,
@@ -154,6 +165,7 @@ fn merge(
         xattrs: XattrBufs::default(),
         deferred: Vec::new(),
         depth: 0,
+        max_depth: max_depth(),
         deferred_meta: Vec::new(),
         disk,
     };
@@ -286,6 +298,8 @@ struct Merge<'a> {
     deferred: Vec<Gone>,
     /// Directories the walk is in.
     depth: usize,
+    /// How many it may be in (see [`max_depth`]).
+    max_depth: usize,
     /// Disk directories' owner and mode that let more in, held back until the
     /// removals below them are made.
     deferred_meta: Vec<HeldMeta>,
@@ -527,10 +541,16 @@ impl Merge<'_> {
     /// is the whole directory, and names only the disk has go; `all`: every entry
     /// below is compared, whatever its ctime (see [`Self::entry`]).
     fn dir(&mut self, u: Held<'_>, d: Held<'_>, opaque: bool, all: bool) -> Result<()> {
-        if self.depth == MAX_DEPTH {
+        if self.depth == self.max_depth {
+            let more = if self.max_depth < MAX_DEPTH {
+                "; the walk holds two open files a level: a higher limit on open files (LimitNOFILE=, ulimit -Hn) lets it go deeper"
+            } else {
+                ""
+            };
             anyhow::bail!(
-                "{} holds directories nested more than {MAX_DEPTH} deep: not merged",
-                self.upper.display()
+                "{} holds directories nested more than {} deep: not merged{more}",
+                self.upper.display(),
+                self.max_depth
             );
         }
         self.depth += 1;

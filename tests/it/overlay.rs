@@ -1339,6 +1339,37 @@ fn the_merge_goes_as_deep_as_the_tree_goes() {
     assert!(rm.success());
 }
 
+/// A tree nested deeper than the walk goes fails the merge with an error that says
+/// so: 16,384 levels, or fewer where the limit on open files allows fewer (two a
+/// level: 9,488 under a hard limit of 20,000), not `EMFILE` somewhere down the tree.
+#[test]
+fn a_tree_nested_deeper_than_the_merge_goes_fails_it_with_an_error_that_says_so() {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::resource::{getrlimit, Resource};
+    use nix::sys::stat::{mkdirat, Mode};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let deepest = 16_384.min((hard.min(65_536) as usize - 1024) / 2);
+    let (_at, [upper, disk]) = scratch(["upper", "disk"]);
+    let mut fd = std::os::fd::OwnedFd::from(fs::File::open(&upper).unwrap());
+    for _ in 0..=deepest {
+        mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(&fd, "d", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
+    }
+    drop(fd);
+    let merged = merge_upper(&upper, &disk, None, Default::default(), &mut asks(|_, _| false));
+    // Before any check: too deep for `remove_dir_all` of the scratch directory.
+    let rm = std::process::Command::new("rm")
+        .arg("-rf")
+        .arg(&upper)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(rm.success());
+    let err = format!("{:#}", merged.unwrap_err());
+    let said = format!("holds directories nested more than {deepest} deep: not merged");
+    assert!(err.contains(&said), "{}", &err[err.len().saturating_sub(400)..]);
+}
+
 /// Directories made through the overlay are opaque in its upper layer. After
 /// `down`'s switch the application moves a directory into one (`mv Z D/Z`),
 /// renames one inside one (`mv D/A D/B`), or makes one there: each stays whole.
