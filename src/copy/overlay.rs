@@ -99,6 +99,15 @@ pub trait AppOnDisk {
     fn deleted(&mut self, dir: &Path, name: &OsStr) -> bool;
     /// It moved the directory open at `dir` to where it is now.
     fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool;
+    /// Earlier directories at `name` in the disk directory at `dir` that it
+    /// removed or moved away, as keys for [`Self::deleted_in`].
+    fn gone_dirs(&mut self, _dir: &Path, _name: &OsStr) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// It deleted `name` in the earlier directory `gone` (see [`Self::gone_dirs`]).
+    fn deleted_in(&mut self, _gone: &[u8], _name: &OsStr) -> bool {
+        false
+    }
 }
 
 /// Merges the upper layer `upper` into the disk directory `disk`. `merged`: where
@@ -166,6 +175,7 @@ fn merge(
         deferred: Vec::new(),
         depth: 0,
         max_depth: max_depth(),
+        gone: Vec::new(),
         deferred_meta: Vec::new(),
         disk,
     };
@@ -300,6 +310,9 @@ struct Merge<'a> {
     depth: usize,
     /// How many it may be in (see [`max_depth`]).
     max_depth: usize,
+    /// Per directory the walk is in: earlier directories at its path that the
+    /// application removed or moved away (see [`AppOnDisk::gone_dirs`]).
+    gone: Vec<Vec<Vec<u8>>>,
     /// Disk directories' owner and mode that let more in, held back until the
     /// removals below them are made.
     deferred_meta: Vec<HeldMeta>,
@@ -336,6 +349,14 @@ fn random_name(kind: &str) -> CString {
 
 fn ctx(op: &str, p: &Path) -> String {
     format!("{op} {}", p.display())
+}
+
+/// Whether `md` was born at or after `since` (never, without birth times).
+fn born_since(md: &fs::Metadata, since: Time) -> bool {
+    md.created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .is_some_and(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())) >= since)
 }
 
 fn ctime(md: &fs::Metadata) -> Time {
@@ -738,11 +759,8 @@ impl Merge<'_> {
         let disk = lstat_opt(&d)?;
         // A name the disk lacks is asked about whatever its ctime: a directory
         // the first pass wrote and the application deleted or moved on disk
-        // since the switch must not be made again (with what changed in it). So
-        // is a disk directory: one the application made there since must not get
-        // the upper one's owner and mode.
-        let asked = changed || disk.as_ref().is_none_or(fs::Metadata::is_dir);
-        if asked && self.disk_won(d_dir, name, disk.as_ref()) {
+        // since the switch must not be made again (with what changed in it).
+        if (changed || disk.is_none()) && self.disk_won(d_dir, name, disk.as_ref(), md.is_dir()) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -797,7 +815,13 @@ impl Merge<'_> {
                     .note_dir(&md, parent.as_fd(), name)
                     .map_err(|e| placings_failed(e, &shown))?;
             }
+            let apps_new = !made_here && disk.as_ref().is_some_and(|dm| self.apps_new_dir(d_dir, name, dm));
+            let gone = match self.window.disk_since {
+                Some(_) => self.app.gone_dirs(d_dir.via, name),
+                None => Vec::new(),
+            };
             let held = via(&df);
+            self.gone.push(gone);
             let walked = self.dir(
                 Held {
                     path: &u_shown,
@@ -810,9 +834,13 @@ impl Merge<'_> {
                 opaque,
                 changed,
             );
+            self.gone.pop();
             // Failed or not: one made here is root's and closed until it has them,
             // and the application may be on its disk directory already.
             let meta = uf.metadata().context(ctx("stat", &u_shown)).and_then(|umd| {
+                if apps_new {
+                    return Ok(());
+                }
                 let dmd = df.metadata().context(ctx("stat", &shown))?;
                 // An access ACL is permission bits too.
                 let attrs_differ = !xattrs::same_xattrs(
@@ -857,21 +885,50 @@ impl Merge<'_> {
 
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
-    /// A directory the application made or moved there wins over the upper
-    /// layer's entry, file or directory: it replaced it on disk later (`rm N; mv
+    /// A directory never wins over a directory (the walk merges the two: one
+    /// the application made there keeps its owner and mode, see
+    /// [`Self::apps_new_dir`]), but one the application made or moved there wins
+    /// over the upper layer's file: it replaced the file on disk later (`rm N; mv
     /// X N`, which the merge undid before, removing what the directory held: a
-    /// hunting helper's probe; `rm -r D; mkdir D`, which the merge gave the upper
-    /// directory's owner and mode and what the application had deleted: a review
-    /// helper's). Any other directory is merged with the upper one.
-    fn disk_won(&mut self, d_dir: Held<'_>, name: &OsStr, disk: Option<&fs::Metadata>) -> bool {
+    /// hunting helper's probe). A name the disk lacks is the application's
+    /// deletion also where it deleted it in an earlier directory at this path
+    /// (`rm -r D; mkdir D`: a review helper's probe brought it back).
+    fn disk_won(
+        &mut self,
+        d_dir: Held<'_>,
+        name: &OsStr,
+        disk: Option<&fs::Metadata>,
+        upper_dir: bool,
+    ) -> bool {
         let Some(since) = self.window.disk_since else {
             return false;
         };
         match disk {
-            Some(dm) if dm.is_dir() => self.apps_dir(d_dir, name, dm),
+            Some(dm) if dm.is_dir() => !upper_dir && self.apps_dir(d_dir, name, dm),
             Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),
-            None => self.app.deleted(d_dir.via, name),
+            None => {
+                self.app.deleted(d_dir.via, name)
+                    || self
+                        .gone
+                        .last()
+                        .is_some_and(|gone| gone.iter().any(|k| self.app.deleted_in(k, name)))
+            }
         }
+    }
+
+    /// Whether the disk directory `name` (`md`) in `d_dir` is one the application
+    /// made there after the switch (its birth time), not an attempt of this
+    /// write-back: its owner and mode stay (a root application's `rm -r D; mkdir
+    /// -m 0700 D` got the upper directory's, and a file in it became readable to
+    /// others: a review helper's probe). Without birth times, not told.
+    fn apps_new_dir(&mut self, d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> bool {
+        let Some(since) = self.window.disk_since else {
+            return false;
+        };
+        born_since(md, since)
+            && !d_dir
+                .open()
+                .is_ok_and(|parent| self.placed.made_dir(md, parent.as_fd(), name))
     }
 
     /// Whether the disk entry `name` (`md`) in `d_dir` is a directory the
@@ -893,12 +950,8 @@ impl Merge<'_> {
         {
             return false;
         }
-        let made_since = md
-            .created()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .is_some_and(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())) >= since);
-        made_since || open_dir(&d_dir.via.join(name)).is_ok_and(|dir| self.app.moved_here(dir.as_fd()))
+        born_since(md, since)
+            || open_dir(&d_dir.via.join(name)).is_ok_and(|dir| self.app.moved_here(dir.as_fd()))
     }
 
     /// Writes one non-directory under a temporary name, then renames it over

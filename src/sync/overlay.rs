@@ -150,6 +150,22 @@ impl AppOnDisk for Watched<'_> {
     fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool {
         self.lock().is_some_and(|mut d| d.moved_here(dir))
     }
+
+    fn gone_dirs(&mut self, dir: &Path, name: &OsStr) -> Vec<Vec<u8>> {
+        let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
+            return Vec::new();
+        };
+        self.lock()
+            .map(|mut d| d.gone_dirs(Ok(f.as_fd()), &c))
+            .unwrap_or_default()
+    }
+
+    fn deleted_in(&mut self, gone: &[u8], name: &OsStr) -> bool {
+        let Ok(c) = CString::new(name.as_bytes()) else {
+            return false;
+        };
+        self.lock().is_some_and(|mut d| d.deleted_in(gone, &c).is_some())
+    }
 }
 
 fn sync_stats(s: &OverlayStats) -> SyncStats {

@@ -1459,6 +1459,49 @@ fn a_directory_the_application_makes_again_after_the_switch_keeps_its_owner_and_
     assert_eq!(names, ["private"], "{out}");
 }
 
+/// The application writes in RAM after `down`'s first pass, and after its switch
+/// moves the directory (or its parent) away on disk and back: nothing of it is
+/// new, and the file reaches the disk. A first version of the rule above took any
+/// directory the application moved for its own, and dropped it (a review helper's
+/// probe, 3 of 3).
+#[test]
+fn a_directory_the_application_moves_away_and_back_after_the_switch_gets_what_the_ram_wrote() {
+    for how in ["the directory", "its parent"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir_all(cache.join("P/D")).unwrap();
+        fs::write(cache.join("P/D/old"), "old").unwrap();
+        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        fs::write(cache.join("P/D/f1"), "f1").unwrap();
+        let (code, out) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-hold,after-switch:c",
+            &["after-hold", "after-switch"],
+            |i| match (i, how) {
+                (0, _) => fs::write(cache.join("P/D/f2"), "after the first pass").unwrap(),
+                (_, "the directory") => {
+                    fs::rename(cache.join("P/D"), cache.join("P/E")).unwrap();
+                    fs::rename(cache.join("P/E"), cache.join("P/D")).unwrap();
+                }
+                _ => {
+                    fs::rename(cache.join("P"), cache.join("Q")).unwrap();
+                    fs::rename(cache.join("Q"), cache.join("P")).unwrap();
+                }
+            },
+        );
+        assert_eq!(code, 0, "{how}: {out}");
+        assert_eq!(
+            fs::read_to_string(cache.join("P/D/f2")).ok().as_deref(),
+            Some("after the first pass"),
+            "{how}: {out}"
+        );
+        assert_eq!(fs::read_to_string(cache.join("P/D/f1")).unwrap(), "f1", "{how}");
+    }
+}
+
 /// After `down`'s switch the application replaces a file by a directory (`rm N;
 /// mv X N`) while a process still writes into the RAM's `N`: the directory, the
 /// later change, stays whole. Before, the merge removed what it held and put the
