@@ -1243,6 +1243,46 @@ fn a_directory_a_write_back_killed_before_its_mode_gets_it_from_the_next() {
     assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (1000, 1000, 0o751));
 }
 
+/// After `down`'s switch the application closes a directory on disk (`chmod
+/// 0700`, as root: `chown` too) in which the RAM copy added a file since the last
+/// write-back: the later change, its owner and mode, stays, and the file is
+/// written into it. Before, the RAM directory's were applied over it, since a
+/// directory counts as unchanged while it is the same inode (a review helper's
+/// probe, after a kill; it needs none).
+#[test]
+fn a_directory_the_application_closes_after_the_switch_stays_closed() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir(cache.join("x")).unwrap();
+    fs::write(cache.join("x/old"), "old").unwrap();
+    std::os::unix::fs::chown(cache.join("x"), Some(1000), Some(1000)).unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(cache.join("x/new"), "new in RAM").unwrap();
+    let (code, out) = stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-switch:cache",
+        &["after-switch"],
+        |_| {
+            std::thread::sleep(Duration::from_millis(20));
+            let x = cache.join("x");
+            std::os::unix::fs::chown(&x, Some(0), Some(0)).unwrap();
+            fs::set_permissions(&x, fs::Permissions::from_mode(0o700)).unwrap();
+            fs::write(x.join("private"), "root's").unwrap();
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    let md = fs::metadata(cache.join("x")).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (0, 0, 0o700), "{out}");
+    assert_eq!(fs::read_to_string(cache.join("x/new")).unwrap(), "new in RAM");
+    assert_eq!(fs::read_to_string(cache.join("x/private")).unwrap(), "root's");
+}
+
 /// A directory a write-back made and gave its owner and mode, before it was
 /// killed later in the pass, is finished: a root application that closes it again
 /// on disk (after `down`'s switch) and puts a private file in keeps it so through

@@ -165,10 +165,20 @@ impl Syncer<'_, '_> {
                 let remade_later = d
                     .as_ref()
                     .is_some_and(|d| self.remade_dir(&path, dst_dir, name, d) && ctime(&s) < ctime(d));
+                // Nor over a disk directory whose own mode changed since the baseline,
+                // after the RAM's last change: the application closed (or opened) it
+                // later, as root after `down`'s switch, say; the RAM's owner and mode
+                // made its files readable again (a review helper's probe). A
+                // directory counts as unchanged while it is the same inode (its times
+                // move with every name), so the verdict alone does not tell.
+                let disk_meta_later = d
+                    .as_ref()
+                    .is_some_and(|d| self.dir_mode_changed(&path, d) && ctime(&s) < ctime(d));
                 let ram_meta = ((verdict == Verdict::Ram && (ram_changed || d.is_none()))
                     || tentative.is_some()
                     || made)
-                    && !remade_later;
+                    && !remade_later
+                    && (made || !disk_meta_later);
                 self.sync_dir(
                     parent,
                     name,

@@ -477,6 +477,17 @@ impl Syncer<'_, '_> {
             }
     }
 
+    /// Whether the disk directory `d` at `path` is the one the baseline records
+    /// there, with another mode: changed on disk since.
+    pub(super) fn dir_mode_changed(&self, path: &[u8], d: &FileStat) -> bool {
+        file_type(d) == libc::S_IFDIR
+            && matches!(
+                self.base.get(path),
+                Some(Mark::Entry(sig) | Mark::DiskWon(sig))
+                    if sig.is_dir() && sig.ino == d.st_ino && sig.mode != d.st_mode
+            )
+    }
+
     /// Records in the journal that the pass removed `path` from the disk (see
     /// [`Journal::note_gone`](crate::copy::journal::Journal::note_gone)).
     pub(super) fn journal_gone(&self, path: &[u8]) -> Result<(), Failed> {
