@@ -142,16 +142,13 @@ pub fn merge_upper(
 /// release build).
 const WALK_STACK: usize = 256 << 20;
 const MAX_DEPTH: usize = 16_384;
-/// Descriptors kept for what is open beside the walk's levels: the files it
-/// copies, the caller's.
-const BESIDE_THE_WALK: usize = 1024;
-
 /// How deep the walk goes: [`MAX_DEPTH`], or fewer where the limit on open files
 /// allows fewer (it then fails with an error naming the depth, not with `EMFILE`
-/// somewhere down the tree).
+/// somewhere down the tree). An eighth of the limit, and at least 1,024, is kept
+/// for what is open beside the walk's levels: the files it copies, the caller's.
 fn max_depth() -> usize {
     let fds = usize::try_from(super::ops::descriptor_limit()).unwrap_or(usize::MAX);
-    MAX_DEPTH.min(fds.saturating_sub(BESIDE_THE_WALK) / 2)
+    MAX_DEPTH.min(fds.saturating_sub((fds / 8).max(1024)) / 2)
 }
 
 fn merge(
@@ -816,6 +813,14 @@ impl Merge<'_> {
                     .map_err(|e| placings_failed(e, &shown))?;
             }
             let apps_new = !made_here && disk.as_ref().is_some_and(|dm| self.apps_new_dir(d_dir, name, dm));
+            // Made by an attempt after the switch: root's and closed until it has
+            // the upper directory's owner and mode.
+            let ours = made_here
+                || disk.as_ref().is_some_and(|dm| {
+                    d_dir
+                        .open()
+                        .is_ok_and(|parent| self.placed.made_dir(dm, parent.as_fd(), name))
+                });
             let gone = match self.window.disk_since {
                 Some(_) => self.app.gone_dirs(d_dir.via, name),
                 None => Vec::new(),
@@ -842,6 +847,10 @@ impl Merge<'_> {
                     return Ok(());
                 }
                 let dmd = df.metadata().context(ctx("stat", &shown))?;
+                if !ours && self.disk_meta_later(&umd, &dmd) {
+                    self.stats.kept_disk += 1;
+                    return Ok(());
+                }
                 // An access ACL is permission bits too.
                 let attrs_differ = !xattrs::same_xattrs(
                     XattrTarget::Fd(uf.as_fd()),
@@ -914,6 +923,21 @@ impl Merge<'_> {
                         .is_some_and(|gone| gone.iter().any(|k| self.app.deleted_in(k, name)))
             }
         }
+    }
+
+    /// Whether the disk directory (`d`), changed since the switch, has an owner or
+    /// mode other than the upper one's (`u`): the first pass gave it the upper
+    /// one's, so the application changed them since (it closed it: given the
+    /// upper one's again, a root application's private file in it became readable
+    /// to others), and that later change stays. The upper directory's own ctime
+    /// cannot tell whether the RAM changed them after the first pass (the
+    /// barriers move it): such a change is dropped where the application changed
+    /// anything in that directory on disk after the switch.
+    fn disk_meta_later(&self, u: &fs::Metadata, d: &fs::Metadata) -> bool {
+        self.window
+            .disk_since
+            .is_some_and(|switched| ctime(d) >= switched)
+            && (u.uid(), u.gid(), u.mode() & 0o7777) != (d.uid(), d.gid(), d.mode() & 0o7777)
     }
 
     /// Whether the disk directory `name` (`md`) in `d_dir` is one the application
