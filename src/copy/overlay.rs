@@ -100,12 +100,15 @@ pub trait AppOnDisk {
     /// It moved the directory open at `dir` to where it is now.
     fn moved_here(&mut self, dir: BorrowedFd<'_>) -> bool;
     /// Earlier directories at `name` in the disk directory at `dir` that it
-    /// removed or moved away, as keys for [`Self::deleted_in`].
-    fn gone_dirs(&mut self, _dir: &Path, _name: &OsStr) -> Vec<Vec<u8>> {
+    /// removed or moved away, and at `name` in the earlier directories `above` (at
+    /// `dir`'s path), as keys for [`Self::deleted_in`].
+    fn gone_dirs(&mut self, _dir: &Path, _above: &[Vec<u8>], _name: &OsStr) -> Vec<Vec<u8>> {
         Vec::new()
     }
-    /// It deleted `name` in the earlier directory `gone` (see [`Self::gone_dirs`]).
-    fn deleted_in(&mut self, _gone: &[u8], _name: &OsStr) -> bool {
+    /// `name` is gone from the earlier directory `gone` (see [`Self::gone_dirs`])
+    /// as the application left it: it deleted it there, or moved the directory
+    /// away with it (`dir`: a disk directory, for the filesystem).
+    fn deleted_in(&mut self, _dir: &Path, _gone: &[u8], _name: &OsStr) -> bool {
         false
     }
 }
@@ -821,10 +824,14 @@ impl Merge<'_> {
                         .open()
                         .is_ok_and(|parent| self.placed.made_dir(dm, parent.as_fd(), name))
                 });
-            let gone = match self.window.disk_since {
-                Some(_) => self.app.gone_dirs(d_dir.via, name),
-                None => Vec::new(),
+            let gone = match (self.window.disk_since, self.gone.last()) {
+                (Some(_), above) => self
+                    .app
+                    .gone_dirs(d_dir.via, above.map_or(&[], Vec::as_slice), name),
+                (None, _) => Vec::new(),
             };
+            // Before the walk writes into it: its ctime then is the application's.
+            let before_walk = df.metadata().with_context(|| ctx("stat", &shown))?;
             let held = via(&df);
             self.gone.push(gone);
             let walked = self.dir(
@@ -847,7 +854,7 @@ impl Merge<'_> {
                     return Ok(());
                 }
                 let dmd = df.metadata().context(ctx("stat", &shown))?;
-                if !ours && self.disk_meta_later(&umd, &dmd) {
+                if !ours && self.disk_meta_later(&umd, &before_walk) {
                     self.stats.kept_disk += 1;
                     return Ok(());
                 }
@@ -920,7 +927,7 @@ impl Merge<'_> {
                     || self
                         .gone
                         .last()
-                        .is_some_and(|gone| gone.iter().any(|k| self.app.deleted_in(k, name)))
+                        .is_some_and(|gone| gone.iter().any(|k| self.app.deleted_in(d_dir.via, k, name)))
             }
         }
     }

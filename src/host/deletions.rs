@@ -354,6 +354,21 @@ pub fn open_moved(on: BorrowedFd<'_>, key: &[u8]) -> Option<std::os::fd::OwnedFd
     crate::host::fanotify::open_handle(on, &from_key(key)?).ok()
 }
 
+/// The directory `name` in the directory of a key [`DiskDeletions::gone_dirs`]
+/// handed out, where that one was moved away (not removed), as such a key: what
+/// moved with it.
+pub fn moved_child(on: BorrowedFd<'_>, key: &[u8], name: &CStr) -> Option<Vec<u8>> {
+    let moved = open_moved(on, key)?;
+    let child = nix::fcntl::openat(
+        &moved,
+        name,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    handle_of(child.as_fd()).ok().map(|h| to_key(&h))
+}
+
 /// A handle as the key [`DiskDeletions::gone_dirs`] hands out: its type, then its bytes.
 fn to_key((kind, bytes): &Handle) -> Vec<u8> {
     [&kind.to_ne_bytes()[..], bytes].concat()

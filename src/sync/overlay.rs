@@ -151,20 +151,31 @@ impl AppOnDisk for Watched<'_> {
         self.lock().is_some_and(|mut d| d.moved_here(dir))
     }
 
-    fn gone_dirs(&mut self, dir: &Path, name: &OsStr) -> Vec<Vec<u8>> {
+    fn gone_dirs(&mut self, dir: &Path, above: &[Vec<u8>], name: &OsStr) -> Vec<Vec<u8>> {
         let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
             return Vec::new();
         };
-        self.lock()
-            .map(|mut d| d.gone_dirs(Ok(f.as_fd()), &c))
-            .unwrap_or_default()
+        let Some(mut d) = self.lock() else {
+            return Vec::new();
+        };
+        let mut keys = d.gone_dirs(Ok(f.as_fd()), &c);
+        for key in above {
+            keys.extend(d.gone_dirs(Err(key), &c));
+            // Moved away with the directory above it (`mv P P.old; mkdir -p P/D`).
+            keys.extend(crate::host::deletions::moved_child(f.as_fd(), key, &c));
+        }
+        keys
     }
 
-    fn deleted_in(&mut self, gone: &[u8], name: &OsStr) -> bool {
-        let Ok(c) = CString::new(name.as_bytes()) else {
+    fn deleted_in(&mut self, dir: &Path, gone: &[u8], name: &OsStr) -> bool {
+        let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
             return false;
         };
         self.lock().is_some_and(|mut d| d.deleted_in(gone, &c).is_some())
+            || crate::host::deletions::open_moved(f.as_fd(), gone).is_some_and(|moved| {
+                nix::sys::stat::fstatat(&moved, c.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok()
+            })
     }
 }
 

@@ -1283,6 +1283,48 @@ fn a_directory_the_application_closes_after_the_switch_stays_closed() {
     assert_eq!(fs::read_to_string(cache.join("x/private")).unwrap(), "root's");
 }
 
+/// The RAM opens a directory and deletes a file in it, so the write-back opens
+/// it only once that removal is made; while the pass waits there, the RAM closes
+/// it again, and the pass is killed once it has applied the mode. The next
+/// write-back leaves it closed. Before, the pass applied the mode it had read (the
+/// open one), and the next took that for a change on disk, kept for good (a
+/// review helper's probe, 3 of 3).
+#[test]
+fn a_directory_closed_again_while_a_killed_pass_waited_to_open_it_stays_closed() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("a/x")).unwrap();
+    fs::write(cache.join("a/x/f"), "f").unwrap();
+    fs::write(cache.join("a/x/g"), "g").unwrap();
+    fs::set_permissions(cache.join("a/x"), fs::Permissions::from_mode(0o700)).unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::set_permissions(cache.join("a/x"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_file(cache.join("a/x/g")).unwrap();
+    run_stopped(
+        &sb,
+        "sync",
+        &spec,
+        (
+            "stop=before-removals,after-merge",
+            &["before-removals", "after-merge"],
+        ),
+        |i| {
+            if i == 0 {
+                fs::set_permissions(cache.join("a/x"), fs::Permissions::from_mode(0o700)).unwrap();
+            }
+        },
+        true,
+    );
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    let side = sb.state.join("lower/cache/a/x");
+    assert_eq!(fs::metadata(&side).unwrap().mode() & 0o7777, 0o700);
+    assert!(!side.join("g").exists());
+}
+
 /// A directory a write-back made and gave its owner and mode, before it was
 /// killed later in the pass, is finished: a root application that closes it again
 /// on disk (after `down`'s switch) and puts a private file in keeps it so through

@@ -1510,6 +1510,70 @@ fn a_directory_the_application_moves_away_and_back_after_the_switch_gets_what_th
     }
 }
 
+/// After `down`'s switch the application replaces a directory together with the
+/// one above it (`rm -r P; mkdir -p P/D`), or moves it (or the one above it) away
+/// and makes a new one: the file the first pass put there, which it deleted or
+/// moved away with its directory, does not come back in the new one (a review
+/// helper's probes, 3 of 3 each).
+#[test]
+fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back() {
+    let hows = ["P removed", "D moved away", "P moved away"];
+    for how in hows {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir_all(cache.join("P/D")).unwrap();
+        fs::write(cache.join("P/D/old"), "old").unwrap();
+        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        fs::write(cache.join("P/D/f1"), "f1").unwrap();
+        let (code, out) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-switch:c",
+            &["after-switch"],
+            |_| {
+                match how {
+                    "P removed" => fs::remove_dir_all(cache.join("P")).unwrap(),
+                    "D moved away" => fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap(),
+                    _ => fs::rename(cache.join("P"), cache.join("P.old")).unwrap(),
+                }
+                fs::create_dir_all(cache.join("P/D")).unwrap();
+            },
+        );
+        assert_eq!(code, 0, "{how}: {out}");
+        assert!(!cache.join("P/D/f1").exists(), "{how}: came back: {out}");
+        assert!(!cache.join("P/D/old").exists(), "{how}: came back: {out}");
+    }
+}
+
+/// The application writes in a directory and closes it (`chmod 0700`) in RAM
+/// between `down`'s first pass and its switch: the disk directory gets the
+/// mode. A first version of the rule below took the pass's own write into it for
+/// the application's change on disk, and kept the old mode (a review helper's
+/// probe, 3 of 3).
+#[test]
+fn a_directory_closed_in_ram_before_the_switch_is_closed_on_disk() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("P/D")).unwrap();
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (code, out) =
+        crate::no_write_lost::stopped_at(&sb, "down", &spec, "stop=after-hold:c", &["after-hold"], |_| {
+            fs::write(cache.join("P/D/new"), "new").unwrap();
+            fs::set_permissions(cache.join("P/D"), fs::Permissions::from_mode(0o700)).unwrap();
+        });
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        fs::metadata(cache.join("P/D")).unwrap().mode() & 0o7777,
+        0o700,
+        "{out}"
+    );
+    assert_eq!(fs::read_to_string(cache.join("P/D/new")).unwrap(), "new");
+}
+
 /// After `down`'s switch a root application closes a directory on disk that the
 /// upper layer holds, unchanged since the first pass: its owner and mode stay.
 #[test]

@@ -288,7 +288,7 @@ impl Syncer<'_, '_> {
                     now = stat::fstat(dst).map_err(dst_err("stat"))?;
                 }
                 if !deferred {
-                    self.journal_finished(&left.rel, &now, dst, left.before.is_none())?;
+                    self.journal_own_meta(&left.rel, &now, dst, left.before.is_none())?;
                 }
                 let stats = &mut self.reporter.stats;
                 match &left.before {

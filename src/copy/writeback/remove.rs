@@ -236,11 +236,16 @@ impl Syncer<'_, '_> {
             if (s.st_dev, s.st_ino) != (item.s.st_dev, item.s.st_ino) || d.st_ino != item.dst_ino {
                 continue;
             }
+            // The RAM directory as it is now: changed since the walk read it (closed
+            // again), its later owner and mode (the walk's opened it for good: a
+            // review helper's probe).
             self.transfer
-                .set_metadata(src.as_fd(), dst.as_fd(), &item.s, true)
+                .set_metadata(src.as_fd(), dst.as_fd(), &s, true)
                 .map_err(at)?;
             let now = stat::fstat(&dst).map_err(dst_err("stat")).map_err(at)?;
             if !item.rel.is_empty() {
+                self.journal_own_meta(&item.rel, &now, dst.as_fd(), false)
+                    .map_err(at)?;
                 self.record(item.rel.clone(), &now);
             }
             self.durable.submit(Job::FsyncDir {

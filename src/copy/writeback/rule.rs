@@ -421,18 +421,27 @@ impl Syncer<'_, '_> {
     }
 
     /// Records in the journal that the pass gave the directory `st` at `path`
-    /// (open as `fd`) the RAM's owner and mode, where it made it (`made_here`) or an
-    /// interrupted attempt did and left it unfinished.
-    pub(super) fn journal_finished(
+    /// (open as `fd`) the RAM's owner and mode: a retry after a kill takes that mode
+    /// for the pass's own, not for a change on disk since the baseline (which it
+    /// would keep: a directory the pass opened stayed open for good after the RAM
+    /// closed it again, a review helper's probe). And, where it made the directory
+    /// (`made_here`) or an interrupted attempt did, that it is finished.
+    pub(super) fn journal_own_meta(
         &self,
         path: &[u8],
         st: &FileStat,
         fd: BorrowedFd<'_>,
         made_here: bool,
     ) -> Result<(), Failed> {
-        let Some(j) = self.journal.filter(|_| made_here || !self.base.made.is_empty()) else {
+        let Some(j) = self.journal else {
             return Ok(());
         };
+        if !path.is_empty() && self.dir_mode_changed(path, st) {
+            j.note(path, &Mark::Entry(Sig::of(st))).map_err(journal_err)?;
+        }
+        if !made_here && self.base.made.is_empty() {
+            return Ok(());
+        }
         match born(fd, c"") {
             Some(t) if made_here || self.base.made.contains(&*made_key(path, st.st_ino, t)) => {
                 j.note_finished(path, st.st_ino, t).map_err(journal_err)
