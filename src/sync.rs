@@ -242,6 +242,13 @@ pub fn sync_one(
             );
             (SyncOutcome::Failed, Some(hint), None)
         }
+        Err(e) if records_full(&e) => {
+            let hint = format!(
+                "{e:#}; the records area {} is out of space or inodes (`df -h`, `df -i`): free some there, then write back again (`tmpfsctl sync` or `down`); the RAM copy stays",
+                state.run_dir().display()
+            );
+            (SyncOutcome::Failed, Some(hint), None)
+        }
         Err(e) => (SyncOutcome::Failed, Some(format!("{e:#}")), None),
     };
     if let Some(s) = stats.as_ref().filter(|s| s.conflicts > 0) {
@@ -279,6 +286,16 @@ pub fn sync_one(
         whole_tree,
         seconds,
     })
+}
+
+/// Whether `e` is the state directory out of space: the journal or the baseline
+/// could not be written (the disk directory's own is a [`copy::CopyError`]).
+fn records_full(e: &anyhow::Error) -> bool {
+    let full = |c: &(dyn std::error::Error + 'static)| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    };
+    !copy_error(e, copy::CopyError::is_no_space) && e.chain().any(full)
 }
 
 /// Whether `e` holds a [`copy::CopyError`] that `is`.
@@ -350,6 +367,9 @@ fn pass(
             copy::sync_tree(src, &state.side(&m.name), merge, Some(&mut progress)).map_err(anyhow::Error::new)
         })
         .and_then(|synced| {
+            if let Some(why) = synced.stats.whole_tree_after {
+                *whole_tree = Some(why.to_string());
+            }
             crate::failpoint::hit("after-merge", &m.name);
             if !synced.kept {
                 state.save_baseline(&m.name, &synced.baseline)?;

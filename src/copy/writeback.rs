@@ -119,6 +119,10 @@ pub struct SyncStats {
     pub tracked: bool,
     /// Directories a tracked pass did not read, with everything below them.
     pub dirs_skipped: u64,
+    /// Why a pass that was told what changed read the whole tree after all (the
+    /// write-back's `whole_tree` says so).
+    #[serde(skip)]
+    pub whole_tree_after: Option<&'static str>,
 }
 
 impl SyncStats {
@@ -283,9 +287,7 @@ pub fn sync_tree(
     if !first.linked_changed {
         return Ok(first.synced);
     }
-    tracing::info!(
-        "a hard-linked file changed, whose other names may lie in directories the tracked pass did not read: reading the whole tree"
-    );
+    tracing::info!("{LINKED_CHANGED}: reading the whole tree");
     let again = Merge {
         base: &first.synced.baseline,
         journal,
@@ -299,8 +301,14 @@ pub fn sync_tree(
     // elsewhere: no sign of the application's change for the second either.
     let mut full = sync_pass(src, dst, again, progress, touched)?.synced;
     full.stats.add(&first.synced.stats);
+    full.stats.whole_tree_after = Some(LINKED_CHANGED);
     Ok(full)
 }
+
+/// Why a tracked pass reads the whole tree again after it met a changed
+/// hard-linked file ([`SyncStats::whole_tree_after`]).
+pub const LINKED_CHANGED: &str =
+    "a hard-linked file changed, whose other names may lie in directories the tracked pass did not read";
 
 /// A pass; whether it was tracked and met a changed hard-linked file.
 struct Pass {

@@ -819,6 +819,38 @@ fn sync_reads_only_what_the_agent_saw_change() {
     );
 }
 
+/// A tracked `sync` that meets a changed hard-linked file reads the whole tree
+/// again (the file's other names may lie where it read nothing), and says why.
+/// Before, its report said it read the whole tree without a reason.
+#[test]
+fn a_sync_that_reads_the_whole_tree_for_a_linked_file_says_why() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    for d in ["a", "b", "c"] {
+        fs::create_dir(cache.join(d)).unwrap();
+    }
+    fs::write(cache.join("a/f"), "one").unwrap();
+    fs::hard_link(cache.join("a/f"), cache.join("b/f")).unwrap();
+    sb.run(["sync", spec.to_str().unwrap()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::OpenOptions::new()
+        .append(true)
+        .open(cache.join("a/f"))
+        .unwrap()
+        .write_all(b" two")
+        .unwrap();
+    let r = sb.run(["sync", spec.to_str().unwrap(), "--format", "json"]);
+    r.code(0);
+    let why = r.json()[0]["whole_tree"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("a hard-linked file changed"), "{}", r.json());
+    let lower = sb.state.join("lower/c");
+    assert_eq!(fs::read_to_string(lower.join("b/f")).unwrap(), "one two");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+}
+
 /// A tracked `sync` that finds, before its removals, the RAM changed below a
 /// directory it skipped starts again tracked, with a fresh answer from the change
 /// tracker: a whole pass cannot tell a RAM file below a changed directory from one

@@ -1073,6 +1073,10 @@ fn a_full_state_directory_during_a_write_back_loses_nothing() {
     let sync = sb.run(["sync".as_ref(), spec.as_os_str()]);
     assert_eq!(sync.code, Some(1), "{sync}");
     assert!(sync.stdout.contains("write-back journal"), "{sync}");
+    assert!(
+        sync.stdout.contains("the records area") && sync.stdout.contains("free some there"),
+        "what to do: {sync}"
+    );
     fs::remove_file(&filler).unwrap();
     fs::write(cache.join("d/x"), "new x").unwrap();
     let (code, out) = stopped_at(
