@@ -107,8 +107,9 @@ pub trait AppOnDisk {
     }
     /// `name` is gone from the earlier directory `gone` (see [`Self::gone_dirs`])
     /// as the application left it: it deleted it there, or moved the directory
-    /// away with it (`dir`: a disk directory, for the filesystem).
-    fn deleted_in(&mut self, _dir: &Path, _gone: &[u8], _name: &OsStr) -> bool {
+    /// away with it, holding it from before `since` (the switch; `dir`: a disk
+    /// directory, for the filesystem).
+    fn deleted_in(&mut self, _dir: &Path, _gone: &[u8], _name: &OsStr, _since: Time) -> bool {
         false
     }
 }
@@ -349,6 +350,10 @@ fn random_name(kind: &str) -> CString {
 
 fn ctx(op: &str, p: &Path) -> String {
     format!("{op} {}", p.display())
+}
+
+fn owner_mode(md: &fs::Metadata) -> (u32, u32, u32) {
+    (md.uid(), md.gid(), md.mode() & 0o7777)
 }
 
 /// Whether `md` was born at or after `since` (never, without birth times).
@@ -854,7 +859,11 @@ impl Merge<'_> {
                     return Ok(());
                 }
                 let dmd = df.metadata().context(ctx("stat", &shown))?;
-                if !ours && self.disk_meta_later(&umd, &before_walk) {
+                // Or changed during the walk, which never changes a directory's own
+                // owner and mode before this: the application's (it closed it).
+                let during =
+                    owner_mode(&dmd) != owner_mode(&before_walk) && owner_mode(&dmd) != owner_mode(&umd);
+                if !ours && (during || self.disk_meta_later(&umd, &before_walk)) {
                     self.stats.kept_disk += 1;
                     return Ok(());
                 }
@@ -924,10 +933,10 @@ impl Merge<'_> {
             Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),
             None => {
                 self.app.deleted(d_dir.via, name)
-                    || self
-                        .gone
-                        .last()
-                        .is_some_and(|gone| gone.iter().any(|k| self.app.deleted_in(d_dir.via, k, name)))
+                    || self.gone.last().is_some_and(|gone| {
+                        gone.iter()
+                            .any(|k| self.app.deleted_in(d_dir.via, k, name, since))
+                    })
             }
         }
     }
@@ -944,7 +953,7 @@ impl Merge<'_> {
         self.window
             .disk_since
             .is_some_and(|switched| ctime(d) >= switched)
-            && (u.uid(), u.gid(), u.mode() & 0o7777) != (d.uid(), d.gid(), d.mode() & 0o7777)
+            && owner_mode(u) != owner_mode(d)
     }
 
     /// Whether the disk directory `name` (`md`) in `d_dir` is one the application

@@ -1329,6 +1329,41 @@ fn a_directory_closed_again_while_a_killed_pass_waited_to_open_it_stays_closed()
     assert!(!side.join("g").exists());
 }
 
+/// The RAM opens a directory and deletes a file in it, so the write-back opens
+/// it only once that removal is made; meanwhile the application closes it on
+/// disk. Its close, the later change, stays (before, the deferred opening went
+/// over it: a review helper's probe, 2 of 2).
+#[test]
+fn a_directory_closed_on_disk_while_a_pass_waited_to_open_it_stays_closed() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("a/x")).unwrap();
+    fs::write(cache.join("a/x/f"), "f").unwrap();
+    fs::write(cache.join("a/x/g"), "g").unwrap();
+    fs::set_permissions(cache.join("a/x"), fs::Permissions::from_mode(0o750)).unwrap();
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::set_permissions(cache.join("a/x"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_file(cache.join("a/x/g")).unwrap();
+    let side = sb.state.join("lower/cache/a/x");
+    let (code, out) = stopped_at(
+        &sb,
+        "sync",
+        &spec,
+        "stop=before-removals",
+        &["before-removals"],
+        |_| {
+            fs::set_permissions(&side, fs::Permissions::from_mode(0o700)).unwrap();
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(fs::metadata(&side).unwrap().mode() & 0o7777, 0o700, "{out}");
+    assert!(!side.join("g").exists());
+}
+
 /// A directory a write-back made and gave its owner and mode, before it was
 /// killed later in the pass, is finished: a root application that closes it again
 /// on disk (after `down`'s switch) and puts a private file in keeps it so through

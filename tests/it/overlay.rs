@@ -1547,6 +1547,92 @@ fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back
     }
 }
 
+/// The RAM writes `P/D/n` after `down`'s first pass; after the switch the
+/// application moves `P/D` away, makes a new one, and writes its own `n` into the
+/// one it moved (or the pass itself writes another RAM file there, through the
+/// path the application moved it to): the RAM's `P/D/n`, which the application
+/// never saw, is written into the new `P/D`. A first version of the rule that a
+/// moved directory's names are gone took any name it held for one it left with,
+/// and lost the file (a review helper's probes, 4 of 4).
+#[test]
+fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_holds_now() {
+    for how in ["the application writes there", "the pass writes there"] {
+        let sb = Sandbox::new();
+        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+        fs::create_dir_all(cache.join("P/D")).unwrap();
+        fs::create_dir_all(cache.join("P/A")).unwrap();
+        fs::write(cache.join("P/D/old"), "old").unwrap();
+        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (code, out) = crate::no_write_lost::stopped_at(
+            &sb,
+            "down",
+            &spec,
+            "stop=after-hold,after-switch:c",
+            &["after-hold", "after-switch"],
+            |i| match (i, how) {
+                (0, "the application writes there") => fs::write(cache.join("P/D/n"), "ram-D").unwrap(),
+                (0, _) => {
+                    fs::write(cache.join("P/D/n"), "ram-D").unwrap();
+                    fs::write(cache.join("P/A/n"), "ram-A").unwrap();
+                }
+                (_, "the application writes there") => {
+                    fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap();
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                    fs::write(cache.join("P/D.old/n"), "the application's").unwrap();
+                }
+                _ => {
+                    fs::remove_dir_all(cache.join("P/A")).unwrap();
+                    fs::rename(cache.join("P/D"), cache.join("P/A")).unwrap();
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                }
+            },
+        );
+        assert_eq!(code, 0, "{how}: {out}");
+        assert_eq!(
+            fs::read_to_string(cache.join("P/D/n")).ok().as_deref(),
+            Some("ram-D"),
+            "{how}: {out}"
+        );
+    }
+}
+
+/// After `down`'s switch the application closes a directory on disk while the
+/// write-back is inside it (it has just put a file there): its owner and mode
+/// stay. A first version judged only a look taken before the walk, and applied
+/// the upper directory's over them (a review helper's probe, 3 of 3).
+#[test]
+fn a_directory_the_application_closes_while_the_merge_is_in_it_stays_closed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    fs::create_dir_all(cache.join("P/D")).unwrap();
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (code, out) = crate::no_write_lost::stopped_at(
+        &sb,
+        "down",
+        &spec,
+        "stop=after-hold,overlay-placed",
+        &["after-hold", "overlay-placed"],
+        |i| {
+            if i == 0 {
+                fs::write(cache.join("P/D/n"), "n").unwrap();
+            } else {
+                fs::set_permissions(cache.join("P/D"), fs::Permissions::from_mode(0o700)).unwrap();
+                fs::write(cache.join("P/D/private"), "root's").unwrap();
+            }
+        },
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        fs::metadata(cache.join("P/D")).unwrap().mode() & 0o7777,
+        0o700,
+        "{out}"
+    );
+    assert_eq!(fs::read_to_string(cache.join("P/D/n")).unwrap(), "n");
+}
+
 /// The application writes in a directory and closes it (`chmod 0700`) in RAM
 /// between `down`'s first pass and its switch: the disk directory gets the
 /// mode. A first version of the rule below took the pass's own write into it for

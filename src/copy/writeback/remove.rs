@@ -67,7 +67,14 @@ fn files_below(dir: OwnedFd, found: &mut dyn FnMut(&FileStat) -> bool) -> bool {
 pub(super) struct DeferredMeta {
     rel: Vec<u8>,
     dst_ino: u64,
+    /// The disk directory's owner and mode when the walk deferred them: changed
+    /// since (the application closed it meanwhile), they stay.
+    dst_meta: (u32, u32, u32),
     s: FileStat,
+}
+
+fn owner_and_mode(st: &FileStat) -> (u32, u32, u32) {
+    (st.st_uid, st.st_gid, st.st_mode & 0o7777)
 }
 
 /// Whether giving `now` the owner and mode of `s` lets anyone more in: another owner
@@ -210,6 +217,7 @@ impl Syncer<'_, '_> {
         self.deferred_meta.push(DeferredMeta {
             rel: rel.to_vec(),
             dst_ino: now.st_ino,
+            dst_meta: owner_and_mode(now),
             s: *s,
         });
         true
@@ -233,7 +241,10 @@ impl Syncer<'_, '_> {
                 stat::fstat(&src).map_err(src_err("stat")).map_err(at)?,
                 stat::fstat(&dst).map_err(dst_err("stat")).map_err(at)?,
             );
-            if (s.st_dev, s.st_ino) != (item.s.st_dev, item.s.st_ino) || d.st_ino != item.dst_ino {
+            if (s.st_dev, s.st_ino) != (item.s.st_dev, item.s.st_ino)
+                || d.st_ino != item.dst_ino
+                || owner_and_mode(&d) != item.dst_meta
+            {
                 continue;
             }
             // The RAM directory as it is now: changed since the walk read it (closed
