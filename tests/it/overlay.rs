@@ -599,6 +599,18 @@ fn what_an_overlay_cannot_do_is_refused() {
     install("systemd").code(0).stdout_has("changed: yes");
 }
 
+/// A sandbox whose cache directory (`var/cache/app`, root's 0755, made as
+/// `setup` says) is offloaded as `seed: overlay` mount `c`, persisted on stop:
+/// the sandbox, the cache directory and the spec.
+fn overlay_applied(setup: impl FnOnce(&Path)) -> (Sandbox, PathBuf, PathBuf) {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    setup(&cache);
+    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    (sb, cache, spec)
+}
+
 /// A scratch directory under /tmp holding new directories of these names (an upper
 /// layer, a disk directory, ...), and their paths.
 fn scratch<const N: usize>(names: [&str; N]) -> (tempfile::TempDir, [PathBuf; N]) {
@@ -1387,10 +1399,7 @@ fn a_tree_nested_deeper_than_the_merge_goes_fails_it_with_an_error_that_says_so(
 #[test]
 fn a_directory_the_application_moves_or_makes_on_disk_after_the_switch_stays_whole() {
     for how in ["moved in", "renamed inside", "made"] {
-        let sb = Sandbox::new();
-        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (sb, cache, spec) = overlay_applied(|_| {});
         fs::create_dir_all(cache.join("D/A")).unwrap();
         fs::write(cache.join("D/f"), "f").unwrap();
         fs::write(cache.join("D/A/a1"), "a1").unwrap();
@@ -1436,14 +1445,12 @@ fn a_directory_the_application_moves_or_makes_on_disk_after_the_switch_stays_who
 #[test]
 fn a_directory_the_application_makes_again_after_the_switch_keeps_its_owner_and_mode() {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("D")).unwrap();
-    fs::write(cache.join("D/f"), "f").unwrap();
-    std::os::unix::fs::chown(cache.join("D"), Some(1000), Some(1000)).unwrap();
-    fs::set_permissions(cache.join("D"), fs::Permissions::from_mode(0o755)).unwrap();
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|cache| {
+        fs::create_dir(cache.join("D")).unwrap();
+        fs::write(cache.join("D/f"), "f").unwrap();
+        std::os::unix::fs::chown(cache.join("D"), Some(1000), Some(1000)).unwrap();
+        fs::set_permissions(cache.join("D"), fs::Permissions::from_mode(0o755)).unwrap();
+    });
     fs::write(cache.join("D/g"), "g").unwrap();
     let (code, out) = crate::no_write_lost::stopped_at(
         &sb,
@@ -1475,12 +1482,10 @@ fn a_directory_the_application_makes_again_after_the_switch_keeps_its_owner_and_
 #[test]
 fn a_directory_the_application_moves_away_and_back_after_the_switch_gets_what_the_ram_wrote() {
     for how in ["the directory", "its parent"] {
-        let sb = Sandbox::new();
-        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-        fs::create_dir_all(cache.join("P/D")).unwrap();
-        fs::write(cache.join("P/D/old"), "old").unwrap();
-        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (sb, cache, spec) = overlay_applied(|cache| {
+            fs::create_dir_all(cache.join("P/D")).unwrap();
+            fs::write(cache.join("P/D/old"), "old").unwrap();
+        });
         fs::write(cache.join("P/D/f1"), "f1").unwrap();
         let (code, out) = crate::no_write_lost::stopped_at(
             &sb,
@@ -1519,12 +1524,10 @@ fn a_directory_the_application_moves_away_and_back_after_the_switch_gets_what_th
 fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back() {
     let hows = ["P removed", "D moved away", "P moved away"];
     for how in hows {
-        let sb = Sandbox::new();
-        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-        fs::create_dir_all(cache.join("P/D")).unwrap();
-        fs::write(cache.join("P/D/old"), "old").unwrap();
-        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (sb, cache, spec) = overlay_applied(|cache| {
+            fs::create_dir_all(cache.join("P/D")).unwrap();
+            fs::write(cache.join("P/D/old"), "old").unwrap();
+        });
         fs::write(cache.join("P/D/f1"), "f1").unwrap();
         let (code, out) = crate::no_write_lost::stopped_at(
             &sb,
@@ -1557,13 +1560,11 @@ fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back
 #[test]
 fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_holds_now() {
     for how in ["the application writes there", "the pass writes there"] {
-        let sb = Sandbox::new();
-        let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-        fs::create_dir_all(cache.join("P/D")).unwrap();
-        fs::create_dir_all(cache.join("P/A")).unwrap();
-        fs::write(cache.join("P/D/old"), "old").unwrap();
-        let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        let (sb, cache, spec) = overlay_applied(|cache| {
+            fs::create_dir_all(cache.join("P/D")).unwrap();
+            fs::create_dir_all(cache.join("P/A")).unwrap();
+            fs::write(cache.join("P/D/old"), "old").unwrap();
+        });
         let (code, out) = crate::no_write_lost::stopped_at(
             &sb,
             "down",
@@ -1604,11 +1605,9 @@ fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_ho
 #[test]
 fn a_directory_the_application_closes_while_the_merge_is_in_it_stays_closed() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir_all(cache.join("P/D")).unwrap();
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|cache| {
+        fs::create_dir_all(cache.join("P/D")).unwrap();
+    });
     let (code, out) = crate::no_write_lost::stopped_at(
         &sb,
         "down",
@@ -1641,11 +1640,9 @@ fn a_directory_the_application_closes_while_the_merge_is_in_it_stays_closed() {
 #[test]
 fn a_directory_closed_in_ram_before_the_switch_is_closed_on_disk() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir_all(cache.join("P/D")).unwrap();
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|cache| {
+        fs::create_dir_all(cache.join("P/D")).unwrap();
+    });
     let (code, out) =
         crate::no_write_lost::stopped_at(&sb, "down", &spec, "stop=after-hold:c", &["after-hold"], |_| {
             fs::write(cache.join("P/D/new"), "new").unwrap();
@@ -1665,12 +1662,10 @@ fn a_directory_closed_in_ram_before_the_switch_is_closed_on_disk() {
 #[test]
 fn a_directory_the_application_closes_after_the_switch_stays_closed() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("D")).unwrap();
-    std::os::unix::fs::chown(cache.join("D"), Some(1000), Some(1000)).unwrap();
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|cache| {
+        fs::create_dir(cache.join("D")).unwrap();
+        std::os::unix::fs::chown(cache.join("D"), Some(1000), Some(1000)).unwrap();
+    });
     fs::write(cache.join("D/g"), "g").unwrap();
     let (code, out) = crate::no_write_lost::stopped_at(
         &sb,
@@ -1696,13 +1691,11 @@ fn a_directory_the_application_closes_after_the_switch_stays_closed() {
 /// RAM's file back (6 of 6 runs, a hunting helper's probe).
 #[test]
 fn a_directory_the_application_moves_over_a_file_after_the_switch_stays_whole() {
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    fs::create_dir(cache.join("X")).unwrap();
-    fs::write(cache.join("X/x1"), "x1").unwrap();
-    fs::write(cache.join("N"), "old").unwrap();
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|cache| {
+        fs::create_dir(cache.join("X")).unwrap();
+        fs::write(cache.join("X/x1"), "x1").unwrap();
+        fs::write(cache.join("N"), "old").unwrap();
+    });
     let mut open = fs::OpenOptions::new().append(true).open(cache.join("N")).unwrap();
     let (code, out) = crate::no_write_lost::stopped_at(
         &sb,
@@ -1731,10 +1724,7 @@ fn a_directory_the_application_moves_over_a_file_after_the_switch_stays_whole() 
 /// helper's probe).
 #[test]
 fn down_names_a_process_holding_a_file_of_the_overlay() {
-    let sb = Sandbox::new();
-    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
-    let spec = sb.one_mount_spec("c", &cache, "16MiB", "    seed: overlay\n    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    let (sb, cache, spec) = overlay_applied(|_| {});
     fs::write(cache.join("f"), "a").unwrap();
     let open = fs::OpenOptions::new().append(true).open(cache.join("f")).unwrap();
     let down = sb.run([
