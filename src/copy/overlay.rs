@@ -106,10 +106,10 @@ pub trait AppOnDisk {
         Vec::new()
     }
     /// `name` is gone from the earlier directory `gone` (see [`Self::gone_dirs`])
-    /// as the application left it: it deleted it there, or moved the directory
-    /// away with it, holding it from before `since` (the switch; `dir`: a disk
-    /// directory, for the filesystem).
-    fn deleted_in(&mut self, _dir: &Path, _gone: &[u8], _name: &OsStr, _since: Time) -> bool {
+    /// as the application left it: it deleted it there, or (with `moved`) moved
+    /// the directory away with it, holding it from before `since` (the switch;
+    /// `dir`: a disk directory, for the filesystem).
+    fn deleted_in(&mut self, _dir: &Path, _gone: &[u8], _name: &OsStr, _since: Time, _moved: bool) -> bool {
         false
     }
 }
@@ -765,7 +765,7 @@ impl Merge<'_> {
         // A name the disk lacks is asked about whatever its ctime: a directory
         // the first pass wrote and the application deleted or moved on disk
         // since the switch must not be made again (with what changed in it).
-        if (changed || disk.is_none()) && self.disk_won(d_dir, name, disk.as_ref(), md.is_dir()) {
+        if (changed || disk.is_none()) && self.disk_won(d_dir, name, disk.as_ref(), &md) {
             self.stats.kept_disk += 1;
             return Ok(false);
         }
@@ -923,19 +923,24 @@ impl Merge<'_> {
         d_dir: Held<'_>,
         name: &OsStr,
         disk: Option<&fs::Metadata>,
-        upper_dir: bool,
+        upper: &fs::Metadata,
     ) -> bool {
         let Some(since) = self.window.disk_since else {
             return false;
         };
+        // A version of the first pass's time, which it put on disk, where the
+        // application saw it: moved away with a directory, it left with it. One
+        // the RAM changed since never was on disk, and is written (lost before: a
+        // review helper's probes).
+        let seen = self.window.upper_since.is_none_or(|first| ctime(upper) < first);
         match disk {
-            Some(dm) if dm.is_dir() => !upper_dir && self.apps_dir(d_dir, name, dm),
+            Some(dm) if dm.is_dir() => !upper.is_dir() && self.apps_dir(d_dir, name, dm),
             Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),
             None => {
                 self.app.deleted(d_dir.via, name)
                     || self.gone.last().is_some_and(|gone| {
                         gone.iter()
-                            .any(|k| self.app.deleted_in(d_dir.via, k, name, since))
+                            .any(|k| self.app.deleted_in(d_dir.via, k, name, since, seen))
                     })
             }
         }

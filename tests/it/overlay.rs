@@ -1554,12 +1554,21 @@ fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back
 /// application moves `P/D` away, makes a new one, and writes its own `n` into the
 /// one it moved (or the pass itself writes another RAM file there, through the
 /// path the application moved it to): the RAM's `P/D/n`, which the application
-/// never saw, is written into the new `P/D`. A first version of the rule that a
-/// moved directory's names are gone took any name it held for one it left with,
-/// and lost the file (a review helper's probes, 4 of 4).
+/// never saw, is written into the new `P/D`; so is its rewrite of a file the
+/// disk had. A first version of the rule that a moved directory's names are gone
+/// took any name it held for one it left with (also one linked or moved there
+/// since, or an older version of a file the RAM rewrote), and lost the RAM's file
+/// (review helpers' probes, 4 of 4 each).
 #[test]
 fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_holds_now() {
-    for how in ["the application writes there", "the pass writes there"] {
+    let hows = [
+        "the application writes there",
+        "the pass writes there",
+        "the application links an older file there",
+        "the application moves an older file there",
+        "the RAM rewrote a file the disk had",
+    ];
+    for how in hows {
         let (sb, cache, spec) = overlay_applied(|cache| {
             fs::create_dir_all(cache.join("P/D")).unwrap();
             fs::create_dir_all(cache.join("P/A")).unwrap();
@@ -1573,6 +1582,13 @@ fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_ho
             &["after-hold", "after-switch"],
             |i| match (i, how) {
                 (0, "the application writes there") => fs::write(cache.join("P/D/n"), "ram-D").unwrap(),
+                (0, "the RAM rewrote a file the disk had") => {
+                    fs::write(cache.join("P/D/old"), "ram-D").unwrap()
+                }
+                (_, "the RAM rewrote a file the disk had") => {
+                    fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap();
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                }
                 (0, _) => {
                     fs::write(cache.join("P/D/n"), "ram-D").unwrap();
                     fs::write(cache.join("P/A/n"), "ram-A").unwrap();
@@ -1582,6 +1598,16 @@ fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_ho
                     fs::create_dir(cache.join("P/D")).unwrap();
                     fs::write(cache.join("P/D.old/n"), "the application's").unwrap();
                 }
+                (_, "the application links an older file there") => {
+                    fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap();
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                    fs::hard_link(cache.join("P/D.old/old"), cache.join("P/D.old/n")).unwrap();
+                }
+                (_, "the application moves an older file there") => {
+                    fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap();
+                    fs::create_dir(cache.join("P/D")).unwrap();
+                    fs::rename(cache.join("P/D.old/old"), cache.join("P/D.old/n")).unwrap();
+                }
                 _ => {
                     fs::remove_dir_all(cache.join("P/A")).unwrap();
                     fs::rename(cache.join("P/D"), cache.join("P/A")).unwrap();
@@ -1590,8 +1616,13 @@ fn a_file_the_ram_wrote_reaches_a_directory_made_again_whatever_the_moved_one_ho
             },
         );
         assert_eq!(code, 0, "{how}: {out}");
+        let name = if how == "the RAM rewrote a file the disk had" {
+            "P/D/old"
+        } else {
+            "P/D/n"
+        };
         assert_eq!(
-            fs::read_to_string(cache.join("P/D/n")).ok().as_deref(),
+            fs::read_to_string(cache.join(name)).ok().as_deref(),
             Some("ram-D"),
             "{how}: {out}"
         );
