@@ -820,15 +820,21 @@ impl Merge<'_> {
                     .note_dir(&md, parent.as_fd(), name)
                     .map_err(|e| placings_failed(e, &shown))?;
             }
-            let apps_new = !made_here && disk.as_ref().is_some_and(|dm| self.apps_new_dir(d_dir, name, dm));
             // Made by an attempt after the switch: root's and closed until it has
             // the upper directory's owner and mode.
             let ours = made_here
-                || disk.as_ref().is_some_and(|dm| {
-                    d_dir
-                        .open()
-                        .is_ok_and(|parent| self.placed.made_dir(dm, parent.as_fd(), name))
-                });
+                || disk
+                    .as_ref()
+                    .is_some_and(|dm| self.made_by_attempt(d_dir, name, dm));
+            // Made by the application after the switch (its birth time): its owner
+            // and mode stay (a root application's `rm -r D; mkdir -m 0700 D` got
+            // the upper directory's, and a file in it became readable to others:
+            // a review helper's probe). Without birth times, not told.
+            let apps_new = !ours
+                && disk
+                    .as_ref()
+                    .zip(self.window.disk_since)
+                    .is_some_and(|(dm, since)| born_since(dm, since));
             let gone = match (self.window.disk_since, self.gone.last()) {
                 (Some(_), above) => self
                     .app
@@ -911,8 +917,8 @@ impl Merge<'_> {
     /// Whether the disk entry is the application's later change (only once it
     /// works on its disk directory again).
     /// A directory never wins over a directory (the walk merges the two: one
-    /// the application made there keeps its owner and mode, see
-    /// [`Self::apps_new_dir`]), but one the application made or moved there wins
+    /// the application made there keeps its owner and mode, see [`Self::entry`]),
+    /// but one the application made or moved there wins
     /// over the upper layer's file: it replaced the file on disk later (`rm N; mv
     /// X N`, which the merge undid before, removing what the directory held: a
     /// hunting helper's probe). A name the disk lacks is the application's
@@ -961,17 +967,11 @@ impl Merge<'_> {
             && owner_mode(u) != owner_mode(d)
     }
 
-    /// Whether the disk directory `name` (`md`) in `d_dir` is one the application
-    /// made there after the switch (its birth time), not an attempt of this
-    /// write-back: its owner and mode stay (a root application's `rm -r D; mkdir
-    /// -m 0700 D` got the upper directory's, and a file in it became readable to
-    /// others: a review helper's probe). Without birth times, not told.
-    fn apps_new_dir(&mut self, d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> bool {
-        let Some(since) = self.window.disk_since else {
-            return false;
-        };
-        born_since(md, since)
-            && !d_dir
+    /// Whether the disk directory `name` (`md`) in `d_dir` is one an earlier
+    /// attempt of this write-back made after the switch (see [`Placings`]).
+    fn made_by_attempt(&mut self, d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata) -> bool {
+        self.window.disk_since.is_some()
+            && d_dir
                 .open()
                 .is_ok_and(|parent| self.placed.made_dir(md, parent.as_fd(), name))
     }
@@ -989,10 +989,7 @@ impl Merge<'_> {
             return false;
         }
         // Made there by an earlier attempt of this write-back, and still there.
-        if d_dir
-            .open()
-            .is_ok_and(|parent| self.placed.made_dir(md, parent.as_fd(), name))
-        {
+        if self.made_by_attempt(d_dir, name, md) {
             return false;
         }
         born_since(md, since)
