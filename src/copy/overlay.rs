@@ -935,10 +935,11 @@ impl Merge<'_> {
             return false;
         };
         // A version of the first pass's time, which it put on disk, where the
-        // application saw it: moved away with a directory, it left with it. One
+        // application saw it: moved away with a directory, it left with it. A file
         // the RAM changed since never was on disk, and is written (lost before: a
-        // review helper's probes).
-        let seen = self.window.upper_since.is_none_or(|first| ctime(upper) < first);
+        // review helper's probes). A directory's ctime moves with its names and
+        // the first pass's own marks: it counts as seen.
+        let seen = upper.is_dir() || self.window.upper_since.is_none_or(|first| ctime(upper) < first);
         match disk {
             Some(dm) if dm.is_dir() => !upper.is_dir() && self.apps_dir(d_dir, name, dm),
             Some(dm) => ctime(dm) >= since && !self.placed.placed(dm),

@@ -171,22 +171,16 @@ impl AppOnDisk for Watched<'_> {
         let (Ok(f), Ok(c)) = (File::open(dir), CString::new(name.as_bytes())) else {
             return false;
         };
-        // Held by the moved directory from before the switch, under that name: born
-        // then and not linked or renamed there since (its ctime; without birth
-        // times, the ctime alone, in whole seconds, as a disk without birth times
-        // keeps them). One put there since, by the application or by this pass
-        // through the directory's new path, is another file (a review helper's
-        // probes lost the RAM's file of that name).
-        let held_before = |moved: std::os::fd::OwnedFd| {
-            let Ok(st) =
-                nix::sys::stat::fstatat(&moved, c.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            else {
-                return false;
-            };
-            match copy::born(moved.as_fd(), &c) {
-                Some(born) => born < since && (st.st_ctime, st.st_ctime_nsec) < since,
-                None => st.st_ctime < since.0,
-            }
+        // Held by the moved directory from before the switch (born then): it left
+        // with it, whatever the application did to it since (a change of it is
+        // the application's, and a review helper's probes brought the RAM's old
+        // version back beside it when that counted). One made there since, by the
+        // application or by this pass through the directory's new path, is
+        // another file. Without birth times, one whose ctime is before the switch.
+        let held_before = |moved: std::os::fd::OwnedFd| match copy::born(moved.as_fd(), &c) {
+            Some(born) => born < since,
+            None => nix::sys::stat::fstatat(&moved, c.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| (st.st_ctime, st.st_ctime_nsec) < since),
         };
         self.lock().is_some_and(|mut d| d.deleted_in(gone, &c).is_some())
             || (moved && crate::host::deletions::open_moved(f.as_fd(), gone).is_some_and(held_before))

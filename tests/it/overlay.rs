@@ -1518,17 +1518,25 @@ fn a_directory_the_application_moves_away_and_back_after_the_switch_gets_what_th
 /// After `down`'s switch the application replaces a directory together with the
 /// one above it (`rm -r P; mkdir -p P/D`), or moves it (or the one above it) away
 /// and makes a new one: the file the first pass put there, which it deleted or
-/// moved away with its directory, does not come back in the new one (a review
-/// helper's probes, 3 of 3 each).
+/// moved away with its directory (and changed there since), and a directory the
+/// RAM made, do not come back in the new one (review helpers' probes, 3 of 3 and
+/// 4 of 4 each).
 #[test]
 fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back() {
-    let hows = ["P removed", "D moved away", "P moved away"];
+    let hows = [
+        "P removed",
+        "D moved away",
+        "P moved away",
+        "D moved away and its file changed",
+    ];
     for how in hows {
         let (sb, cache, spec) = overlay_applied(|cache| {
             fs::create_dir_all(cache.join("P/D")).unwrap();
             fs::write(cache.join("P/D/old"), "old").unwrap();
         });
         fs::write(cache.join("P/D/f1"), "f1").unwrap();
+        // Made in RAM: the first pass marks its upper directory opaque.
+        fs::create_dir(cache.join("P/D/sub")).unwrap();
         let (code, out) = crate::no_write_lost::stopped_at(
             &sb,
             "down",
@@ -1538,15 +1546,26 @@ fn a_directory_replaced_with_the_one_above_it_after_the_switch_gets_nothing_back
             |_| {
                 match how {
                     "P removed" => fs::remove_dir_all(cache.join("P")).unwrap(),
-                    "D moved away" => fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap(),
-                    _ => fs::rename(cache.join("P"), cache.join("P.old")).unwrap(),
+                    "P moved away" => fs::rename(cache.join("P"), cache.join("P.old")).unwrap(),
+                    _ => fs::rename(cache.join("P/D"), cache.join("P/D.old")).unwrap(),
+                }
+                if how == "D moved away and its file changed" {
+                    fs::OpenOptions::new()
+                        .append(true)
+                        .open(cache.join("P/D.old/f1"))
+                        .and_then(|mut f| std::io::Write::write_all(&mut f, b" more"))
+                        .unwrap();
                 }
                 fs::create_dir_all(cache.join("P/D")).unwrap();
             },
         );
         assert_eq!(code, 0, "{how}: {out}");
-        assert!(!cache.join("P/D/f1").exists(), "{how}: came back: {out}");
-        assert!(!cache.join("P/D/old").exists(), "{how}: came back: {out}");
+        for name in ["f1", "old", "sub"] {
+            assert!(
+                !cache.join("P/D").join(name).exists(),
+                "{how}: {name} came back: {out}"
+            );
+        }
     }
 }
 
