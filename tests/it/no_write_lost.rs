@@ -1218,11 +1218,7 @@ fn a_directory_a_killed_write_back_made_gets_its_owner_and_mode_from_the_next() 
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     let (spec, side) = made_and_killed(&sb, &cache, 0o755);
-    assert_eq!(
-        fs::metadata(&side).unwrap().mode() & 0o7777,
-        0o700,
-        "made, and left so"
-    );
+    assert_eq!(crate::common::mode_of(&side), 0o700, "made, and left so");
     sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
     let md = fs::metadata(&side).unwrap();
     assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (1000, 1000, 0o755));
@@ -1295,7 +1291,6 @@ fn a_directory_the_application_closes_after_the_switch_stays_closed() {
 /// review helper's probe, 3 of 3).
 #[test]
 fn a_directory_closed_again_while_a_killed_pass_waited_to_open_it_stays_closed() {
-    use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     fs::create_dir_all(cache.join("a/x")).unwrap();
@@ -1325,7 +1320,7 @@ fn a_directory_closed_again_while_a_killed_pass_waited_to_open_it_stays_closed()
     );
     sb.run(["sync".as_ref(), spec.as_os_str()]).code(0);
     let side = sb.state.join("lower/cache/a/x");
-    assert_eq!(fs::metadata(&side).unwrap().mode() & 0o7777, 0o700);
+    assert_eq!(crate::common::mode_of(&side), 0o700);
     assert!(!side.join("g").exists());
 }
 
@@ -1335,7 +1330,6 @@ fn a_directory_closed_again_while_a_killed_pass_waited_to_open_it_stays_closed()
 /// over it: a review helper's probe, 2 of 2).
 #[test]
 fn a_directory_closed_on_disk_while_a_pass_waited_to_open_it_stays_closed() {
-    use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     fs::create_dir_all(cache.join("a/x")).unwrap();
@@ -1360,7 +1354,7 @@ fn a_directory_closed_on_disk_while_a_pass_waited_to_open_it_stays_closed() {
         },
     );
     assert_eq!(code, 0, "{out}");
-    assert_eq!(fs::metadata(&side).unwrap().mode() & 0o7777, 0o700, "{out}");
+    assert_eq!(crate::common::mode_of(&side), 0o700, "{out}");
     assert!(!side.join("g").exists());
 }
 
