@@ -184,6 +184,18 @@ pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
                 top.source
             ));
         }
+        let inner = table.entries.iter().find_map(|i| {
+            let below = i.mount_point != e.mount_point && i.mount_point.starts_with(&e.mount_point);
+            let name = backend::managed_name(i).filter(|n| below && *n != f.name)?;
+            Some((name, &i.mount_point))
+        });
+        if let Some((name, at)) = inner {
+            return Takedown::Refuse(format!(
+                "{} inside {} holds `{name}`, a mount of another spec, which this one's takedown would take along unwritten; take `{name}` down first (`tmpfsctl down` with its spec) — nothing was written back or unmounted",
+                at.display(),
+                e.mount_point.display()
+            ));
+        }
         if persisted && !observe::side_reaches_disk(table, e.dev, &f.side) {
             return Takedown::Refuse(format!(
                 "the disk directory is not reachable through {} (missing, stacked or shared side bind); run `tmpfsctl apply` to restore it, then `down` again — nothing was written back or unmounted",
@@ -244,6 +256,8 @@ fn take_down(
     by: &str,
     defer: bool,
 ) -> Result<(DownResult, Option<takedown::Handoff>)> {
+    // As it was built, whatever the spec says now (see `State::as_mounted`).
+    let spec = &state.spec_as_mounted(spec);
     let table = host.mounts()?;
     let found = find(spec, name, &table, state);
     // Where the application sees the tmpfs, else where the spec says it goes.

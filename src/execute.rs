@@ -319,6 +319,8 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
             name: m.name.clone(),
             path: m.path.clone(),
             persist: m.persist.name(),
+            seed: Some(m.seed),
+            backend: Some(m.backend),
             applied_at: crate::state::unix_now(),
         })?;
     }

@@ -13,7 +13,7 @@ use crate::host::mountinfo::MountTable;
 use crate::host::Host;
 use crate::mount::RootAttrs;
 use crate::spec::{self, MountSpec, Spec};
-use crate::state::State;
+use crate::state::{Record, State};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -121,7 +121,11 @@ pub struct Observed {
     pub side: SideBind,
     /// Owner/mode of the on-disk directory, when it can be seen.
     pub disk: Option<RootAttrs>,
-    pub recorded: bool,
+    /// What `apply` recorded when it built the live mount.
+    pub record: Option<Record>,
+    /// A managed mount of another name (another spec's) inside the path or
+    /// above it: its name and mount point.
+    pub nested: Option<(String, PathBuf)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -308,8 +312,24 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
         stage_holds_upper,
         side,
         disk,
-        recorded: state.record(&m.name).is_some(),
+        record: state.record(&m.name),
+        nested: nested_managed(m, table, state),
     }
+}
+
+/// A managed mount of a name other than `m`'s inside its path or above it (the
+/// state directory's own mounts aside): one spec cannot nest its mounts, two
+/// could.
+pub fn nested_managed(m: &MountSpec, table: &MountTable, state: &State) -> Option<(String, PathBuf)> {
+    table
+        .entries
+        .iter()
+        .filter(|e| !e.mount_point.starts_with(state.dir()) && e.mount_point != m.path)
+        .filter(|e| e.mount_point.starts_with(&m.path) || m.path.starts_with(&e.mount_point))
+        .find_map(|e| {
+            let name = backend::managed_name(e).filter(|n| *n != m.name)?;
+            Some((name.to_string(), e.mount_point.clone()))
+        })
 }
 
 fn upper_has_entries(stage: &Path) -> bool {

@@ -10,7 +10,7 @@ use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
 use crate::observe::{AtPath, Leftover, Observed, SideBind, World};
 use crate::spec::size::format_bytes;
-use crate::spec::{MountSpec, Seed, Spec};
+use crate::spec::{Backend, MountSpec, Persist, Seed, Spec};
 use crate::state::State;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -317,6 +317,22 @@ pub fn plan_mount(m: &MountSpec, o: &Observed, state: &State, page_size: u64) ->
         }
         AtPath::Foreign { .. } | AtPath::Disk => {}
     }
+    if let Some((name, at)) = &o.nested {
+        p.blocked = offload_blocked(if at.starts_with(&m.path) {
+            format!(
+                "{} inside {} holds `{name}`, a mount of another spec: a mount over it would hide it, and take it along unwritten when taken down; take `{name}` down first (`tmpfsctl down` with its spec)",
+                at.display(),
+                m.path.display()
+            )
+        } else {
+            format!(
+                "{} lies inside {}, where `{name}` of another spec is mounted: taken down, that mount would take this one along unwritten; take `{name}` down first (`tmpfsctl down` with its spec) or choose a path outside it",
+                m.path.display(),
+                at.display()
+            )
+        });
+        return p;
+    }
     if !o.path_exists && !m.create {
         p.blocked = offload_blocked(format!(
             "{} does not exist; set `create: true` to create it",
@@ -447,6 +463,37 @@ fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut M
                 "the live mount is {} and the spec asks for {}; run `tmpfsctl down {}` (which writes it back) then `apply`",
                 if matches!(live, Live::Overlay(_)) { "an overlay" } else { "a full copy in RAM" },
                 if m.seed == Seed::Overlay { "an overlay" } else { "a full copy in RAM" },
+                m.name
+            ),
+        });
+        return;
+    }
+    let live_backend = match live {
+        Live::Tmpfs(_) => Some(Backend::Tmpfs),
+        Live::Zram(_) => Some(Backend::Zram),
+        Live::Overlay(_) => o.record.as_ref().and_then(|r| r.backend),
+    };
+    if let Some(was) = live_backend.filter(|b| *b != m.backend) {
+        p.blocked = Some(Blocked::Refused {
+            reason: format!(
+                "the live mount is on {} and the spec asks for {}; run `tmpfsctl down {}` (which writes it back) then `apply`",
+                was.name(),
+                m.backend.name(),
+                m.name
+            ),
+        });
+        return;
+    }
+    if let Some(rec) = o
+        .record
+        .as_ref()
+        .filter(|r| r.persisted() != (m.persist != Persist::None))
+    {
+        p.blocked = Some(Blocked::Refused {
+            reason: format!(
+                "the live mount was built with `persist: {}` and the spec asks for `persist: {}`; run `tmpfsctl down {}` (which writes it back) then `apply`",
+                rec.persist,
+                m.persist.name(),
                 m.name
             ),
         });

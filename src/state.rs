@@ -15,6 +15,7 @@ use crate::copy::baseline::{read_nofollow, write_durably, BaselineError};
 use crate::copy::Baseline;
 use crate::copy::Journal;
 use crate::host::trust::{self, Untrusted};
+use crate::spec::{Backend, MountSpec, Persist, Seed, Spec};
 
 pub const DEFAULT_DIR: &str = "/run/tmpfsctl";
 
@@ -39,7 +40,19 @@ pub struct Record {
     pub path: PathBuf,
     /// `none`, `on-stop` or `every <seconds>s`.
     pub persist: String,
+    /// How it was built; absent in records written before these were kept
+    /// (the spec's then stand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<Seed>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     pub applied_at: u64,
+}
+
+impl Record {
+    pub fn persisted(&self) -> bool {
+        self.persist != "none"
+    }
 }
 
 /// A seed or write-back while it runs, for `status`.
@@ -464,6 +477,33 @@ impl State {
         serde_json::from_str(&text).ok()
     }
 
+    /// `m` as its mount was built, where one is recorded: a spec edited since
+    /// (`apply` refuses to change these on a live mount) must not change how it
+    /// is written back. Its seed and backend are the record's, and it is
+    /// persisted if either says so, so that what was written while it was
+    /// persisted is written back (with `persist: none` in the spec, at `down`
+    /// only).
+    pub fn as_mounted(&self, m: &MountSpec) -> MountSpec {
+        let Some(rec) = self.record(&m.name) else {
+            return m.clone();
+        };
+        let mut m = m.clone();
+        m.seed = rec.seed.unwrap_or(m.seed);
+        m.backend = rec.backend.unwrap_or(m.backend);
+        if m.persist == Persist::None && rec.persisted() {
+            m.persist = Persist::OnStop;
+        }
+        m
+    }
+
+    /// `spec` with each mount [`as_mounted`](Self::as_mounted).
+    pub fn spec_as_mounted(&self, spec: &Spec) -> Spec {
+        Spec {
+            mounts: spec.mounts.iter().map(|m| self.as_mounted(m)).collect(),
+            ..spec.clone()
+        }
+    }
+
     pub fn write_record(&self, rec: &Record) -> Result<()> {
         self.ensure_dirs()?;
         let json = serde_json::to_vec_pretty(rec).expect("a Record always serialises");
@@ -715,6 +755,8 @@ mod tests {
             name: "a".into(),
             path: "/x".into(),
             persist: "none".into(),
+            seed: Some(Seed::Overlay),
+            backend: Some(Backend::Zram),
             applied_at: 5,
         };
         st.write_record(&rec).unwrap();

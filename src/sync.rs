@@ -65,6 +65,7 @@ pub fn sync(
     full: bool,
 ) -> Result<Vec<SyncResult>> {
     UnknownName::check(spec, names, |_| false)?;
+    let spec = &state.spec_as_mounted(spec);
     let world = observe::observe(spec, host, state)?;
     let mut out = Vec::new();
     for (m, o) in spec.mounts.iter().zip(&world.mounts) {
@@ -393,6 +394,7 @@ pub fn finish_writeback(
     watch: Option<Deletions>,
     by: &str,
 ) -> Result<(SyncResult, DownOutcome)> {
+    let m = &state.as_mounted(m);
     crate::failpoint::hit("before-writeback", &m.name);
     let held = state.held(&m.name);
     let made_again = rebind_side(m, host, state)?;

@@ -407,7 +407,7 @@ pub fn run(spec_path: &Path, host: Host, state: State, opts: AgentOptions) -> Re
     let mounts = spec
         .mounts
         .iter()
-        .map(|m| Watched::new(m.clone(), &state))
+        .map(|m| Watched::new(state.as_mounted(m), &state))
         .collect();
     let mut agent = Agent {
         path: spec_path.to_path_buf(),

@@ -235,20 +235,23 @@ impl Agent {
             }
         }
         for m in &new.mounts {
+            // A live mount is written back as it was built, whatever the new
+            // spec says of that (the apply below refuses to change it).
+            let m = self.state.as_mounted(m);
             let w = match old.iter().position(|w| w.spec.name == m.name) {
                 Some(k) => {
                     let mut w = old.swap_remove(k);
-                    if w.spec != *m {
+                    if w.spec != m {
                         w.tracker = Tracker::default();
                         if w.fallback.take().is_some() {
                             self.state.clear_fallback(&m.name);
                         }
                         w.metrics.path = m.path.clone();
-                        w.spec = m.clone();
+                        w.spec = m;
                     }
                     w
                 }
-                None => Watched::new(m.clone(), &self.state),
+                None => Watched::new(m, &self.state),
             };
             self.mounts.push(w);
         }

@@ -40,7 +40,8 @@ fn on_disk() -> Observed {
         stage_holds_upper: false,
         side: SideBind::Absent,
         disk: Some(DISK),
-        recorded: false,
+        record: None,
+        nested: None,
     }
 }
 
@@ -69,7 +70,6 @@ fn offloaded(l: tmpfs::LiveTmpfs) -> Observed {
     Observed {
         at_path: AtPath::Ours(Live::Tmpfs(l)),
         side: SideBind::Bound,
-        recorded: true,
         ..on_disk()
     }
 }

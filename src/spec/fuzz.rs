@@ -17,7 +17,7 @@ use crate::host::mountinfo::MountTable;
 use crate::host::usage::Usage;
 use crate::mount::RootAttrs;
 use crate::observe::{AtPath, Observed, SideBind, World};
-use crate::state::State;
+use crate::state::{Record, State};
 
 /// xorshift64*: the same inputs on every run, no dependency.
 struct Rng(u64);
@@ -427,7 +427,15 @@ fn observed(m: &MountSpec, rng: &mut Rng) -> Observed {
             gid: u32::MAX - 1,
             mode: 0o755,
         }),
-        recorded: rng.percent(50),
+        record: rng.percent(50).then(|| Record {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            persist: rng.pick(&["none", "on-stop", "every 60s"]).to_string(),
+            seed: rng.percent(50).then_some(m.seed),
+            backend: rng.percent(50).then_some(m.backend),
+            applied_at: 0,
+        }),
+        nested: rng.percent(5).then(|| ("other".into(), "/elsewhere".into())),
     }
 }
 

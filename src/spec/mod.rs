@@ -14,7 +14,7 @@ mod yaml;
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use duration::parse_duration_ms;
 pub use load::{load, load_with, only_root_can_change, parse, read_text, SpecLoadError};
@@ -162,7 +162,7 @@ impl Atime {
 
 /// `backend:`, where a mount's RAM comes from: one variant per module of
 /// `crate::backend`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     #[default]
@@ -173,6 +173,14 @@ pub enum Backend {
 
 impl Backend {
     pub const ALL: [(&'static str, Backend); 2] = [("tmpfs", Backend::Tmpfs), ("zram", Backend::Zram)];
+
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, b)| *b == self)
+            .map(|(n, _)| *n)
+            .expect("every Backend variant is listed in Backend::ALL")
+    }
 }
 
 /// `fs:`, the filesystem on a zram device (docs/zram.md, "Which filesystem").
@@ -232,7 +240,7 @@ impl Huge {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Seed {
     /// Copy the on-disk contents into the new tmpfs.

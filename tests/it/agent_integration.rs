@@ -589,6 +589,29 @@ fn sigterm_writes_persisted_mounts_back_and_exits_0() {
     assert_eq!(m.get("tmpfsctl_mount_syncs_total{name=\"c\",result=\"ok\"}"), 1.0);
 }
 
+/// A spec reloaded with `persist: none` under a mount built persisted: the
+/// reload's apply refuses the change, and SIGTERM still writes the mount back
+/// (a review helper's probe: it wrote nothing back).
+#[test]
+fn sigterm_writes_back_a_mount_built_persisted_after_a_reload_says_none() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    wait_offloaded(&mut agent, "c");
+    fs::write(cache.join("late"), "written while persisted").unwrap();
+    let text = fs::read_to_string(&spec).unwrap();
+    fs::write(&spec, text.replace("persist: on-stop", "persist: none")).unwrap();
+    agent.wait_log("built with `persist: on-stop` and the spec asks for `persist: none`");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    assert_eq!(
+        fs::read_to_string(sb.state.join("lower/c/late")).unwrap(),
+        "written while persisted",
+        "SIGTERM wrote the mount back\n{}",
+        agent.log()
+    );
+}
+
 #[test]
 fn persist_every_writes_back_on_schedule() {
     let sb = Sandbox::new();

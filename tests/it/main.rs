@@ -29,6 +29,7 @@ mod overlay;
 mod power_cut;
 mod progress;
 mod residency;
+mod respec;
 mod schema;
 mod seed_window;
 mod writeback_crash;
