@@ -320,6 +320,39 @@ struct Merge<'a> {
     disk: &'a Path,
 }
 
+/// Makes the directory `name` in `d_dir` for the upper directory `md`: under a
+/// temporary name, given `md`'s owner and mode (its attributes and times follow
+/// its contents), then renamed into place unless the name exists (`false`: the
+/// application made it meanwhile, and the walk merges into that). Made
+/// owner-only at its name, it answered the application's opens with EACCES
+/// while the walk filled it, and a kill before the placings record of it left
+/// it so for good (docs/writeback.md has the tmpfs backend's same change).
+fn make_dir(d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata, shown: &Path) -> Result<bool> {
+    let (temp, ()) = fresh_temp(d_dir, |n| {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(d_dir.via.join(OsStr::from_bytes(n.to_bytes())))
+    })?;
+    let at = d_dir.via.join(OsStr::from_bytes(temp.to_bytes()));
+    let placed = (|| {
+        // Owner first: chown clears the setgid bit.
+        std::os::unix::fs::lchown(&at, Some(md.uid()), Some(md.gid()))?;
+        fs::set_permissions(
+            &at,
+            std::os::unix::fs::PermissionsExt::from_mode(md.mode() & 0o7777),
+        )?;
+        let parent = File::open(d_dir.via)?;
+        let name = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+        Ok(super::place::rename_no_replace(parent.as_fd(), &temp, &name)?)
+    })()
+    .map_err(|e: io::Error| e)
+    .with_context(|| ctx("creating directory", shown));
+    if !matches!(placed, Ok(true)) {
+        let _ = fs::remove_dir(&at);
+    }
+    placed
+}
+
 /// Makes an entry under a fresh temporary name in `d_dir` (`make` gets the name):
 /// one the application cannot guess, and another if it made that one first.
 fn fresh_temp<T>(d_dir: Held<'_>, mut make: impl FnMut(&CStr) -> io::Result<T>) -> Result<(CString, T)> {
@@ -368,9 +401,18 @@ fn ctime(md: &fs::Metadata) -> Time {
     (md.ctime(), md.ctime_nsec())
 }
 
-/// A temporary name of the merge's own (never the application's).
+/// A temporary name of the merge's own ([`random_name`]'s exact form): any other,
+/// one that merely starts with [`TEMP_PREFIX`] among them, is the application's.
 fn ours(name: &OsStr) -> bool {
-    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+    name.as_bytes()
+        .strip_prefix(TEMP_PREFIX.as_bytes())
+        .is_some_and(|rest| {
+            let random = ["rm.", "barrier."]
+                .iter()
+                .find_map(|kind| rest.strip_prefix(kind.as_bytes()))
+                .unwrap_or(rest);
+            super::temp::is_hex16(random)
+        })
 }
 
 fn is_whiteout(md: &fs::Metadata) -> bool {
@@ -802,14 +844,11 @@ impl Merge<'_> {
                     if disk.is_some() {
                         self.remove(d_dir, name)?;
                     }
-                    // Root's until the walk leaves it with its owner and mode.
-                    fs::DirBuilder::new()
-                        .mode(0o700)
-                        .create(&d)
-                        .with_context(|| ctx("creating directory", &shown))?;
-                    self.touched.insert(d_dir.path.to_path_buf());
-                    self.stats.dirs += 1;
-                    made_here = true;
+                    made_here = make_dir(d_dir, name, &md, &shown)?;
+                    if made_here {
+                        self.touched.insert(d_dir.path.to_path_buf());
+                        self.stats.dirs += 1;
+                    }
                 }
             }
             let df = open_dir_as(&d, &shown)?;

@@ -36,7 +36,7 @@ pub trait DiskDeletions {
 /// Renames `temp` to `name` in `dir` unless `name` exists: `Ok(false)` then. A
 /// filesystem without `RENAME_NOREPLACE` gets a plain rename after a check, which
 /// leaves a window.
-fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> nix::Result<bool> {
+pub(super) fn rename_no_replace(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> nix::Result<bool> {
     match fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE) {
         Ok(()) => Ok(true),
         Err(Errno::EEXIST) => Ok(false),

@@ -12,13 +12,32 @@ use nix::unistd::{self, UnlinkatFlags};
 
 use super::error::{dst_err, Failed};
 
-/// Names starting with this are the write-back's temporaries: skipped in the source,
-/// removed from the destination.
+/// The write-back's temporaries are named this and 16 lowercase hex digits, the
+/// change tracker's barriers this and `barrier.NONCE.SECS.NANOS` in decimal: skipped
+/// in the source, removed from the destination.
 pub const TEMP_PREFIX: &str = ".tmpfsctl-wb.";
 
-/// Names starting with this are the write-back's temporaries.
+/// Whether `name` is of the exact form of a temporary or a barrier. Any other name,
+/// one that merely starts with [`TEMP_PREFIX`] among them, is the application's
+/// (a review helper's probe: `.tmpfsctl-wb.appdir/` and what it held were never
+/// seeded, and deleted on disk by the first write-back).
 pub(super) fn is_temp(name: &CStr) -> bool {
-    name.to_bytes().starts_with(TEMP_PREFIX.as_bytes())
+    let Some(rest) = name.to_bytes().strip_prefix(TEMP_PREFIX.as_bytes()) else {
+        return false;
+    };
+    let decimals = |b: &[u8]| {
+        let mut parts = 0;
+        b.split(|c| *c == b'.').all(|p| {
+            parts += 1;
+            !p.is_empty() && p.iter().all(u8::is_ascii_digit)
+        }) && parts == 3
+    };
+    is_hex16(rest) || rest.strip_prefix(b"barrier.").is_some_and(decimals)
+}
+
+/// 16 lowercase hex digits: the random part of a name of tmpfsctl's own.
+pub fn is_hex16(b: &[u8]) -> bool {
+    b.len() == 16 && b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Creates an entry under a fresh temporary name, trying another name if one is taken
@@ -117,11 +136,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reserved_names_are_recognised_by_prefix_only() {
-        assert!(is_temp(c".tmpfsctl-wb.x"));
-        assert!(is_temp(c".tmpfsctl-wb."));
-        assert!(!is_temp(c".tmpfsctl-wb"));
-        assert!(!is_temp(c"x.tmpfsctl-wb.y"));
+    fn reserved_names_are_recognised_by_their_exact_form_only() {
+        assert!(is_temp(c".tmpfsctl-wb.0123456789abcdef"));
+        assert!(is_temp(c".tmpfsctl-wb.barrier.42.1700000000.5"));
+        for theirs in [
+            c".tmpfsctl-wb.x",
+            c".tmpfsctl-wb.",
+            c".tmpfsctl-wb",
+            c"x.tmpfsctl-wb.y",
+            c".tmpfsctl-wb.appdir",
+            c".tmpfsctl-wb.0123456789abcde",
+            c".tmpfsctl-wb.0123456789abcdef0",
+            c".tmpfsctl-wb.0123456789ABCDEF",
+            c".tmpfsctl-wb.barrier.",
+            c".tmpfsctl-wb.barrier.42.1700000000",
+            c".tmpfsctl-wb.barrier.42.1.2.3",
+            c".tmpfsctl-wb.barrier.x.1.2",
+            c".tmpfsctl-wb.barrier.42..5",
+        ] {
+            assert!(!is_temp(theirs), "{theirs:?} is the application's");
+        }
     }
 
     #[test]

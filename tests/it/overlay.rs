@@ -1281,20 +1281,27 @@ fn a_directory_is_opened_only_once_every_removal_below_it_is_made() {
 }
 
 /// Whatever the application makes at a reserved name in the overlay (here a
-/// directory, where the merge's barrier goes) is removed, and stops no write-back.
+/// directory, of the form of the merge's barrier) is removed, and stops no
+/// write-back; a name that only starts like one is the application's.
 #[test]
 fn a_reserved_name_in_the_overlay_stops_no_write_back() {
     let sb = Sandbox::new();
     let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
     let spec = overlay_spec(&sb, &cache, "");
     sb.run(["apply", spec.to_str().unwrap()]).code(0);
-    let planted = cache.join(format!("{}barrier.x", tmpfsctl::copy::overlay::TEMP_PREFIX));
+    let prefix = tmpfsctl::copy::overlay::TEMP_PREFIX;
+    let planted = cache.join(format!("{prefix}barrier.0123456789abcdef"));
     fs::create_dir_all(planted.join("sub")).unwrap();
+    let theirs = format!("{prefix}barrier.x");
+    fs::create_dir_all(cache.join(&theirs).join("sub")).unwrap();
     fs::write(cache.join("new"), "new").unwrap();
     sb.run(["sync", spec.to_str().unwrap()]).code(0);
     assert!(!planted.exists());
     sb.run(["down", spec.to_str().unwrap()]).code(0);
-    assert_eq!(tree(&cache).into_keys().collect::<Vec<_>>(), ["new"]);
+    assert_eq!(
+        tree(&cache).into_keys().collect::<Vec<_>>(),
+        [format!("{theirs}/"), format!("{theirs}/sub/"), "new".into()]
+    );
 }
 
 /// A directory the upper layer replaced by a file, in which the application made a
@@ -1787,4 +1794,43 @@ fn down_names_a_process_holding_a_file_of_the_overlay() {
             .is_some_and(|h| h.iter().any(|h| h["pid"] == me)),
         "{down}"
     );
+}
+
+/// A directory the write-back makes after `down`'s switch, while the
+/// application is on its disk directory, has the upper directory's owner and
+/// mode from the moment it has its name: made root's 0700 there, it answered
+/// the application with EACCES until the walk left it, and a kill before the
+/// placings record of it left it so for good.
+#[test]
+fn a_directory_made_after_the_switch_is_never_seen_closed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (sb, cache, spec) = overlay_applied(|_| {});
+    let held = sb.state.join("held/c");
+    let mut seen = Vec::new();
+    let (code, out) = crate::no_write_lost::run_stopped(
+        &sb,
+        "down",
+        &spec,
+        (
+            "stop=after-switch,overlay-placed",
+            &["after-switch", "overlay-placed"],
+        ),
+        |i| {
+            if i == 0 {
+                fs::create_dir(held.join("N")).unwrap();
+                fs::write(held.join("N/f"), "f").unwrap();
+                std::os::unix::fs::chown(held.join("N"), Some(1000), Some(1000)).unwrap();
+                fs::set_permissions(held.join("N"), fs::Permissions::from_mode(0o755)).unwrap();
+            } else {
+                let md = fs::metadata(cache.join("N")).unwrap();
+                seen.push((md.uid(), md.gid(), md.mode() & 0o7777));
+            }
+        },
+        true,
+    );
+    assert_eq!(seen, [(1000, 1000, 0o755)], "{code}: {out}");
+    sb.run(["down", spec.to_str().unwrap()]).code(0);
+    let md = fs::metadata(cache.join("N")).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (1000, 1000, 0o755));
+    assert_eq!(fs::read_to_string(cache.join("N/f")).unwrap(), "f");
 }

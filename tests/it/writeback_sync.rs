@@ -388,10 +388,11 @@ fn leftover_temporaries_are_removed_and_reserved_names_skipped() {
         sync(src, dst);
         let temp = |dir: &str, rest: &str| dst.join(dir).join(format!("{TEMP_PREFIX}{rest}"));
         fs::write(temp("", "0123456789abcdef"), b"half").expect("write");
-        fs::create_dir(temp("readonly", "dir")).expect("mkdir");
-        fs::write(temp("readonly", "dir").join("x"), b"x").expect("write");
-        std::os::unix::fs::symlink("/etc/passwd", temp("links", "l")).expect("symlink");
-        fs::write(src.join(format!("{TEMP_PREFIX}app")), b"an application's file").expect("write");
+        fs::create_dir(temp("readonly", "fedcba9876543210")).expect("mkdir");
+        fs::write(temp("readonly", "fedcba9876543210").join("x"), b"x").expect("write");
+        std::os::unix::fs::symlink("/etc/passwd", temp("links", "00000000000000ff")).expect("symlink");
+        // A barrier the tracker left in the RAM root is never written back.
+        fs::write(src.join(format!("{TEMP_PREFIX}barrier.1.2.3")), b"").expect("write");
 
         let stats = sync(src, dst);
         assert_eq!(stats.temp_removed, 3, "{stats:?}");
@@ -405,7 +406,7 @@ fn leftover_temporaries_are_removed_and_reserved_names_skipped() {
             })
             .collect();
         assert!(left.is_empty(), "left: {left:?}");
-        fs::remove_file(src.join(format!("{TEMP_PREFIX}app"))).expect("rm");
+        fs::remove_file(src.join(format!("{TEMP_PREFIX}barrier.1.2.3"))).expect("rm");
         assert_parity(src, dst);
     });
 }

@@ -168,6 +168,7 @@ mod tests {
             entry(b"b"),
             entry(b"\xff"),
             entry(b"a"),
+            entry(b".tmpfsctl-wb.barrier.1.2.3"),
             entry(b".tmpfsctl-wb.app"),
             entry(b"d"),
         ];
@@ -193,6 +194,7 @@ mod tests {
                 r#"remove "c" Some(Directory) false"#,
                 r#"remove "z" Some(File) false"#,
                 r#"remove "\xfe" None false"#,
+                r#"sync ".tmpfsctl-wb.app" false"#,
                 r#"sync "a" true"#,
                 r#"sync "b" false"#,
                 r#"sync "d" true"#,

@@ -2,18 +2,20 @@
 //! place (metadata after contents, then an `fsync`).
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::sys::stat::{self, FileStat, Mode};
-use nix::unistd::{self, UnlinkatFlags};
+use nix::unistd::{self, Gid, Uid, UnlinkatFlags};
 
 use crate::copy::baseline::{Mark, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, Failed};
-use crate::copy::ops::{atime, file_type, mtime, open_dst_dir};
+use crate::copy::ops::{atime, file_type, mtime, open_dst_dir, permissions};
+use crate::copy::place::rename_no_replace;
 use crate::copy::scan::{read_names, Name, SrcEntry};
+use crate::copy::temp::create_temp;
 
 use super::compare::{pair_listings, same_meta};
 use super::{ctime, rel_path, Frame, Left, Stepped, Stop, Syncer, Tentative, Went};
@@ -77,6 +79,41 @@ impl Syncer<'_, '_> {
             .collect()
     }
 
+    /// Makes the directory `name` in `dst_dir` for the RAM directory `s`: under a
+    /// temporary name, given `s`'s owner and mode (its attributes and times follow
+    /// its contents), then renamed into place unless the name exists (`None`: the
+    /// application made it meanwhile). Never seen at its name root's and closed:
+    /// made there owner-only, it gave the application EACCES until the pass was
+    /// done with it, and a kill before the journal's record of it left it so for
+    /// good (a hunting helper's runs under nginx: 2 of 4 with `sync` killed at
+    /// random times, and every fallback under load).
+    fn make_dir(
+        &mut self,
+        dst_dir: BorrowedFd<'_>,
+        name: &CStr,
+        s: &FileStat,
+    ) -> Result<Option<OwnedFd>, Failed> {
+        let (mut temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
+            stat::mkdirat(dir, temp, Mode::S_IRWXU).map_err(dst_err("create directory"))
+        })?;
+        let made = (|| {
+            let fd = open_dst_dir(dst_dir, &temp.name).map_err(dst_err("open directory"))?;
+            // Owner first: chown clears the setgid bit.
+            unistd::fchown(&fd, Some(Uid::from_raw(s.st_uid)), Some(Gid::from_raw(s.st_gid)))
+                .map_err(dst_err("set owner of"))?;
+            stat::fchmod(&fd, permissions(s)).map_err(dst_err("set mode of"))?;
+            let placed = rename_no_replace(dst_dir, &temp.name, name).map_err(dst_err("create directory"))?;
+            Ok(placed.then_some(fd))
+        })();
+        if !matches!(made, Ok(Some(_))) {
+            // Still at its temporary name, empty: a leftover would be removed by
+            // the next pass anyway.
+            let _ = unistd::unlinkat(dst_dir, temp.name.as_c_str(), UnlinkatFlags::RemoveDir);
+        }
+        temp.live = false;
+        made
+    }
+
     /// A RAM directory: entered, with the disk's directory of that name, or a new one
     /// (`tentative` when the disk deleted it: see [`Frame::tentative`]).
     #[allow(clippy::too_many_arguments)]
@@ -118,15 +155,15 @@ impl Syncer<'_, '_> {
                     }
                     self.reporter.stats.deleted += 1;
                 }
-                // Owner-only until its metadata is applied.
-                let made = match stat::mkdirat(dst_dir, name, Mode::S_IRWXU) {
-                    Ok(()) => true,
+                let (made, fd) = match self.make_dir(dst_dir, name, &s)? {
+                    Some(fd) => (true, fd),
                     // The application made it meanwhile (it works in the disk
                     // directory while a held tmpfs is merged): merged into as it is.
-                    Err(Errno::EEXIST) => false,
-                    Err(e) => return Err(dst_err("create directory")(e).into()),
+                    None => (
+                        false,
+                        open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?,
+                    ),
                 };
-                let fd = open_dst_dir(dst_dir, name).map_err(dst_err("open directory"))?;
                 let st = stat::fstat(&fd).map_err(dst_err("stat"))?;
                 if made {
                     changed = true;
