@@ -73,6 +73,14 @@ pub fn run(args: &AdviseArgs, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::BadInput);
     }
     let dir = fs::canonicalize(&args.dir).with_context(|| format!("resolving {}", args.dir.display()))?;
+    let plain = dir.to_str().filter(|t| !t.chars().any(char::is_control));
+    if args.spec && plain.is_none() {
+        out::eprint(&format!(
+            "error: {}: a spec's path is plain UTF-8 text without control characters, and cannot name this directory; rename it, or run without --spec for the report\n",
+            escape(&dir)
+        ));
+        return Ok(ExitCode::BadInput);
+    }
     if !nix::unistd::geteuid().is_root() {
         bail!("`tmpfsctl advise` watches a whole filesystem with fanotify and must run as root");
     }

@@ -131,6 +131,8 @@ pub fn name_for(path: &str) -> String {
         })
         .take(48)
         .collect();
+    // A name starts with a letter or digit.
+    name = name.trim_start_matches(['-', '_']).to_string();
     if name.trim_matches('-').is_empty() {
         name = "cache".into();
     }

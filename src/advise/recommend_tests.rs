@@ -267,6 +267,8 @@ fn names_come_from_the_last_component() {
     assert_eq!(name_for("/var/lib/php/Sessions.d/"), "sessions-d");
     assert_eq!(name_for("/"), "cache");
     assert_eq!(name_for("/x/..."), "cache");
+    assert_eq!(name_for("/x/-v"), "v");
+    assert_eq!(name_for("/x/__tmp"), "tmp");
     assert_eq!(name_for(&format!("/{}", "a".repeat(60))).len(), 48);
 }
 

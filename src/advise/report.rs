@@ -143,6 +143,15 @@ pub fn human(r: &AdviseReport) -> String {
         z.classes[3],
         z.classes[4]
     );
+    let unread = a.errors.max(b.errors);
+    if unread > 0 {
+        let _ = writeln!(
+            s,
+            "warning: {} could not be read (a path past 4096 bytes, or no permission): the sizes above and the advice leave {} out",
+            crate::plural::count(unread, "entry", "entries"),
+            if unread == 1 { "it" } else { "them" }
+        );
+    }
     match &r.device {
         Some(d) => {
             let _ = writeln!(

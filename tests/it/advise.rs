@@ -5,9 +5,11 @@
 //! writer itself counted while advise ran, within the tolerances stated at each
 //! check; never against a speed.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -388,6 +390,13 @@ fn advise_refuses_bad_input_with_exit_2() {
     sb.run(["advise", "/tmp", "--for", "0s"])
         .stderr_has("from 1s to 24h");
     sb.run(["advise", "/tmp", "--spec", "--format", "json"]).code(2);
+    // A spec cannot name a directory whose path is not plain text: refused
+    // before the watch, not written with U+FFFD in its place.
+    let odd = sb.root.join(OsStr::from_bytes(b"ca\xffche"));
+    fs::create_dir(&odd).unwrap();
+    sb.run(["advise".as_ref(), odd.as_os_str(), "--spec".as_ref()])
+        .code(2)
+        .stderr_has("cannot name this directory");
 }
 
 /// On a terminal, a progress line is kept up to date on stderr and erased before
