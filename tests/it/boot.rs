@@ -862,17 +862,28 @@ fn boot_install_refuses_what_a_unit_file_cannot_hold() {
         assert!(!r.stderr.contains('\u{1b}'), "{r}");
         assert!(!root.join("etc").exists(), "{flag} {value:?} wrote files");
     }
-    // What is accepted is what systemd accepts.
-    for t in ["15min", "1h 30min", "1.5h", "900", "infinity", "2d3h", "500ms"] {
-        install(&["--timeout".as_ref(), t.as_ref()]).code(0);
+    // What is accepted is what systemd accepts; a stop timeout past the 30
+    // minutes a shutdown may take, as systemd reads it, is noted.
+    for t in [
+        "15min", "1h 30min", "1.5h", "900", "infinity", "2d3h", "500ms", "30min", "30min 1s",
+    ] {
+        let r = install(&["--timeout".as_ref(), t.as_ref()]);
+        r.code(0);
         let out = Command::new("systemd-analyze")
             .args(["timespan", t])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "systemd-analyze timespan {t}: {}",
-            output_text(&out)
+        let text = output_text(&out);
+        assert!(out.status.success(), "systemd-analyze timespan {t}: {text}");
+        let usec: Option<u64> = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("μs:"))
+            .and_then(|v| v.trim().parse().ok());
+        let past = usec.is_none_or(|u| u > 30 * 60 * 1_000_000);
+        assert_eq!(
+            r.stdout.contains("force the reboot or power-off after 30min"),
+            past,
+            "{t} ({usec:?} us): {r}"
         );
     }
 }
