@@ -16,8 +16,10 @@
 #     no walk and nothing made durable (what copying just the changes costs on
 #     this disk, with no tool's bookkeeping): rsync -aHAX --files-from (each file
 #     written beside and renamed over, as the write-back does) and tar -T | tar -x
-#     (each file unlinked and written again in place), each on its own copy (the
-#     order rotates per round); plus RUNS no-op syncs of each.
+#     (each file unlinked and written again in place), the latter also as two
+#     pipelines side by side, each given every other name (what the changes cost
+#     with every CPU of this 2-CPU host busy), each on its own copy (the order
+#     rotates per round); plus RUNS no-op syncs of each.
 # The dirty pages of the previous command are flushed (`sync -f`) before each timed
 # command, so no command pays for another's writeback; the page cache stays warm.
 # Runs in a private mount namespace: the tmpfs is invisible to the host and goes
@@ -133,7 +135,7 @@ fi
 # Two copies for the incremental rounds, each made by the tool that maintains it.
 # The baseline and journal live where tmpfsctl keeps them by default: in its state
 # directory under /run, a tmpfs.
-mkdir "$WORK/ours" "$WORK/tracked" "$WORK/theirs" "$WORK/listed" "$WORK/tarred" "$WORK/state"
+mkdir "$WORK/ours" "$WORK/tracked" "$WORK/theirs" "$WORK/listed" "$WORK/tarred" "$WORK/tarred2" "$WORK/state"
 mount -t tmpfs -o size=256m tmpfsctl-bench-state "$WORK/state"
 BASE=$WORK/state/ours.base
 TBASE=$WORK/state/tracked.base
@@ -148,7 +150,10 @@ sleep 0.5
 rsync -aHAX "$SRC/" "$WORK/theirs/"
 rsync -aHAX "$SRC/" "$WORK/listed/"
 rsync -aHAX "$SRC/" "$WORK/tarred/"
+rsync -aHAX "$SRC/" "$WORK/tarred2/"
 : > "$WORK/changed"
+: > "$WORK/changed.0"
+: > "$WORK/changed.1"
 full_sync() { "$BENCH" sync "$SRC" "$WORK/ours" "$BASE"; }
 tracked_sync() {
     local out
@@ -161,8 +166,13 @@ listed_sync() { rsync -aHAX --from0 --files-from="$WORK/changed" "$SRC/" "$WORK/
 tarred_sync() {
     tar -C "$SRC" --null -T "$WORK/changed" -cf - | tar -C "$WORK/tarred" --xattrs --acls -xpf -
 }
-# One round: the five tools, the first rotating with the round.
-tools=(full tracked rsync listed tarred)
+tarred2_sync() {
+    tar -C "$SRC" --null -T "$WORK/changed.0" -cf - | tar -C "$WORK/tarred2" --xattrs --acls -xpf - &
+    tar -C "$SRC" --null -T "$WORK/changed.1" -cf - | tar -C "$WORK/tarred2" --xattrs --acls -xpf -
+    wait
+}
+# One round: the six tools, the first rotating with the round.
+tools=(full tracked rsync listed tarred tarred2)
 round() {
     local r=$1 k t
     for ((k = 0; k < ${#tools[@]}; k++)); do
@@ -173,6 +183,7 @@ round() {
         rsync) t_rsync=$(time_us rsync_sync) ;;
         listed) t_listed=$(time_us listed_sync) ;;
         tarred) t_tarred=$(time_us tarred_sync) ;;
+        tarred2) t_tarred2=$(time_us tarred2_sync) ;;
         esac
     done
 }
@@ -184,12 +195,14 @@ for ((r = 0; r <= RUNS; r++)); do
         noop_sync+=("$t_full") noop_tracked+=("$t_tracked") noop_rsync+=("$t_rsync")
     fi
 done
-incr_sync=() incr_tracked=() incr_rsync=() incr_listed=() incr_tarred=()
+incr_sync=() incr_tracked=() incr_rsync=() incr_listed=() incr_tarred=() incr_tarred2=()
 changed=""
 for ((r = 1; r <= RUNS; r++)); do
     changed+="$("$BENCH" mutate "$SRC" "$PERMILLE" "$((r + 100))" "$WORK/changed" 2>&1); "
+    awk -v RS='\0' -v ORS='\0' 'NR % 2 == 1' "$WORK/changed" > "$WORK/changed.0"
+    awk -v RS='\0' -v ORS='\0' 'NR % 2 == 0' "$WORK/changed" > "$WORK/changed.1"
     round "$r"
-    incr_sync+=("$t_full") incr_tracked+=("$t_tracked") incr_rsync+=("$t_rsync") incr_listed+=("$t_listed") incr_tarred+=("$t_tarred")
+    incr_sync+=("$t_full") incr_tracked+=("$t_tracked") incr_rsync+=("$t_rsync") incr_listed+=("$t_listed") incr_tarred+=("$t_tarred") incr_tarred2+=("$t_tarred2")
 done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%9.1f ms", u / 1000 }'; }
@@ -202,6 +215,7 @@ m_incr_tracked=$(printf '%s\n' "${incr_tracked[@]}" | median)
 m_incr_rsync=$(printf '%s\n' "${incr_rsync[@]}" | median)
 m_incr_listed=$(printf '%s\n' "${incr_listed[@]}" | median)
 m_incr_tarred=$(printf '%s\n' "${incr_tarred[@]}" | median)
+m_incr_tarred2=$(printf '%s\n' "${incr_tarred2[@]}" | median)
 
 echo "tree: $(find "$SRC" -type f | wc -l) files, $(du -sh "$SRC" | cut -f1) on tmpfs -> $(findmnt -no FSTYPE -T "$WORK") under $WORK"
 echo "incremental rounds: ${changed%; }"
@@ -231,17 +245,18 @@ echo "  rsync -aHAX --delete                $(ms "$m_incr_rsync")"
 echo "  told the rewritten files' names, nothing made durable:"
 echo "  rsync -aHAX --files-from            $(ms "$m_incr_listed")   ratio: $(ratio "$m_incr_listed" "$m_incr_rsync")"
 echo "  tar -T | tar -x                     $(ms "$m_incr_tarred")   ratio: $(ratio "$m_incr_tarred" "$m_incr_rsync")"
+echo "  the same, two pipelines side by side $(ms "$m_incr_tarred2")   ratio: $(ratio "$m_incr_tarred2" "$m_incr_rsync")"
 echo
-echo "raw (us): incr whole ${incr_sync[*]}; incr tracked ${incr_tracked[*]}; incr rsync ${incr_rsync[*]}; incr listed ${incr_listed[*]}; incr tar ${incr_tarred[*]}"
+echo "raw (us): incr whole ${incr_sync[*]}; incr tracked ${incr_tracked[*]}; incr rsync ${incr_rsync[*]}; incr listed ${incr_listed[*]}; incr tar ${incr_tarred[*]}; incr tar x2 ${incr_tarred2[*]}"
 echo "raw (us): no-op whole ${noop_sync[*]}; no-op tracked ${noop_tracked[*]}; no-op rsync ${noop_rsync[*]}"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the host skews both sides)"
 failed=0
 # Every copy must equal the source afterwards. Checked after the figures are out: a
 # difference fails the script and puts them in doubt, but they are there to compare.
-for copy in ours tracked listed tarred; do
+for copy in ours tracked listed tarred tarred2; do
     # tar, told only files, leaves their directories' times as its writes left them.
     omit=()
-    [ "$copy" = tarred ] && omit=(--omit-dir-times)
+    [[ "$copy" = tarred* ]] && omit=(--omit-dir-times)
     diff=$(rsync -aHAXn "${omit[@]}" --itemize-changes --delete "$SRC/" "$WORK/$copy/" | grep -v '^\.d\.\.t\.\.\.\.\.\. \./$' || true)
     if [ -n "$diff" ]; then
         echo "the write-back copy $copy differs from the source:" >&2
