@@ -472,7 +472,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let s = load_as_written(&spec, &host)?;
             need_root("down")?;
             let _lock = state.lock(wait)?;
+            // systemd sends SIGTERM once the stop timeout is over and SIGKILL a
+            // timeout later: what the write-back has not put on disk by then is
+            // lost at the reboot, so it uses that second window too. SIGKILL (or
+            // SIGINT) stops it; the RAM copy then stays held for a retry.
+            let _finish = crate::signals::SignalGuard::install_for(&[
+                nix::sys::signal::Signal::SIGTERM,
+                nix::sys::signal::Signal::SIGHUP,
+            ])?;
             let r = down::down(&s, &names, &host, &state)?;
+            if crate::signals::interrupted() {
+                tracing::warn!("SIGTERM or SIGHUP came during `down`: it finished first");
+            }
             output.print(&r, |r| report::down(r))?;
             Ok(ExitCode::failed_if(r.iter().any(|d| {
                 matches!(d.result, down::DownOutcome::Refused | down::DownOutcome::Failed)

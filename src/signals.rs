@@ -1,6 +1,7 @@
 //! SIGINT, SIGTERM and SIGHUP during a run of `bench` or `advise`: a flag their
 //! loops check, so that `bench` cleans up and `advise` reports what it has
-//! before the exit.
+//! before the exit. SIGTERM and SIGHUP during `down`: noted, and the write-back
+//! goes on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -21,6 +22,11 @@ pub struct SignalGuard(Vec<(Signal, SigAction)>);
 
 impl SignalGuard {
     pub(crate) fn install() -> Result<SignalGuard> {
+        Self::install_for(&SIGNALS)
+    }
+
+    /// For `signals` only.
+    pub(crate) fn install_for(signals: &[Signal]) -> Result<SignalGuard> {
         INTERRUPTED.store(false, Ordering::SeqCst);
         let act = SigAction::new(
             SigHandler::Handler(on_signal),
@@ -28,7 +34,7 @@ impl SignalGuard {
             SigSet::empty(),
         );
         let mut old = Vec::new();
-        for s in SIGNALS {
+        for &s in signals {
             // SAFETY: the handler only stores to an atomic (async-signal-safe).
             let prev = unsafe { sigaction(s, &act) }.with_context(|| format!("installing a {s} handler"))?;
             old.push((s, prev));

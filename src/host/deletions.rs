@@ -252,6 +252,8 @@ impl Deletions {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             match nix::unistd::read(self.group.as_fd(), &mut buf) {
+                // A signal `down` goes on after (see crate::signals).
+                Err(nix::errno::Errno::EINTR) => continue,
                 Ok(0) | Err(_) => return new,
                 Ok(n) => {
                     for ev in parse(&buf[..n]) {

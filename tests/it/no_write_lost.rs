@@ -1452,3 +1452,39 @@ fn names_that_only_look_like_temporaries_are_the_applications() {
         "written in RAM"
     );
 }
+
+/// systemd sends `down` SIGTERM once its stop timeout is over and SIGKILL a
+/// timeout later; at a reboot, what is not on disk by then is lost. The
+/// write-back goes on through the SIGTERM (before, `down` died of it at once:
+/// a review helper's shutdown probes).
+#[test]
+fn down_finishes_its_write_back_through_a_sigterm() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("var/cache/app", 0, 0, 0o755);
+    let spec = spec(&sb, &[("cache", &cache)]);
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    many_files(&cache, 200);
+    let mut c = sb.cmd();
+    c.env("TMPFSCTL_FAILPOINT", "stop=before-writeback:cache")
+        .args(["down".as_ref(), spec.as_os_str()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let down = c.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(down.id() as i32);
+    let stopped = waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap();
+    assert!(matches!(stopped, WaitStatus::Stopped(..)), "{stopped:?}");
+    kill(pid, Signal::SIGTERM).unwrap();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let out = down.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{:?}\n{log}", out.status);
+    assert!(log.contains("it finished first"), "{log}");
+    assert!(sb.mounts_at(&cache).is_empty());
+    let files: usize = fs::read_dir(&cache)
+        .unwrap()
+        .map(|d| fs::read_dir(d.unwrap().path()).unwrap().count())
+        .sum();
+    assert_eq!(files, 200);
+}
