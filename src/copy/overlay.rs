@@ -39,7 +39,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -318,39 +318,6 @@ struct Merge<'a> {
     /// removals below them are made.
     deferred_meta: Vec<HeldMeta>,
     disk: &'a Path,
-}
-
-/// Makes the directory `name` in `d_dir` for the upper directory `md`: under a
-/// temporary name, given `md`'s owner and mode (its attributes and times follow
-/// its contents), then renamed into place unless the name exists (`false`: the
-/// application made it meanwhile, and the walk merges into that). Made
-/// owner-only at its name, it answered the application's opens with EACCES
-/// while the walk filled it, and a kill before the placings record of it left
-/// it so for good (docs/writeback.md has the tmpfs backend's same change).
-fn make_dir(d_dir: Held<'_>, name: &OsStr, md: &fs::Metadata, shown: &Path) -> Result<bool> {
-    let (temp, ()) = fresh_temp(d_dir, |n| {
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(d_dir.via.join(OsStr::from_bytes(n.to_bytes())))
-    })?;
-    let at = d_dir.via.join(OsStr::from_bytes(temp.to_bytes()));
-    let placed = (|| {
-        // Owner first: chown clears the setgid bit.
-        std::os::unix::fs::lchown(&at, Some(md.uid()), Some(md.gid()))?;
-        fs::set_permissions(
-            &at,
-            std::os::unix::fs::PermissionsExt::from_mode(md.mode() & 0o7777),
-        )?;
-        let parent = File::open(d_dir.via)?;
-        let name = CString::new(name.as_bytes()).map_err(io::Error::other)?;
-        Ok(super::place::rename_no_replace(parent.as_fd(), &temp, &name)?)
-    })()
-    .map_err(|e: io::Error| e)
-    .with_context(|| ctx("creating directory", shown));
-    if !matches!(placed, Ok(true)) {
-        let _ = fs::remove_dir(&at);
-    }
-    placed
 }
 
 /// Makes an entry under a fresh temporary name in `d_dir` (`make` gets the name):
@@ -832,7 +799,7 @@ impl Merge<'_> {
                     Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
                     Err(e) => return Err(e).context(ctx(&format!("reading {OPAQUE} of"), &u_shown)),
                 };
-            let mut made_here = false;
+            let mut made = None;
             match &disk {
                 Some(dm) if dm.is_dir() => {}
                 _ => {
@@ -844,14 +811,18 @@ impl Merge<'_> {
                     if disk.is_some() {
                         self.remove(d_dir, name)?;
                     }
-                    made_here = make_dir(d_dir, name, &md, &shown)?;
-                    if made_here {
+                    made = self.make_dir(d_dir, name, &uf, &md, &shown)?;
+                    if made.is_some() {
                         self.touched.insert(d_dir.path.to_path_buf());
                         self.stats.dirs += 1;
                     }
                 }
             }
-            let df = open_dir_as(&d, &shown)?;
+            let made_here = made.is_some();
+            let df = match made {
+                Some(df) => df,
+                None => open_dir_as(&d, &shown)?,
+            };
             if made_here && self.window.disk_since.is_some() {
                 let md = df.metadata().with_context(|| ctx("stat", &shown))?;
                 let parent = d_dir.open()?;
@@ -1226,6 +1197,43 @@ impl Merge<'_> {
     }
 
     /// Makes the extended attributes of `dst` (at `path`) those of `src`.
+    /// Makes the directory `name` in `d_dir` for the upper directory `uf` (`md`):
+    /// under a temporary name, given `uf`'s owner, attributes and mode (in that
+    /// order, through a descriptor: an access ACL is permission bits too), then
+    /// renamed into place unless the name exists (`None`: the application made
+    /// it meanwhile, and the walk merges into that). Made owner-only at its name,
+    /// it answered the application with EACCES while the walk filled it, and a
+    /// kill before the placings record of it left it so for good
+    /// (docs/writeback.md has the tmpfs backend's same change). By path, `chmod`
+    /// followed a symlink the cache's owner put in place of the temporary
+    /// (a review helper's probe: a root file made 06777).
+    fn make_dir(
+        &mut self,
+        d_dir: Held<'_>,
+        name: &OsStr,
+        uf: &File,
+        md: &fs::Metadata,
+        shown: &Path,
+    ) -> Result<Option<File>> {
+        let parent = d_dir.open()?;
+        let (temp, ()) = fresh_temp(d_dir, |n| {
+            stat::mkdirat(parent.as_fd(), n, Mode::S_IRWXU).map_err(io::Error::from)
+        })?;
+        let placed = (|| -> Result<Option<File>> {
+            let df = File::from(open_dst_dir(parent.as_fd(), &temp)?);
+            unistd::fchown(df.as_fd(), Some(md.uid().into()), Some(md.gid().into()))?;
+            self.sync_xattrs(XattrTarget::Fd(uf.as_fd()), XattrTarget::Fd(df.as_fd()), shown)?;
+            set_meta_fd(md, &df)?;
+            let placed = super::place::rename_no_replace(parent.as_fd(), &temp, &cstr(name)?)?;
+            Ok(placed.then_some(df))
+        })();
+        if !matches!(placed, Ok(Some(_))) {
+            // Still at its temporary name: a leftover would be removed by the next pass.
+            let _ = unistd::unlinkat(parent.as_fd(), temp.as_c_str(), UnlinkatFlags::RemoveDir);
+        }
+        placed.with_context(|| ctx("creating directory", shown))
+    }
+
     fn sync_xattrs(&mut self, src: XattrTarget<'_>, dst: XattrTarget<'_>, path: &Path) -> Result<()> {
         xattrs::sync_xattrs(src, dst, &mut self.xattrs)
             .map_err(|e| anyhow::Error::new(e.at(path.to_path_buf())))

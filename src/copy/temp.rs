@@ -13,8 +13,8 @@ use nix::unistd::{self, UnlinkatFlags};
 use super::error::{dst_err, Failed};
 
 /// The write-back's temporaries are named this and 16 lowercase hex digits, the
-/// change tracker's barriers this and `barrier.NONCE.SECS.NANOS` in decimal: skipped
-/// in the source, removed from the destination.
+/// change tracker's barriers this and `barrier.NONCE.SECS.NANOS` in decimal
+/// (`barrier.PID` before): skipped in the source, removed from the destination.
 pub const TEMP_PREFIX: &str = ".tmpfsctl-wb.";
 
 /// Whether `name` is of the exact form of a temporary or a barrier. Any other name,
@@ -30,7 +30,7 @@ pub(super) fn is_temp(name: &CStr) -> bool {
         b.split(|c| *c == b'.').all(|p| {
             parts += 1;
             !p.is_empty() && p.iter().all(u8::is_ascii_digit)
-        }) && parts == 3
+        }) && (parts == 3 || parts == 1)
     };
     is_hex16(rest) || rest.strip_prefix(b"barrier.").is_some_and(decimals)
 }
@@ -139,6 +139,10 @@ mod tests {
     fn reserved_names_are_recognised_by_their_exact_form_only() {
         assert!(is_temp(c".tmpfsctl-wb.0123456789abcdef"));
         assert!(is_temp(c".tmpfsctl-wb.barrier.42.1700000000.5"));
+        assert!(
+            is_temp(c".tmpfsctl-wb.barrier.4242"),
+            "an older tmpfsctl's barrier"
+        );
         for theirs in [
             c".tmpfsctl-wb.x",
             c".tmpfsctl-wb.",

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::sys::stat::{self, FileStat, Mode};
-use nix::unistd::{self, Gid, Uid, UnlinkatFlags};
+use nix::unistd::{self, UnlinkatFlags};
 
 use crate::copy::baseline::{Mark, Sig, Time, Verdict};
 use crate::copy::durable::{DstDir, Job};
 use crate::copy::error::{dst_err, Failed};
-use crate::copy::ops::{atime, file_type, mtime, open_dst_dir, permissions};
+use crate::copy::ops::{atime, file_type, mtime, open_dst_dir};
 use crate::copy::place::rename_no_replace;
 use crate::copy::scan::{read_names, Name, SrcEntry};
 use crate::copy::temp::create_temp;
@@ -79,10 +79,12 @@ impl Syncer<'_, '_> {
             .collect()
     }
 
-    /// Makes the directory `name` in `dst_dir` for the RAM directory `s`: under a
-    /// temporary name, given `s`'s owner and mode (its attributes and times follow
-    /// its contents), then renamed into place unless the name exists (`None`: the
-    /// application made it meanwhile). Never seen at its name root's and closed:
+    /// Makes the directory `name` in `dst_dir` for the RAM directory `src` (`s`):
+    /// under a temporary name, given its owner, attributes and mode (in that
+    /// order: an access ACL is permission bits too, and the mode alone let a
+    /// group in that the ACL keeps out, a review helper's probe), then renamed
+    /// into place unless the name exists (`None`: the application made it
+    /// meanwhile); its times follow its contents. Never seen at its name root's and closed:
     /// made there owner-only, it gave the application EACCES until the pass was
     /// done with it, and a kill before the journal's record of it left it so for
     /// good (a hunting helper's runs under nginx: 2 of 4 with `sync` killed at
@@ -91,17 +93,14 @@ impl Syncer<'_, '_> {
         &mut self,
         dst_dir: BorrowedFd<'_>,
         name: &CStr,
-        s: &FileStat,
+        (src, s): (BorrowedFd<'_>, &FileStat),
     ) -> Result<Option<OwnedFd>, Failed> {
         let (mut temp, ()) = create_temp(&mut self.temps, dst_dir, |dir, temp| {
             stat::mkdirat(dir, temp, Mode::S_IRWXU).map_err(dst_err("create directory"))
         })?;
         let made = (|| {
             let fd = open_dst_dir(dst_dir, &temp.name).map_err(dst_err("open directory"))?;
-            // Owner first: chown clears the setgid bit.
-            unistd::fchown(&fd, Some(Uid::from_raw(s.st_uid)), Some(Gid::from_raw(s.st_gid)))
-                .map_err(dst_err("set owner of"))?;
-            stat::fchmod(&fd, permissions(s)).map_err(dst_err("set mode of"))?;
+            self.transfer.set_metadata(src, fd.as_fd(), s, true)?;
             let placed = rename_no_replace(dst_dir, &temp.name, name).map_err(dst_err("create directory"))?;
             Ok(placed.then_some(fd))
         })();
@@ -155,7 +154,7 @@ impl Syncer<'_, '_> {
                     }
                     self.reporter.stats.deleted += 1;
                 }
-                let (made, fd) = match self.make_dir(dst_dir, name, &s)? {
+                let (made, fd) = match self.make_dir(dst_dir, name, (src.as_fd(), &s))? {
                     Some(fd) => (true, fd),
                     // The application made it meanwhile (it works in the disk
                     // directory while a held tmpfs is merged): merged into as it is.
