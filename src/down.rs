@@ -169,6 +169,9 @@ pub struct Facts<'a> {
     pub side: PathBuf,
     /// The state's record says the mount was persisted.
     pub recorded_persisted: bool,
+    /// A managed mount of another name below the live one (see
+    /// [`observe::managed_below`]), with its mount point.
+    pub inner: Option<(String, PathBuf)>,
 }
 
 /// Pure: what to do with one name (see [`Takedown`]).
@@ -184,12 +187,7 @@ pub fn decide(f: &Facts, found: &Found, table: &MountTable) -> Takedown {
                 top.source
             ));
         }
-        let inner = table.entries.iter().find_map(|i| {
-            let below = i.mount_point != e.mount_point && i.mount_point.starts_with(&e.mount_point);
-            let name = backend::managed_name(i).filter(|n| below && *n != f.name)?;
-            Some((name, &i.mount_point))
-        });
-        if let Some((name, at)) = inner {
+        if let Some((name, at)) = &f.inner {
             return Takedown::Refuse(format!(
                 "{} inside {} holds `{name}`, a mount of another spec, which this one's takedown would take along unwritten; take `{name}` down first (`tmpfsctl down` with its spec) — nothing was written back or unmounted",
                 at.display(),
@@ -275,6 +273,10 @@ fn take_down(
         name,
         side: state.side(name),
         recorded_persisted: state.record(name).is_some_and(|r| r.persist != "none"),
+        inner: found
+            .live
+            .as_ref()
+            .and_then(|e| observe::managed_below(&e.mount_point, name, &table, state)),
     };
     let takedown = decide(&facts, &found, &table);
     if let Some(e) = &found.live {
@@ -344,6 +346,7 @@ mod tests {
             name,
             side: side.into(),
             recorded_persisted: recorded,
+            inner: None,
         };
         decide(&facts, &found, &t)
     }

@@ -163,6 +163,18 @@ fn result(mp: &MountPlan, outcome: Outcome, steps: Vec<String>, reason: Option<S
     }
 }
 
+/// Records that `m` is built as its spec says (see [`Record`]).
+fn record_built(state: &State, m: &MountSpec) -> Result<()> {
+    state.write_record(&Record {
+        name: m.name.clone(),
+        path: m.path.clone(),
+        persist: m.persist.name(),
+        seed: Some(m.seed),
+        backend: Some(m.backend),
+        applied_at: crate::state::unix_now(),
+    })
+}
+
 fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions) -> Result<MountResult> {
     let failed = |reason: String| -> Result<MountResult> {
         let outcome = match m.on_failure {
@@ -180,6 +192,13 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
         None => {}
     }
 
+    // A fresh build is recorded before its first mount: a record a killed `down`
+    // left of an earlier build (another seed, say) must never stand for this one,
+    // were this `apply` killed before its end (a review helper's probe: `down`
+    // then took the tmpfs for an overlay, and failed for good).
+    if mp.steps.iter().any(|s| matches!(s, Step::MountStage { .. })) {
+        record_built(state, m)?;
+    }
     let mut undo = Vec::new();
     let mut done = Vec::new();
     let mut seeded = None;
@@ -315,14 +334,7 @@ fn apply_mount(m: &MountSpec, mp: &MountPlan, state: &State, opts: &ApplyOptions
     }
 
     if state.record(&m.name).is_none() || !mp.steps.is_empty() {
-        state.write_record(&Record {
-            name: m.name.clone(),
-            path: m.path.clone(),
-            persist: m.persist.name(),
-            seed: Some(m.seed),
-            backend: Some(m.backend),
-            applied_at: crate::state::unix_now(),
-        })?;
+        record_built(state, m)?;
     }
     state.clear_degraded(&m.name)?;
     if let (Some(t0), Some(root)) = (seed_started, &live_root) {

@@ -321,14 +321,36 @@ fn observe_mount(m: &MountSpec, table: &MountTable, state: &State) -> Observed {
 /// state directory's own mounts aside): one spec cannot nest its mounts, two
 /// could.
 pub fn nested_managed(m: &MountSpec, table: &MountTable, state: &State) -> Option<(String, PathBuf)> {
+    other_managed(table, state, &m.name, |p| {
+        p != m.path && (p.starts_with(&m.path) || m.path.starts_with(p))
+    })
+}
+
+/// A managed mount of a name other than `name` below `at`.
+pub fn managed_below(at: &Path, name: &str, table: &MountTable, state: &State) -> Option<(String, PathBuf)> {
+    other_managed(table, state, name, |p| p != at && p.starts_with(at))
+}
+
+/// The first managed mount of a name other than `name` whose mount point `pick`
+/// takes, with its name. Only one at that name's recorded path counts: a bind
+/// of its tmpfs elsewhere (a chroot's, a build's) goes with the mount it is in,
+/// and the data stays at the path (a review helper's probe: such a bind made
+/// `down` refuse, and the advice to take the other mount down first went round
+/// in a circle).
+fn other_managed(
+    table: &MountTable,
+    state: &State,
+    name: &str,
+    pick: impl Fn(&Path) -> bool,
+) -> Option<(String, PathBuf)> {
     table
         .entries
         .iter()
-        .filter(|e| !e.mount_point.starts_with(state.dir()) && e.mount_point != m.path)
-        .filter(|e| e.mount_point.starts_with(&m.path) || m.path.starts_with(&e.mount_point))
+        .filter(|e| !e.mount_point.starts_with(state.dir()) && pick(&e.mount_point))
         .find_map(|e| {
-            let name = backend::managed_name(e).filter(|n| *n != m.name)?;
-            Some((name.to_string(), e.mount_point.clone()))
+            let other = backend::managed_name(e).filter(|n| *n != name)?;
+            let own = state.record(other).is_none_or(|r| r.path == e.mount_point);
+            own.then(|| (other.to_string(), e.mount_point.clone()))
         })
 }
 

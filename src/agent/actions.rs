@@ -44,6 +44,18 @@ impl Agent {
         if self.mounts[i].spec.seed == crate::spec::Seed::Overlay {
             return self.renew(i, by);
         }
+        if self.mounts[i].spec.persist != crate::spec::Persist::None {
+            // Validation refuses `evict` on a persisted mount; this one was built
+            // persisted (or of another seed) by a spec edited since, whose apply
+            // refused the change (`State::as_mounted`): its deletions would reach
+            // the disk (a review helper's probe lost 11 of 22 files so).
+            warn!(
+                mount = %self.mounts[i].spec.name,
+                "{}: not evicting: the mount was built persisted, and evict's deletions would reach the disk; take it down and apply the spec again",
+                self.mounts[i].spec.name
+            );
+            return false;
+        }
         let started = Instant::now();
         let w = &mut self.mounts[i];
         let name = w.spec.name.clone();
@@ -941,6 +953,15 @@ impl Agent {
                 }
             }
             Err(e) => error!("{why}: apply failed: {e:#}"),
+        }
+        // As built now: a re-offload records the spec's seed, backend and persist.
+        for n in names {
+            if let (Some(m), Some(w)) = (
+                self.spec.mount(n),
+                self.mounts.iter_mut().find(|w| w.spec.name == *n),
+            ) {
+                w.spec = self.state.as_mounted(m);
+            }
         }
         self.rescan();
     }

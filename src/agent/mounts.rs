@@ -241,14 +241,16 @@ impl Agent {
             let w = match old.iter().position(|w| w.spec.name == m.name) {
                 Some(k) => {
                     let mut w = old.swap_remove(k);
-                    if w.spec != m {
+                    // Changed in the spec itself: what the record adds (it is gone
+                    // after a fallback) is no change.
+                    if changed.contains(&m.name) {
                         w.tracker = Tracker::default();
                         if w.fallback.take().is_some() {
                             self.state.clear_fallback(&m.name);
                         }
                         w.metrics.path = m.path.clone();
-                        w.spec = m;
                     }
+                    w.spec = m;
                     w
                 }
                 None => Watched::new(m, &self.state),

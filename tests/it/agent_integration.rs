@@ -612,6 +612,39 @@ fn sigterm_writes_back_a_mount_built_persisted_after_a_reload_says_none() {
     );
 }
 
+/// A copy mount built persisted, under a spec edited to an overlay with
+/// `evict` (which validation allows only there): the agent's apply refuses the
+/// seed change, and the agent does not evict from the mount as it was built,
+/// whose deletions would reach the disk (a review helper's probe: 11 of 22
+/// files lost, one of them on disk before the mount).
+#[test]
+fn no_eviction_from_a_mount_built_persisted_under_a_spec_edited_to_evict() {
+    let sb = Sandbox::new();
+    let cache = sb.cache_dir("cache", 0, 0, 0o755);
+    fs::write(cache.join("kept"), "on disk before").unwrap();
+    let spec = spec_one(&sb, &cache, "    persist: on-stop\n");
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    spec_one(
+        &sb,
+        &cache,
+        "    seed: overlay\n    persist: on-stop\n    watchdog: { high: 60%, low: 30%, action: evict }\n",
+    );
+    let mut agent = Agent::start(&sb, &spec, &[], &[]);
+    agent.wait_log("the live mount is a full copy in RAM and the spec asks for an overlay");
+    fill(&cache, "f", 6, MIB as usize);
+    agent.wait_log("not evicting: the mount was built persisted");
+    assert_eq!(agent.stop(), 0, "{}", agent.log());
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_eq!(fs::read_to_string(cache.join("kept")).unwrap(), "on disk before");
+    for i in 0..6 {
+        assert!(
+            cache.join(format!("f{i:03}")).exists(),
+            "f{i:03} lost\n{}",
+            agent.log()
+        );
+    }
+}
+
 #[test]
 fn persist_every_writes_back_on_schedule() {
     let sb = Sandbox::new();

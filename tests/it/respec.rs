@@ -200,3 +200,69 @@ fn down_refuses_a_mount_that_holds_one_of_another_spec() {
     assert_eq!(sb.top(&outer).unwrap().source, "tmpfsctl-ra", "ra was taken down");
     assert_eq!(fs::read_to_string(inner.join("f")).unwrap(), "rc's");
 }
+
+/// A record a killed `down` left (the mount gone) must not stand for the next
+/// build, of another seed, were that `apply` killed before its end: the
+/// record is written before the first mount (a review helper's probe: `down`
+/// took the tmpfs for an overlay, and failed for good).
+#[test]
+fn a_record_left_by_a_killed_down_does_not_stand_for_the_next_build() {
+    let sb = Sandbox::new();
+    let cache = disk_dir(&sb, "var/cache/app");
+    let spec = sb.one_mount_spec(
+        "cache",
+        &cache,
+        "8MiB",
+        "    seed: overlay\n    persist: on-stop\n",
+    );
+    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+    crate::no_write_lost::killed_at(&sb, "down", &spec, "after-release:cache");
+    assert!(sb.mounts_at(&cache).is_empty());
+    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
+    crate::no_write_lost::killed_at(&sb, "apply", &spec, "after-move-into-place:cache");
+    assert_eq!(sb.top(&cache).unwrap().fstype, "tmpfs");
+    write_in_ram(&cache);
+    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+    assert_written_back(&sb, &cache);
+}
+
+/// A bind of another spec's tmpfs inside a mount (a chroot's, a build's) is no
+/// mount of its own: it goes with the mount it is in, and its data stays at
+/// its path (a review helper's probe: `down` refused, and following its advice
+/// went round in a circle).
+#[test]
+fn a_bind_of_another_specs_tmpfs_inside_a_mount_does_not_stop_its_down() {
+    let sb = Sandbox::new();
+    let apt = disk_dir(&sb, "var/cache/apt");
+    let build = disk_dir(&sb, "srv/build");
+    let apt_spec = sb.write_spec(
+        "apt.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: apt\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
+            apt.display()
+        ),
+    );
+    let build_spec = sb.write_spec(
+        "build.yaml",
+        &format!(
+            "version: 1\nmounts:\n  - name: build\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
+            build.display()
+        ),
+    );
+    sb.run(["apply".as_ref(), apt_spec.as_os_str()]).code(0);
+    sb.run(["apply".as_ref(), build_spec.as_os_str()]).code(0);
+    fs::create_dir(build.join("aptc")).unwrap();
+    let bound = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&apt)
+        .arg(build.join("aptc"))
+        .status()
+        .unwrap();
+    assert!(bound.success());
+    write_in_ram(&build);
+    sb.run(["down".as_ref(), build_spec.as_os_str()]).code(0);
+    assert_written_back(&sb, &build);
+    write_in_ram(&apt);
+    sb.run(["down".as_ref(), apt_spec.as_os_str()]).code(0);
+    assert_written_back(&sb, &apt);
+}
