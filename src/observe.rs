@@ -332,11 +332,13 @@ pub fn managed_below(at: &Path, name: &str, table: &MountTable, state: &State) -
 }
 
 /// The first managed mount of a name other than `name` whose mount point `pick`
-/// takes, with its name. Only one at that name's recorded path counts: a bind
-/// of its tmpfs elsewhere (a chroot's, a build's) goes with the mount it is in,
-/// and the data stays at the path (a review helper's probe: such a bind made
-/// `down` refuse, and the advice to take the other mount down first went round
-/// in a circle).
+/// takes, with its name. Only that name's own mount counts: the one at its
+/// recorded path, or, where none is (its parent was renamed), any. A bind of
+/// its tmpfs elsewhere (a chroot's, a build's) goes with the mount it is in,
+/// and the data stays at the path; one left after that mount was taken down
+/// (no record) is nobody's to write back (review helpers' probes: such binds
+/// made `down` refuse, and the advice to take the other mount down first went
+/// round in a circle).
 fn other_managed(
     table: &MountTable,
     state: &State,
@@ -349,8 +351,14 @@ fn other_managed(
         .filter(|e| !e.mount_point.starts_with(state.dir()) && pick(&e.mount_point))
         .find_map(|e| {
             let other = backend::managed_name(e).filter(|n| *n != name)?;
-            let own = state.record(other).is_none_or(|r| r.path == e.mount_point);
-            own.then(|| (other.to_string(), e.mount_point.clone()))
+            let rec = state.record(other)?;
+            let at_its_path = || {
+                table
+                    .entries
+                    .iter()
+                    .any(|x| x.mount_point == rec.path && backend::managed_name(x) == Some(other))
+            };
+            (e.mount_point == rec.path || !at_its_path()).then(|| (other.to_string(), e.mount_point.clone()))
         })
 }
 

@@ -489,9 +489,14 @@ fn plan_live(m: &MountSpec, o: &Observed, live: &Live, page_size: u64, p: &mut M
         .as_ref()
         .filter(|r| r.persisted() != (m.persist != Persist::None))
     {
+        let down = if rec.persisted() {
+            "which writes it back"
+        } else {
+            "which discards its contents, as a volatile mount's: the disk directory stays as it is"
+        };
         p.blocked = Some(Blocked::Refused {
             reason: format!(
-                "the live mount was built with `persist: {}` and the spec asks for `persist: {}`; run `tmpfsctl down {}` (which writes it back) then `apply`",
+                "the live mount was built with `persist: {}` and the spec asks for `persist: {}`; run `tmpfsctl down {}` ({down}) then `apply`",
                 rec.persist,
                 m.persist.name(),
                 m.name

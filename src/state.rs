@@ -479,10 +479,12 @@ impl State {
 
     /// `m` as its mount was built, where one is recorded: a spec edited since
     /// (`apply` refuses to change these on a live mount) must not change how it
-    /// is written back. Its seed and backend are the record's, and it is
-    /// persisted if either says so, so that what was written while it was
-    /// persisted is written back (with `persist: none` in the spec, at `down`
-    /// only).
+    /// is written back. Its seed and backend are the record's, and so is whether
+    /// it is persisted: what was written while it was persisted is written back
+    /// (with `persist: none` in the spec, at `down` only), and a volatile one is
+    /// never, its baseline being the seed's (a review helper's probe: `evict`'s
+    /// deletions in a volatile mount, written back after the spec said
+    /// `persist: on-stop`, deleted 18 of 22 files on disk).
     pub fn as_mounted(&self, m: &MountSpec) -> MountSpec {
         let Some(rec) = self.record(&m.name) else {
             return m.clone();
@@ -490,7 +492,9 @@ impl State {
         let mut m = m.clone();
         m.seed = rec.seed.unwrap_or(m.seed);
         m.backend = rec.backend.unwrap_or(m.backend);
-        if m.persist == Persist::None && rec.persisted() {
+        if !rec.persisted() {
+            m.persist = Persist::None;
+        } else if m.persist == Persist::None {
             m.persist = Persist::OnStop;
         }
         m
