@@ -19,6 +19,17 @@ fn disk_dir(sb: &Sandbox, rel: &str) -> std::path::PathBuf {
     cache
 }
 
+/// `FILE.yaml`: a spec of its own with the one persisted mount `name` at `path`.
+fn own_spec(sb: &Sandbox, file: &str, name: &str, path: &Path) -> std::path::PathBuf {
+    sb.write_spec(
+        &format!("{file}.yaml"),
+        &format!(
+            "version: 1\nmounts:\n  - name: {name}\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
+            path.display()
+        ),
+    )
+}
+
 /// What the application does in RAM: one file written, one seeded deleted.
 fn write_in_ram(cache: &Path) {
     fs::write(cache.join("new"), "written in RAM").unwrap();
@@ -81,46 +92,38 @@ fn a_mount_built_volatile_is_not_made_persisted_by_an_apply() {
     assert!(!cache.join("new").exists());
 }
 
+/// Both ways: an overlay with the spec now saying copy (before, written back as a
+/// copy: every seeded file the application deleted came back), and a copy with
+/// the spec now saying overlay (before, `down` failed for good).
 #[test]
-fn an_overlay_is_written_back_as_one_after_the_spec_says_copy() {
-    let sb = Sandbox::new();
-    let cache = disk_dir(&sb, "var/cache/app");
-    let spec = sb.one_mount_spec(
-        "cache",
-        &cache,
-        "8MiB",
-        "    seed: overlay\n    persist: on-stop\n",
-    );
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
-    assert_eq!(sb.top(&cache).unwrap().fstype, "overlay");
-    write_in_ram(&cache);
-    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()])
-        .code(3)
-        .stdout_has("the live mount is an overlay and the spec asks for a full copy in RAM");
-    // As `apply` advises: `down`, with the spec as it is now.
-    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-    assert_written_back(&sb, &cache);
-}
-
-#[test]
-fn a_copy_is_written_back_as_one_after_the_spec_says_overlay() {
-    let sb = Sandbox::new();
-    let cache = disk_dir(&sb, "var/cache/app");
-    let spec = sb.one_mount_spec("cache", &cache, "8MiB", "    persist: on-stop\n");
-    sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
-    write_in_ram(&cache);
-    let spec = sb.one_mount_spec(
-        "cache",
-        &cache,
-        "8MiB",
-        "    seed: overlay\n    persist: on-stop\n",
-    );
-    sb.run(["apply".as_ref(), spec.as_os_str()])
-        .code(3)
-        .stdout_has("the live mount is a full copy in RAM and the spec asks for an overlay");
-    sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
-    assert_written_back(&sb, &cache);
+fn a_live_mount_is_written_back_as_built_after_the_spec_changes_its_seed() {
+    let overlay = "    seed: overlay\n    persist: on-stop\n";
+    let copy = "    persist: on-stop\n";
+    for (built, now, says) in [
+        (
+            overlay,
+            copy,
+            "the live mount is an overlay and the spec asks for a full copy in RAM",
+        ),
+        (
+            copy,
+            overlay,
+            "the live mount is a full copy in RAM and the spec asks for an overlay",
+        ),
+    ] {
+        let sb = Sandbox::new();
+        let cache = disk_dir(&sb, "var/cache/app");
+        let spec = sb.one_mount_spec("cache", &cache, "8MiB", built);
+        sb.run(["apply".as_ref(), spec.as_os_str()]).code(0);
+        write_in_ram(&cache);
+        let spec = sb.one_mount_spec("cache", &cache, "8MiB", now);
+        sb.run(["apply".as_ref(), spec.as_os_str()])
+            .code(3)
+            .stdout_has(says);
+        // As `apply` advises: `down`, with the spec as it is now.
+        sb.run(["down".as_ref(), spec.as_os_str()]).code(0);
+        assert_written_back(&sb, &cache);
+    }
 }
 
 #[test]
@@ -154,20 +157,8 @@ fn a_mount_of_another_spec_inside_or_above_the_path_is_refused() {
     let sb = Sandbox::new();
     let outer = disk_dir(&sb, "disk/a");
     let inner = disk_dir(&sb, "disk/a/d1");
-    let outer_spec = sb.write_spec(
-        "outer.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: ra\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-            outer.display()
-        ),
-    );
-    let inner_spec = sb.write_spec(
-        "inner.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: rc\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-            inner.display()
-        ),
-    );
+    let outer_spec = own_spec(&sb, "outer", "ra", &outer);
+    let inner_spec = own_spec(&sb, "inner", "rc", &inner);
     sb.run(["apply".as_ref(), outer_spec.as_os_str()]).code(0);
     sb.run(["apply".as_ref(), inner_spec.as_os_str()])
         .code(3)
@@ -249,20 +240,8 @@ fn a_bind_of_another_specs_tmpfs_inside_a_mount_does_not_stop_its_down() {
         let sb = Sandbox::new();
         let apt = disk_dir(&sb, "var/cache/apt");
         let build = disk_dir(&sb, "srv/build");
-        let apt_spec = sb.write_spec(
-            "apt.yaml",
-            &format!(
-                "version: 1\nmounts:\n  - name: apt\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-                apt.display()
-            ),
-        );
-        let build_spec = sb.write_spec(
-            "build.yaml",
-            &format!(
-                "version: 1\nmounts:\n  - name: build\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-                build.display()
-            ),
-        );
+        let apt_spec = own_spec(&sb, "apt", "apt", &apt);
+        let build_spec = own_spec(&sb, "build", "build", &build);
         sb.run(["apply".as_ref(), apt_spec.as_os_str()]).code(0);
         sb.run(["apply".as_ref(), build_spec.as_os_str()]).code(0);
         fs::create_dir(build.join("aptc")).unwrap();
@@ -295,22 +274,10 @@ fn a_moved_mount_of_another_spec_still_counts_as_nested() {
     let sb = Sandbox::new();
     let outer = sb.path("disk/a");
     let inner = disk_dir(&sb, "disk/a/p/y");
-    let inner_spec = sb.write_spec(
-        "inner.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: y\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-            inner.display()
-        ),
-    );
+    let inner_spec = own_spec(&sb, "inner", "y", &inner);
     sb.run(["apply".as_ref(), inner_spec.as_os_str()]).code(0);
     fs::rename(outer.join("p"), outer.join("q")).unwrap();
-    let outer_spec = sb.write_spec(
-        "outer.yaml",
-        &format!(
-            "version: 1\nmounts:\n  - name: x\n    path: {}\n    size: 8MiB\n    persist: on-stop\n",
-            outer.display()
-        ),
-    );
+    let outer_spec = own_spec(&sb, "outer", "x", &outer);
     sb.run(["apply".as_ref(), outer_spec.as_os_str()])
         .code(3)
         .stdout_has("holds `y`, a mount of another spec");
