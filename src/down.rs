@@ -272,7 +272,7 @@ fn take_down(
         spec,
         name,
         side: state.side(name),
-        recorded_persisted: state.record(name).is_some_and(|r| r.persist != "none"),
+        recorded_persisted: state.record(name).is_some_and(|r| r.persisted()),
         inner: found
             .live
             .as_ref()

@@ -84,11 +84,11 @@ impl Syncer<'_, '_> {
     /// order: an access ACL is permission bits too, and the mode alone let a
     /// group in that the ACL keeps out, a review helper's probe), then renamed
     /// into place unless the name exists (`None`: the application made it
-    /// meanwhile); its times follow its contents. Never seen at its name root's and closed:
-    /// made there owner-only, it gave the application EACCES until the pass was
-    /// done with it, and a kill before the journal's record of it left it so for
-    /// good (a hunting helper's runs under nginx: 2 of 4 with `sync` killed at
-    /// random times, and every fallback under load).
+    /// meanwhile); its times follow its contents. Made owner-only at its name,
+    /// it gave the application EACCES until the pass was done with it, and a
+    /// kill before the journal's record of it left it so for good (a hunting
+    /// helper's runs under nginx: 2 of 4 with `sync` killed at random times,
+    /// and every fallback under load).
     fn make_dir(
         &mut self,
         dst_dir: BorrowedFd<'_>,
